@@ -1,0 +1,198 @@
+"""One partition's actor: the single writer of its ring, and its fetch path.
+
+Concurrency contract: an actor lives in exactly one worker process and is driven by that
+worker's one thread. It writes line 1 of its control-table row and its ring; it only reads line 2
+(the flusher's). Its ``RingWriter`` holds the owner epoch it was given: once another actor
+writes a higher epoch into the row, this one is fenced and refuses to append.
+
+Reads: an offset at or above ``ring_start_offset`` is served from the ring (the ring is the read
+cache; data is readable there before it reaches disk); below it, from the journal through the
+dense index, which holds every offset below ``flushed_offset``. The ring only drops batches the
+flusher already copied out, so every offset is always in one of the two.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from client.protocol import ErrorCode
+from client.records import BatchError, align8, now_us, validate_frame
+from shm import layout
+from shm.layout import COL
+from shm.ring import ControlTable, Ring, RingFull, RingWriter
+from persistence.index import IndexFile
+from persistence.journal import JournalReader
+
+_COUNT_AT = struct.Struct("<i")  # record_count at byte 36 of a batch header
+_COUNT_OFFSET = 36
+DESC_WINDOW = 4096  # descriptors looked at per fetch
+
+
+class Fenced(Exception):
+    """Raised when a partition is adopted with an epoch lower than the one in its row."""
+
+
+@dataclass
+class FetchResult:
+    code: int
+    parts: list  # buffers to join into the body frame
+    next_offset: int
+    source: str
+
+
+class PartitionActor:
+    def __init__(self, table: ControlTable, instance: str, slot: int, topic_id: int, partition: int,
+                 ring_bytes: int, epoch: int, data_dir: str, journal: JournalReader):
+        self.slot, self.topic_id, self.partition = slot, topic_id, partition
+        self.data_dir = data_dir
+        self.journal = journal
+        row = table.row(slot)
+        if int(row[COL["owner_epoch"]]) > epoch:
+            raise Fenced(f"slot={slot} owner_epoch={int(row[COL['owner_epoch']])} > epoch={epoch}")
+        if not row[COL["active"]]:
+            # A partition created after boot: nothing on disk, nothing in any ring yet.
+            row[:] = 0
+            row[COL["slot"]] = slot
+            row[COL["topic_id"]] = topic_id
+            row[COL["partition"]] = partition
+            row[COL["ring_bytes"]] = ring_bytes
+            row[COL["desc_capacity"]] = layout.desc_capacity_for(ring_bytes)
+            row[COL["active"]] = 1
+        self.row = row
+        self.ring = Ring.create_or_attach(instance, slot, int(row[COL["ring_bytes"]]))
+        row[COL["owner_epoch"]] = epoch
+        self.writer = RingWriter(self.ring, row, epoch)
+        if row[COL["desc_tail"]] == row[COL["desc_head"]]:
+            row[COL["ring_start_offset"]] = row[COL["next_offset"]]
+        self.epoch = epoch
+        self.index: IndexFile | None = None
+        self.durable_waiters: deque = deque()  # of (end_offset, reply frames)
+        self.parked: list = []  # of (deadline_ns, ident frames, routing, FetchRequest)
+
+    # --- produce -------------------------------------------------------------------------
+    def append(self, body: bytes, max_batch_bytes: int) -> tuple[int, str, int, int, int]:
+        """Validate and append one batch frame. Returns (code, message, base_offset, count, time)."""
+        row = self.row
+        if self.writer.fenced:
+            return ErrorCode.NOT_OWNER, "partition moved to another owner", -1, 0, 0
+        if row[COL["io_error"]]:
+            return ErrorCode.STORAGE_UNAVAILABLE, "journal cannot be written", -1, 0, 0
+        try:
+            size, count = validate_frame(body, 0, len(body), max_batch_bytes)
+        except BatchError as exc:
+            code = {"crc": ErrorCode.CORRUPT_BATCH, "too_large": ErrorCode.BATCH_TOO_LARGE}.get(exc.reason, ErrorCode.MALFORMED)
+            return code, str(exc), -1, 0, 0
+        if size != len(body):
+            return ErrorCode.MALFORMED, f"frame holds {len(body)} bytes, batch frame is {size}", -1, 0, 0
+        if size > self.ring.ring_bytes // 2:
+            return ErrorCode.BATCH_TOO_LARGE, f"batch of {size} bytes over half the ring ({self.ring.ring_bytes})", -1, 0, 0
+        base = int(row[COL["next_offset"]])
+        t = now_us()
+        try:
+            self.writer.append(memoryview(body), count, base, t, self.partition, self.topic_id)
+        except RingFull:
+            return ErrorCode.BACKPRESSURE, "partition ring full; flusher behind", -1, 0, 0
+        return ErrorCode.OK, "", base, count, t
+
+    # --- fetch ---------------------------------------------------------------------------
+    @property
+    def high_watermark(self) -> int:
+        return int(self.row[COL["next_offset"]])
+
+    def watermark(self, isolation: str) -> int:
+        return int(self.row[COL["durable_offset"]]) if isolation == "durable" else int(self.row[COL["next_offset"]])
+
+    def read(self, offset: int, max_bytes: int, max_records: int, isolation: str) -> FetchResult:
+        row = self.row
+        hw = self.watermark(isolation)
+        log_start = int(row[COL["log_start_offset"]])
+        if offset < log_start or offset > hw:
+            return FetchResult(ErrorCode.OFFSET_OUT_OF_RANGE, [], offset, "")
+        if offset == hw:
+            return FetchResult(ErrorCode.OK, [], offset, "")
+        max_records = max(1, min(max_records, hw - offset))
+        if offset >= int(row[COL["ring_start_offset"]]):
+            res = self._read_ring(offset, max_bytes, max_records, hw)
+            if res is not None:
+                return res
+        return self._read_disk(offset, max_bytes, max_records, hw)
+
+    def _find_seq(self, tail: int, head: int, offset: int) -> int:
+        """Sequence number of the descriptor holding ``offset`` (numpy search, no copy)."""
+        cap = self.ring.desc_capacity
+        i, n = tail % cap, head - tail
+        first = self.ring.desc[i : min(cap, i + n)]
+        if len(first) and offset < int(first[-1]["base_offset"]) + int(first[-1]["count"]):
+            return tail + int(np.searchsorted(first["base_offset"], offset, side="right")) - 1
+        second = self.ring.desc[: n - len(first)]
+        return tail + len(first) + int(np.searchsorted(second["base_offset"], offset, side="right")) - 1
+
+    def _read_ring(self, offset, max_bytes, max_records, hw) -> FetchResult | None:
+        row = self.row
+        tail, head = int(row[COL["desc_tail"]]), int(row[COL["desc_head"]])
+        if tail >= head:
+            return None
+        seq = self._find_seq(tail, head, offset)
+        if seq < tail:
+            return None
+        descs = self.ring.descriptors(seq, min(head, seq + DESC_WINDOW))
+        k = self._cut(descs["base_offset"], descs["count"], (descs["length"].astype(np.int64) + 7) & ~7,
+                      offset, max_bytes, max_records, hw)
+        take = descs[:k]
+        parts = [bytes(b''.join(self.ring.copy_batches(take)))]
+        nxt = int(take[k - 1]["base_offset"]) + int(take[k - 1]["count"])
+        # Copy done: if the writer reclaimed any of it meanwhile we would be reading our own
+        # process's writes, which cannot interleave with this call (one thread per worker).
+        return FetchResult(ErrorCode.OK, parts, nxt, "ring")
+
+    @staticmethod
+    def _cut(bases, counts, sizes, offset, max_bytes, max_records, hw) -> int:
+        """How many batches to return: at least one; stop at max_bytes, max_records, hw."""
+        ends = bases + counts
+        k = len(bases)
+        k = min(k, int(np.searchsorted(ends, hw, side="right")))
+        recs = np.cumsum(ends - np.maximum(bases, offset))
+        k = min(k, int(np.searchsorted(recs, max_records, side="left")) + 1)
+        k = min(k, int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")))
+        return max(k, 1)
+
+    def _read_disk(self, offset, max_bytes, max_records, hw) -> FetchResult:
+        flushed = int(self.row[COL["flushed_offset"]])
+        limit = min(hw, flushed)
+        if offset >= limit:
+            return FetchResult(ErrorCode.OK, [], offset, "disk")
+        if self.index is None:
+            self.index = IndexFile(self.data_dir, self.slot)
+        entries = self.index.read(offset, min(limit - offset, max(max_records, 1), 1 << 16))
+        if len(entries) == 0:
+            return FetchResult(ErrorCode.INTERNAL, [], offset, "disk")
+        starts = entries["rel"] == 0
+        starts[0] = True
+        idx = np.flatnonzero(starts)
+        bpos = entries["position"][idx]
+        sizes = (entries["length"][idx].astype(np.int64) + 7) & ~7
+        bases = offset + idx - entries["rel"][idx]
+        k = max(1, int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")))
+        bpos, sizes = bpos[:k], sizes[:k]
+        ends = bpos + sizes
+        seg = self.journal.segment_bytes
+        breaks = np.flatnonzero((bpos[1:] != ends[:-1]) | (bpos[1:] // seg != bpos[:-1] // seg)) + 1
+        run_starts = np.concatenate(([0], breaks)).tolist()
+        run_stops = np.concatenate((breaks, [k])).tolist()
+        parts = [self.journal.read(int(bpos[a]), int(ends[b - 1] - bpos[a])) for a, b in zip(run_starts, run_stops)]
+        last = parts[-1]
+        last_count = _COUNT_AT.unpack_from(last, len(last) - int(sizes[k - 1]) + _COUNT_OFFSET)[0]
+        return FetchResult(ErrorCode.OK, parts, int(bases[k - 1]) + last_count, "disk")
+
+    def close(self) -> None:
+        if self.index is not None:
+            self.index.close()
+        self.ring.close()
+
+
+def frame_size(n: int) -> int:
+    return align8(n)

@@ -1,0 +1,390 @@
+"""The worker process: hosts partition actors, serves produce, fetch and list-offsets.
+
+Socket: a ROUTER bound at ``ipc://<ipc_dir>/worker-<id>.ipc``. Two kinds of peer send to it:
+
+- the router, identity ``b"router"``: ``[b"router", client_id, assign, routing, header, body?]``
+  where ``assign`` is 12 bytes (slot u32, owner epoch u64) telling which partition this worker
+  owns for this request; the reply goes back as ``[b"router", client_id, routing, header, body?]``;
+- a client addressing the worker directly: ``[client_id, routing, header, body?]``; served only
+  for partitions this worker already owns, otherwise NOT_OWNER.
+
+Durable acks wait for the flusher: the worker kicks it (PUSH ``b"D"``) and releases the waiters
+when the flusher's PUB says a sync happened and the row's ``durable_offset`` covers them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import struct
+import time
+
+import msgspec
+import posix_ipc
+import zmq
+
+from client import protocol as P
+from client import settings as settings_mod
+from client.catalog import Catalog
+from shm import layout
+from shm.layout import COL
+from shm.ring import ControlTable
+from persistence.journal import JournalReader
+
+from .partition import Fenced, PartitionActor
+
+log = logging.getLogger("tailrace.worker")
+
+ROUTER_IDENTITY = b"router"
+ASSIGN = struct.Struct("<IQ")
+EXIT_OK = 0
+EXIT_NO_BROKER = 4
+DRAIN_MAX = 512
+
+_produce_dec = P.decoder(P.ProduceRequest)
+_fetch_dec = P.decoder(P.FetchRequest)
+
+
+class Worker:
+    def __init__(self, s: settings_mod.Settings, worker_id: int, table: ControlTable):
+        self.s = s
+        self.worker_id = worker_id
+        self.table = table
+        self.catalog = Catalog(s.data_dir)
+        self.journal = JournalReader(s.data_dir, s.segment_bytes)
+        self.actors: dict[int, PartitionActor] = {}  # slot -> actor
+        self.sock: zmq.Socket | None = None
+        self.kick: zmq.Socket | None = None
+        self.appended: set[int] = set()  # slots appended to in this loop turn
+        self.durable_added = False
+        self.parked_slots: set[int] = set()  # slots with parked fetches
+        self.waiting_slots: set[int] = set()  # slots with durable waiters
+        self.boot_ns = time.time_ns()
+
+    # --- dispatch ------------------------------------------------------------------------
+    def handle(self, frames: list[bytes]) -> None:
+        if frames[0] == ROUTER_IDENTITY and len(frames) >= 4:
+            ident, assign, rest = frames[:2], frames[2], frames[3:]
+        else:
+            ident, assign, rest = frames[:1], None, frames[1:]
+        if not rest:
+            return
+        try:
+            version, op, _code, partition, request_id, topic = P.unpack_routing(rest[0])
+        except struct.error:
+            log.warning("dropped a request with a short routing header (%d bytes)", len(rest[0]))
+            return
+        def reply(code, body=None, extra=()):
+            head = P.encode(body) if body is not None else P.EMPTY_MAP
+            self.sock.send_multipart([*ident, P.pack_routing(op, partition, request_id, topic, code), head, *extra])
+        try:
+            if version != P.PROTOCOL_VERSION:
+                return reply(P.ErrorCode.UNSUPPORTED_VERSION, P.ErrorReply(f"protocol version {version} unsupported; this broker speaks {P.PROTOCOL_VERSION}"))
+            if len(rest) < 2:
+                return reply(P.ErrorCode.MALFORMED, P.ErrorReply(f"expected routing and header frames, got {len(rest)} frames"))
+            if op == P.Op.PRODUCE:
+                self.produce(ident, assign, topic, partition, rest, reply)
+            elif op == P.Op.FETCH:
+                self.fetch(ident, assign, topic, partition, rest, reply)
+            elif op == P.Op.LIST_OFFSETS:
+                self.list_offsets(topic, reply)
+            elif op == P.Op.PING:
+                reply(P.ErrorCode.OK, {"worker": self.worker_id, "pid": os.getpid(), "boot_ns": self.boot_ns, "partitions": len(self.actors)})
+            else:
+                reply(P.ErrorCode.UNKNOWN_OP, P.ErrorReply(f"unknown op {op}"))
+        except msgspec.DecodeError as exc:
+            reply(P.ErrorCode.MALFORMED, P.ErrorReply(f"undecodable header: {exc}"))
+        except Exception as exc:  # a bug must not take the worker down with it
+            log.exception("request op=%s failed", op)
+            reply(P.ErrorCode.INTERNAL, P.ErrorReply(f"internal error: {type(exc).__name__}: {exc}"))
+
+    def actor_for(self, assign: bytes | None, topic: bytes, partition: int, reply):
+        """The actor for this request, adopting the partition if the router says we own it."""
+        if assign is not None:
+            if len(assign) != ASSIGN.size:
+                reply(P.ErrorCode.MALFORMED, P.ErrorReply("bad assignment frame"))
+                return None
+            slot, epoch = ASSIGN.unpack(assign)
+            actor = self.actors.get(slot)
+            if actor is not None and actor.epoch >= epoch and not actor.writer.fenced:
+                return actor
+            return self.adopt(slot, epoch, reply)
+        name = topic.decode("utf-8", "replace")
+        slot = self.catalog.slot_of(name, partition)
+        if slot is None:
+            code = P.ErrorCode.UNKNOWN_TOPIC if self.catalog.get(name) is None else P.ErrorCode.UNKNOWN_PARTITION
+            reply(code, P.ErrorReply(f"unknown topic or partition: topic={name!r} partition={partition}"))
+            return None
+        actor = self.actors.get(slot)
+        if actor is None or actor.writer.fenced:
+            reply(P.ErrorCode.NOT_OWNER, P.ErrorReply(f"worker {self.worker_id} does not own topic={name!r} partition={partition}"))
+            return None
+        return actor
+
+    def adopt(self, slot: int, epoch: int, reply):
+        found = self.catalog.topic_of_slot(slot)
+        if found is None:
+            reply(P.ErrorCode.UNKNOWN_PARTITION, P.ErrorReply(f"slot {slot} not in the catalog"))
+            return None
+        topic, partition = found
+        old = self.actors.pop(slot, None)
+        try:
+            actor = PartitionActor(self.table, self.s.instance, slot, topic.topic_id, partition,
+                                   topic.ring_bytes, epoch, self.s.data_dir, self.journal)
+        except Fenced as exc:
+            if old is not None:
+                self.actors[slot] = old
+            reply(P.ErrorCode.NOT_OWNER, P.ErrorReply(str(exc)))
+            return None
+        if old is not None:
+            actor.durable_waiters.extend(old.durable_waiters)
+            actor.parked.extend(old.parked)
+        self.actors[slot] = actor
+        return actor
+
+    # --- ops -----------------------------------------------------------------------------
+    def produce(self, ident, assign, topic, partition, rest, reply) -> None:
+        req = _produce_dec.decode(rest[1])
+        if len(rest) != 3:
+            return reply(P.ErrorCode.MALFORMED, P.ErrorReply(f"produce takes 3 frames (routing, header, one batch), got {len(rest)}"))
+        actor = self.actor_for(assign, topic, partition, reply)
+        if actor is None:
+            return
+        code, message, base, count, t = actor.append(rest[2], self.s.max_batch_bytes)
+        if code != P.ErrorCode.OK:
+            return reply(code, P.ErrorReply(message))
+        self.appended.add(actor.slot)
+        if req.acks == P.Acks.MEMORY:
+            reply(P.ErrorCode.OK, P.ProduceReply(base, count, t))
+        elif req.acks == P.Acks.DURABLE:
+            head = P.pack_routing(P.Op.PRODUCE, partition, _request_id(rest[0]), topic)
+            actor.durable_waiters.append((base + count, [*ident, head, P.encode(P.ProduceReply(base, count, t))]))
+            self.waiting_slots.add(actor.slot)
+            self.durable_added = True
+
+    def fetch(self, ident, assign, topic, partition, rest, reply) -> None:
+        req = _fetch_dec.decode(rest[1])
+        if req.offset < 0 or req.max_bytes < 1 or req.max_records < 1 or req.max_wait_ms < 0 or req.isolation not in ("memory", "durable"):
+            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"bad fetch fields: {req}"))
+        actor = self.actor_for(assign, topic, partition, reply)
+        if actor is None:
+            return
+        if not self.answer_fetch(actor, ident, rest[0], req, final=req.max_wait_ms == 0):
+            deadline = time.monotonic_ns() + min(req.max_wait_ms, 60_000) * 1_000_000
+            actor.parked.append((deadline, ident, rest[0], req))
+            self.parked_slots.add(actor.slot)
+
+    def answer_fetch(self, actor: PartitionActor, ident, routing: bytes, req: P.FetchRequest, final: bool) -> bool:
+        """Reply if there is data (or ``final``); return whether a reply was sent."""
+        res = actor.read(req.offset, req.max_bytes, req.max_records, req.isolation)
+        if res.code == P.ErrorCode.OK and not res.parts and not final:
+            return False
+        _v, op, _c, partition, request_id, topic = P.unpack_routing(routing)
+        head = P.pack_routing(op, partition, request_id, topic, res.code)
+        row = actor.row
+        if res.code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
+            body = P.ErrorReply(f"offset {req.offset} out of range [{int(row[COL['log_start_offset']])}, {actor.watermark(req.isolation)}]",
+                                log_start_offset=int(row[COL["log_start_offset"]]), high_watermark=actor.watermark(req.isolation))
+            self.sock.send_multipart([*ident, head, P.encode(body)])
+            return True
+        if res.code != P.ErrorCode.OK:
+            self.sock.send_multipart([*ident, head, P.encode(P.ErrorReply("fetch failed"))])
+            return True
+        info = P.FetchReply(
+            high_watermark=int(row[COL["next_offset"]]),
+            durable_watermark=int(row[COL["durable_offset"]]),
+            log_start_offset=int(row[COL["log_start_offset"]]),
+            next_offset=res.next_offset,
+            source=res.source,
+        )
+        body = res.parts[0] if len(res.parts) == 1 else b"".join(res.parts)
+        self.sock.send_multipart([*ident, head, P.encode(info), body], copy=len(body) < 65536)
+        return True
+
+    def list_offsets(self, topic: bytes, reply) -> None:
+        name = topic.decode("utf-8", "replace")
+        entry = self.catalog.get(name)
+        if entry is None:
+            self.catalog.reload()
+            entry = self.catalog.get(name)
+        if entry is None:
+            return reply(P.ErrorCode.UNKNOWN_TOPIC, P.ErrorReply(f"unknown topic {name!r}"))
+        rows = self.table.rows
+        parts = []
+        for p, slot in enumerate(entry.slots):
+            r = rows[slot]
+            parts.append(P.PartitionOffsets(p, int(r[COL["log_start_offset"]]), int(r[COL["next_offset"]]), int(r[COL["durable_offset"]])))
+        reply(P.ErrorCode.OK, P.ListOffsetsReply(name, parts))
+
+    # --- after each turn -----------------------------------------------------------------
+    def release_durable(self) -> None:
+        done = []
+        for slot in self.waiting_slots:
+            actor = self.actors.get(slot)
+            if actor is None:
+                done.append(slot)
+                continue
+            row = actor.row
+            durable = int(row[COL["durable_offset"]])
+            failed = bool(row[COL["io_error"]])
+            q = actor.durable_waiters
+            while q and (q[0][0] <= durable or failed):
+                end, frames = q.popleft()
+                if end > durable:  # storage failed before this batch was synced
+                    frames = frames[:-2] + [_with_code(frames[-2], P.ErrorCode.STORAGE_UNAVAILABLE),
+                                            P.encode(P.ErrorReply("journal cannot be written; batch not durable"))]
+                self.sock.send_multipart(frames)
+            if not q:
+                done.append(slot)
+        self.waiting_slots.difference_update(done)
+
+    def service_parked(self, now_ns: int) -> int:
+        """Answer parked fetches whose partition got data, or whose wait expired.
+
+        Returns ms until the next deadline (for the poll timeout), or -1 if none is parked."""
+        next_ms = -1
+        done = []
+        for slot in self.parked_slots:
+            actor = self.actors.get(slot)
+            if actor is None:
+                done.append(slot)
+                continue
+            keep = []
+            has_new = slot in self.appended or slot in self.waiting_slots or True
+            for item in actor.parked:
+                deadline, ident, routing, req = item
+                expired = now_ns >= deadline
+                if (has_new or expired) and self.answer_fetch(actor, ident, routing, req, final=expired):
+                    continue
+                keep.append(item)
+                ms = max(0, (deadline - now_ns) // 1_000_000)
+                next_ms = ms if next_ms < 0 else min(next_ms, ms)
+            actor.parked = keep
+            if not keep:
+                done.append(slot)
+        self.parked_slots.difference_update(done)
+        return next_ms
+
+    def close(self) -> None:
+        for actor in self.actors.values():
+            actor.close()
+        self.journal.close()
+
+
+def _request_id(routing: bytes) -> int:
+    return P.ROUTING.unpack_from(routing)[4]
+
+
+def _with_code(routing: bytes, code: int) -> bytes:
+    v, op, _c, partition, rid = P.ROUTING.unpack_from(routing)
+    return P.ROUTING.pack(v, op, code, partition, rid) + routing[P.ROUTING_BYTES:]
+
+
+def wait_for_table(s: settings_mod.Settings, timeout_s: float, stop: list) -> ControlTable | None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not stop:
+        try:
+            table = ControlTable.attach(s.instance)
+            if table.state == layout.STATE_READY:
+                return table
+            table.close()
+        except posix_ipc.ExistentialError:
+            pass
+        time.sleep(0.05)
+    return None
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="actors.worker")
+    ap.add_argument("--id", type=int, required=True)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker-{args.id} %(levelname)s %(message)s")
+    s = settings_mod.from_env()
+    stop: list = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1) if not stop else os._exit(1))
+    signal.signal(signal.SIGINT, lambda *_: stop.append(1) if not stop else os._exit(1))
+    os.makedirs(s.ipc_path(), mode=0o700, exist_ok=True)
+    pid_file = os.path.join(s.ipc_path(), f"worker-{args.id}.pid")
+    with open(pid_file, "w") as f:
+        f.write(str(os.getpid()))
+    table = wait_for_table(s, 120.0, stop)
+    if table is None:
+        log.error("control table not ready (is the flusher running?)")
+        os.unlink(pid_file)
+        return EXIT_NO_BROKER
+    worker = Worker(s, args.id, table)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+    sock.setsockopt(zmq.SNDHWM, 100_000)
+    sock.setsockopt(zmq.RCVHWM, 100_000)
+    sock.bind(s.worker_endpoint(args.id))
+    kick = ctx.socket(zmq.PUSH)
+    kick.setsockopt(zmq.SNDHWM, 1000)
+    kick.connect(s.flusher_kick_endpoint())
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(s.flusher_pub_endpoint())
+    worker.sock = sock
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(sub, zmq.POLLIN)
+    log.info("worker %d serving on %s", args.id, s.worker_endpoint(args.id))
+    timeout = 100
+    while not stop:
+        events = dict(poller.poll(timeout))
+        if sock in events:
+            for _ in range(DRAIN_MAX):
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                worker.handle(frames)
+        if sub in events:
+            for _ in range(DRAIN_MAX):
+                try:
+                    sub.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+        if worker.appended:
+            try:
+                kick.send(b"D" if worker.durable_added else b"F", zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+        if worker.waiting_slots:
+            worker.release_durable()
+        next_ms = worker.service_parked(time.monotonic_ns()) if worker.parked_slots else -1
+        worker.appended.clear()
+        worker.durable_added = False
+        timeout = 100
+        if worker.waiting_slots:
+            timeout = 2
+        if next_ms >= 0:
+            timeout = min(timeout, max(next_ms, 1))
+    # Stop: answer what is parked, give durable waiters a last chance, then close.
+    worker.service_parked(1 << 62)
+    deadline = time.monotonic() + 2.0
+    while worker.waiting_slots and time.monotonic() < deadline:
+        try:
+            kick.send(b"D", zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+        if sub.poll(50):
+            sub.recv()
+        worker.release_durable()
+    worker.close()
+    for s_ in (sock, kick, sub):
+        s_.close(0)
+    ctx.term()
+    try:
+        os.unlink(pid_file)
+    except FileNotFoundError:
+        pass
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

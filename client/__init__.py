@@ -1,0 +1,7 @@
+"""tailrace client: the formats (records, protocol) and the Python client."""
+
+from .admin import Admin
+from .consumer import Consumer, Record
+from .producer import Producer
+
+__all__ = ["Admin", "Consumer", "Producer", "Record"]

@@ -1,0 +1,128 @@
+"""The topic catalog file (``<data_dir>/topics.json``): which topics exist and where they live.
+
+Concurrency contract: the router is the only writer; workers and the flusher read it (and re-read
+it when they meet a slot or topic they do not know). It is replaced atomically: write a temp
+file, fsync it, rename it over the old one, fsync the directory. A reader therefore sees the old
+or the new catalog, never a mix, and a topic the router acknowledged survives a host crash.
+
+Every partition has a *slot*: a broker-wide number that names its ring, its control-table row
+and, with the topic id, its batches in the journal. Slots are never reused.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+
+CATALOG_FILE = "topics.json"
+MAX_TOPIC_NAME_BYTES = 200
+
+
+class TopicEntry(msgspec.Struct):
+    name: str
+    topic_id: int
+    partitions: int
+    ring_bytes: int
+    slots: list[int]
+
+
+class CatalogData(msgspec.Struct):
+    version: int = 1
+    next_topic_id: int = 1
+    next_slot: int = 0
+    topics: dict[str, TopicEntry] = {}
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves the old or the new content."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def valid_topic_name(name: str) -> bool:
+    b = name.encode("utf-8", "replace")
+    return 0 < len(b) <= MAX_TOPIC_NAME_BYTES and all(c.isalnum() or c in "._-" for c in name)
+
+
+class Catalog:
+    def __init__(self, data_dir: str | os.PathLike):
+        self.path = Path(data_dir) / CATALOG_FILE
+        self.data = CatalogData()
+        self._mtime_ns = -1
+        self.by_slot: dict[int, tuple[TopicEntry, int]] = {}
+        self.reload()
+
+    def reload(self) -> bool:
+        """Re-read the file if it changed; return True if it did."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return False
+        if st.st_mtime_ns == self._mtime_ns:
+            return False
+        self.data = msgspec.json.decode(self.path.read_bytes(), type=CatalogData)
+        self._mtime_ns = st.st_mtime_ns
+        self.by_slot = {slot: (t, p) for t in self.data.topics.values() for p, slot in enumerate(t.slots)}
+        return True
+
+    def get(self, name: str) -> TopicEntry | None:
+        return self.data.topics.get(name)
+
+    def slot_of(self, name: str, partition: int) -> int | None:
+        """Slot of a topic partition, re-reading the file once on a miss."""
+        for attempt in (0, 1):
+            t = self.data.topics.get(name)
+            if t is not None and 0 <= partition < t.partitions:
+                return t.slots[partition]
+            if attempt == 0 and not self.reload():
+                return None
+        return None
+
+    def topic_of_slot(self, slot: int) -> tuple[TopicEntry, int] | None:
+        if slot not in self.by_slot:
+            self.reload()
+        return self.by_slot.get(slot)
+
+    def add_topic(self, name: str, partitions: int, ring_bytes: int) -> TopicEntry:
+        """Add a topic and write the catalog durably (router only)."""
+        d = self.data
+        entry = TopicEntry(
+            name=name,
+            topic_id=d.next_topic_id,
+            partitions=partitions,
+            ring_bytes=ring_bytes,
+            slots=list(range(d.next_slot, d.next_slot + partitions)),
+        )
+        new = CatalogData(
+            version=d.version,
+            next_topic_id=d.next_topic_id + 1,
+            next_slot=d.next_slot + partitions,
+            topics={**d.topics, name: entry},
+        )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.path, msgspec.json.format(msgspec.json.encode(new)))
+        self.data = new
+        self._mtime_ns = self.path.stat().st_mtime_ns
+        self.by_slot = {slot: (t, p) for t in new.topics.values() for p, slot in enumerate(t.slots)}
+        return entry
+
+    def shm_bytes(self, region_bytes) -> int:
+        """Total shared memory the catalog's rings need, with ``region_bytes(ring_bytes)``."""
+        return sum(region_bytes(t.ring_bytes) * t.partitions for t in self.data.topics.values())

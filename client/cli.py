@@ -1,0 +1,187 @@
+"""The ``tailrace`` command: run the broker, manage topics, produce and consume from a shell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from . import settings as settings_mod
+from .admin import Admin
+from .connection import DEFAULT_BOOTSTRAP
+from .consumer import Consumer
+from .errors import TailraceError
+from .producer import Producer
+
+SOURCE_ROOT = Path(__file__).resolve().parents[1]
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+def find_supervisord_conf() -> Path:
+    env = os.environ.get("TAILRACE_SUPERVISORD_CONF")
+    for cand in ([Path(env)] if env else []) + [SOURCE_ROOT / "supervisord.conf", Path.cwd() / "supervisord.conf"]:
+        if cand.is_file():
+            return cand
+    raise SystemExit("supervisord.conf not found: set TAILRACE_SUPERVISORD_CONF or run from the source tree")
+
+
+def serve_env(s: settings_mod.Settings) -> dict[str, str]:
+    """Everything supervisord.conf and the programs read, as environment variables."""
+    env = dict(os.environ)
+    env.update(settings_mod.to_env(s))
+    env["TAILRACE_PYTHON"] = sys.executable
+    env["TAILRACE_LOG_DIR"] = str(Path(s.data_dir) / "logs")
+    env["TAILRACE_RUN_DIR"] = s.ipc_path()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SOURCE_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def cmd_serve(args) -> int:
+    s = settings_mod.from_env(
+        data_dir=os.path.realpath(args.data_dir) if args.data_dir else os.path.realpath(os.environ.get("TAILRACE_DATA_DIR", "./data")),
+        bind=args.bind,
+        workers=args.workers,
+        ring_bytes=args.ring_bytes,
+        shm_budget_bytes=args.shm_budget_bytes,
+        segment_bytes=args.segment_bytes,
+    )
+    env = serve_env(s)
+    if args.print_env:
+        for k, v in sorted(env.items()):
+            if k.startswith("TAILRACE_") or k == "PYTHONPATH":
+                print(f"export {k}={v}")
+        return EXIT_OK
+    for d in (s.data_dir, env["TAILRACE_LOG_DIR"]):
+        os.makedirs(d, exist_ok=True)
+    os.makedirs(env["TAILRACE_RUN_DIR"], mode=0o700, exist_ok=True)
+    conf = str(find_supervisord_conf())
+    argv = [sys.executable, "-m", "supervisor.supervisord", "-n", "-c", conf]
+    sys.stdout.flush()
+    os.execvpe(argv[0], argv, env)
+    return EXIT_ERROR  # not reached
+
+
+def cmd_topic(args) -> int:
+    with Admin(args.bootstrap) as admin:
+        if args.topic_cmd == "create":
+            info = admin.create_topic(args.name, args.partitions, args.ring_bytes)
+            print(f"created topic {info.name} with {info.partitions} partitions (id {info.topic_id})")
+        elif args.topic_cmd == "list":
+            for t in admin.list_topics():
+                print(f"{t.name}\t{t.partitions}")
+        elif args.topic_cmd == "describe":
+            d = admin.describe_topic(args.name)
+            print(f"topic {d.topic.name} id={d.topic.topic_id} partitions={d.topic.partitions} ring_bytes={d.topic.ring_bytes}")
+            print("partition\tworker\tlog_start\thigh_watermark\tdurable_watermark\tendpoint")
+            for p in d.partitions:
+                print(f"{p.partition}\t{p.worker}\t{p.log_start_offset}\t{p.high_watermark}\t{p.durable_watermark}\t{p.endpoint}")
+    return EXIT_OK
+
+
+def cmd_produce(args) -> int:
+    key = args.key.encode() if args.key is not None else None
+    with Producer(args.bootstrap, acks=args.acks, partitioner="key_hash" if key is not None else "round_robin") as prod:
+        for line in sys.stdin.buffer:
+            prod.send(args.name, line.rstrip(b"\n"), key=key, partition=args.partition)
+        acked = prod.flush()
+    print(f"produced {acked} messages", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_consume(args) -> int:
+    start = args.from_ if args.from_ in ("earliest", "latest") else int(args.from_)
+    out = sys.stdout.buffer
+    seen = 0
+    with Consumer(args.bootstrap, isolation=args.isolation) as cons:
+        cons.assign(args.name, None if args.partition is None else [args.partition], start=start)
+        last_new = time.monotonic()
+        while args.max is None or seen < args.max:
+            wait = 500 if args.timeout_ms is None else max(1, min(500, int(args.timeout_ms - (time.monotonic() - last_new) * 1000)))
+            records = cons.poll(wait)
+            if records:
+                last_new = time.monotonic()
+                if args.max is not None:
+                    records = records[: args.max - seen]
+                out.write(b"".join(r.value + b"\n" for r in records))
+                out.flush()
+                seen += len(records)
+            elif args.timeout_ms is not None and (time.monotonic() - last_new) * 1000 >= args.timeout_ms:
+                break
+    return EXIT_OK
+
+
+def cmd_status(args) -> int:
+    with Admin(args.bootstrap) as admin:
+        print(json.dumps(admin.status(), indent=2))
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tailrace", description="tailrace message broker")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def with_bootstrap(p):
+        p.add_argument("--bootstrap", default=os.environ.get("TAILRACE_BOOTSTRAP", DEFAULT_BOOTSTRAP),
+                       help="router endpoint (default %(default)s)")
+        return p
+
+    sv = sub.add_parser("serve", help="run router, workers and flusher under supervisord (foreground)")
+    sv.add_argument("--data-dir", default=None, help="data directory (default ./data)")
+    sv.add_argument("--bind", default=None, help="client endpoint (default tcp://127.0.0.1:7420)")
+    sv.add_argument("--workers", type=int, default=None, help="worker processes (default: number of cores)")
+    sv.add_argument("--ring-bytes", type=int, default=None, help="default ring size per partition")
+    sv.add_argument("--shm-budget-bytes", type=int, default=None, help="total shared memory for rings")
+    sv.add_argument("--segment-bytes", type=int, default=None, help="journal segment file size")
+    sv.add_argument("--print-env", action="store_true", help="print the environment supervisord.conf needs and exit")
+    sv.set_defaults(func=cmd_serve)
+
+    tp = with_bootstrap(sub.add_parser("topic", help="create, list, describe topics"))
+    tsub = tp.add_subparsers(dest="topic_cmd", required=True)
+    c = tsub.add_parser("create")
+    c.add_argument("name")
+    c.add_argument("--partitions", type=int, default=1)
+    c.add_argument("--ring-bytes", type=int, default=0)
+    tsub.add_parser("list")
+    d = tsub.add_parser("describe")
+    d.add_argument("name")
+    for p in (c, d, tsub.choices["list"]):
+        with_bootstrap(p)
+    tp.set_defaults(func=cmd_topic)
+
+    pr = with_bootstrap(sub.add_parser("produce", help="produce one message per stdin line"))
+    pr.add_argument("name")
+    pr.add_argument("--key", default=None)
+    pr.add_argument("--partition", type=int, default=None)
+    pr.add_argument("--acks", default="memory", choices=["none", "memory", "durable"])
+    pr.set_defaults(func=cmd_produce)
+
+    co = with_bootstrap(sub.add_parser("consume", help="print one value per line"))
+    co.add_argument("name")
+    co.add_argument("--partition", type=int, default=None)
+    co.add_argument("--from", dest="from_", default="earliest", help="earliest, latest or an offset")
+    co.add_argument("--max", type=int, default=None, help="stop after N messages")
+    co.add_argument("--timeout-ms", type=int, default=None, help="stop after T ms with no new message")
+    co.add_argument("--isolation", default="memory", choices=["memory", "durable"])
+    co.set_defaults(func=cmd_consume)
+
+    st = with_bootstrap(sub.add_parser("status", help="broker status as JSON"))
+    st.set_defaults(func=cmd_status)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except TailraceError as exc:
+        print(f"tailrace: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""A client connection: one DEALER socket, many requests in flight, replies matched by id.
+
+The ZeroMQ context is created lazily and per process id: a connection object that crosses a
+fork (Spark's Python workers are forked and reuse pickled objects) builds a fresh context and
+socket in the child instead of touching the parent's, which ZeroMQ forbids.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from . import protocol as P
+from .errors import TimeoutError_, error_for
+
+DEFAULT_BOOTSTRAP = "tcp://127.0.0.1:7420"
+
+
+@dataclass
+class Reply:
+    op: int
+    code: int
+    partition: int
+    request_id: int
+    topic: bytes
+    header: bytes
+    body: bytes | zmq.Frame | None
+
+    def raise_for_code(self) -> None:
+        if self.code != P.ErrorCode.OK:
+            details = {}
+            try:
+                err = P.decoder(P.ErrorReply).decode(self.header)
+                message, details = err.message, {"log_start_offset": err.log_start_offset, "high_watermark": err.high_watermark}
+            except Exception:
+                message = "(undecodable error reply)"
+            raise error_for(self.code, f"{P.ErrorCode(self.code).name}: {message}", **details)
+
+
+class Connection:
+    def __init__(self, endpoint: str = DEFAULT_BOOTSTRAP):
+        self.endpoint = endpoint
+        self._pid = None
+        self._ctx = None
+        self._sock = None
+        self._ids = itertools.count(1)
+        self._early: dict[int, Reply] = {}  # replies that arrived while waiting for another id
+
+    def __getstate__(self):
+        return {"endpoint": self.endpoint}
+
+    def __setstate__(self, state):
+        self.__init__(state["endpoint"])
+
+    @property
+    def sock(self) -> zmq.Socket:
+        if self._pid != os.getpid():
+            self._ctx = zmq.Context()
+            self._sock = self._ctx.socket(zmq.DEALER)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.setsockopt(zmq.SNDHWM, 100_000)
+            self._sock.setsockopt(zmq.RCVHWM, 100_000)
+            self._sock.connect(self.endpoint)
+            self._pid = os.getpid()
+            self._early.clear()
+        return self._sock
+
+    def send(self, op: int, topic: str | bytes, partition: int, header: bytes = P.EMPTY_MAP, body=None) -> int:
+        rid = next(self._ids)
+        t = topic.encode() if isinstance(topic, str) else topic
+        frames = [P.pack_routing(op, partition, rid, t), header]
+        if body is not None:
+            frames.append(body)
+        self.sock.send_multipart(frames, copy=body is None or len(body) < 65536)
+        return rid
+
+    def recv(self, timeout_ms: int) -> Reply | None:
+        """Next reply, or None after ``timeout_ms`` (0 = don't wait, -1 = forever)."""
+        if self._early:
+            rid = next(iter(self._early))
+            return self._early.pop(rid)
+        sock = self.sock
+        if timeout_ms != -1 and not sock.poll(timeout_ms):
+            return None
+        frames = sock.recv_multipart(copy=False)
+        routing = frames[0].bytes
+        _v, op, code, partition, rid, topic = P.unpack_routing(routing)
+        header = frames[1].bytes if len(frames) > 1 else P.EMPTY_MAP
+        body = frames[2] if len(frames) > 2 else None
+        if body is not None and len(body) < 65536:
+            body = body.bytes
+        return Reply(op, code, partition, rid, topic, header, body)
+
+    def wait_for(self, rid: int, timeout_ms: int) -> Reply:
+        if rid in self._early:
+            return self._early.pop(rid)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            left = int((deadline - time.monotonic()) * 1000)
+            if left <= 0:
+                raise TimeoutError_(f"no reply from {self.endpoint} within {timeout_ms} ms")
+            sock = self.sock
+            if not sock.poll(left):
+                continue
+            r = self._recv_now()
+            if r.request_id == rid:
+                return r
+            self._early[r.request_id] = r
+
+    def _recv_now(self) -> Reply:
+        saved, self._early = self._early, {}
+        try:
+            return self.recv(-1)
+        finally:
+            self._early = saved
+
+    def request(self, op: int, topic="", partition: int = -1, header: bytes = P.EMPTY_MAP, body=None,
+                timeout_ms: int = 10_000) -> Reply:
+        r = self.wait_for(self.send(op, topic, partition, header, body), timeout_ms)
+        r.raise_for_code()
+        return r
+
+    def close(self) -> None:
+        if self._sock is not None and self._pid == os.getpid():
+            self._sock.close(0)
+            self._ctx.term()
+        self._sock = self._ctx = self._pid = None

@@ -1,0 +1,57 @@
+"""One exception class per protocol error code (see client/protocol.py ``ErrorCode``)."""
+
+from __future__ import annotations
+
+from .protocol import RETRIABLE, ErrorCode
+
+
+class TailraceError(Exception):
+    """Raised when the broker answers a request with an error code."""
+
+    code = ErrorCode.INTERNAL
+    retriable = False
+
+    def __init__(self, message: str, code: int | None = None, **details):
+        super().__init__(message)
+        if code is not None:
+            self.code = ErrorCode(code)
+        self.details = details
+
+
+def _make(code: ErrorCode, doc: str) -> type[TailraceError]:
+    name = "".join(w.capitalize() for w in code.name.split("_")) + "Error"
+    return type(name, (TailraceError,), {"code": code, "retriable": code in RETRIABLE, "__doc__": doc})
+
+
+MalformedError = _make(ErrorCode.MALFORMED, "Raised when the broker could not parse the request's frames or header.")
+UnsupportedVersionError = _make(ErrorCode.UNSUPPORTED_VERSION, "Raised when the broker does not speak the request's protocol version.")
+UnknownOpError = _make(ErrorCode.UNKNOWN_OP, "Raised when the request names an op the broker does not know.")
+UnknownTopicError = _make(ErrorCode.UNKNOWN_TOPIC, "Raised when the topic does not exist.")
+UnknownPartitionError = _make(ErrorCode.UNKNOWN_PARTITION, "Raised when the topic has no such partition.")
+CorruptBatchError = _make(ErrorCode.CORRUPT_BATCH, "Raised when a batch fails its CRC-32C or structure checks.")
+BatchTooLargeError = _make(ErrorCode.BATCH_TOO_LARGE, "Raised when a batch exceeds the broker's size limit.")
+OffsetOutOfRangeError = _make(ErrorCode.OFFSET_OUT_OF_RANGE, "Raised when a fetch offset lies outside [log start, high watermark].")
+NotOwnerError = _make(ErrorCode.NOT_OWNER, "Raised when the addressed worker does not own the partition.")
+BackpressureError = _make(ErrorCode.BACKPRESSURE, "Raised when the partition's ring is full and the flusher is behind.")
+StorageUnavailableError = _make(ErrorCode.STORAGE_UNAVAILABLE, "Raised when the broker cannot write its journal.")
+TopicExistsError = _make(ErrorCode.TOPIC_EXISTS, "Raised when creating a topic that already exists.")
+ShmBudgetExceededError = _make(ErrorCode.SHM_BUDGET_EXCEEDED, "Raised when a topic would exceed the shared-memory budget.")
+InvalidRequestError = _make(ErrorCode.INVALID_REQUEST, "Raised when a request field is out of range.")
+TimeoutError_ = _make(ErrorCode.TIMEOUT, "Raised when the broker or the client gave up waiting.")
+NotReadyError = _make(ErrorCode.NOT_READY, "Raised when the broker is starting or stopping.")
+InternalError = _make(ErrorCode.INTERNAL, "Raised when the broker hit an internal error serving the request.")
+
+BY_CODE: dict[int, type[TailraceError]] = {
+    cls.code: cls
+    for cls in (
+        MalformedError, UnsupportedVersionError, UnknownOpError, UnknownTopicError, UnknownPartitionError,
+        CorruptBatchError, BatchTooLargeError, OffsetOutOfRangeError, NotOwnerError, BackpressureError,
+        StorageUnavailableError, TopicExistsError, ShmBudgetExceededError, InvalidRequestError, TimeoutError_,
+        NotReadyError, InternalError,
+    )
+}
+
+
+def error_for(code: int, message: str, **details) -> TailraceError:
+    cls = BY_CODE.get(code, TailraceError)
+    return cls(message, code=code, **details)

@@ -1,0 +1,273 @@
+"""Producer: per-partition batching with a linger time, partitioners, acks none/memory/durable.
+
+Ordering: by default one batch per partition is in flight (``max_in_flight_per_partition=1``),
+so a batch retried after a retriable error (BACKPRESSURE, NOT_READY, TIMEOUT) can never be
+overtaken by a later one: records of a partition land in the order they were sent, as with
+Kafka's ``max.in.flight.requests.per.connection=1``. Raising it trades that for throughput.
+
+Driving it: there is no background thread. ``send``/``send_batch`` queue records and send what
+is ready; ``poll()`` processes replies and lingering batches; ``flush()`` sends everything and
+waits for every acknowledgement, raising the first permanent error.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import protocol as P
+from .connection import DEFAULT_BOOTSTRAP, Connection
+from .errors import TailraceError, TimeoutError_, error_for
+from .records import encode_batch, encode_batch_buffers
+
+Partitioner = Callable[[bytes | None, int, int], int]  # (key, partitions, counter) -> partition
+
+
+def round_robin(key: bytes | None, partitions: int, counter: int) -> int:
+    return counter % partitions
+
+
+def key_hash(key: bytes | None, partitions: int, counter: int) -> int:
+    if key is None:
+        return counter % partitions
+    return zlib.crc32(key) % partitions
+
+
+PARTITIONERS = {"round_robin": round_robin, "key_hash": key_hash}
+
+
+@dataclass
+class _Pending:
+    values: list = field(default_factory=list)
+    keys: list = field(default_factory=list)
+    keyed: bool = False
+    nbytes: int = 0
+    since: float = 0.0
+
+
+@dataclass
+class _InFlight:
+    topic: str
+    partition: int
+    frame: bytes
+    count: int
+    sent: float
+    attempts: int = 1
+
+
+class Producer:
+    def __init__(
+        self,
+        bootstrap: str = DEFAULT_BOOTSTRAP,
+        *,
+        acks: str = "memory",
+        linger_ms: float = 5.0,
+        batch_records: int = 4096,
+        batch_bytes: int = 512 * 1024,
+        partitioner: str | Partitioner = "round_robin",
+        max_in_flight_per_partition: int = 1,
+        request_timeout_ms: int = 30_000,
+        retry_backoff_ms: float = 2.0,
+        on_ack: Callable[[str, int, int, int], None] | None = None,
+    ):
+        self.conn = Connection(bootstrap)
+        self.acks = P.ACKS_BY_NAME[acks] if isinstance(acks, str) else P.Acks(acks)
+        self.linger_s = linger_ms / 1000
+        self.batch_records = batch_records
+        self.batch_bytes = batch_bytes
+        self.partitioner = PARTITIONERS[partitioner] if isinstance(partitioner, str) else partitioner
+        self.max_in_flight = max_in_flight_per_partition
+        self.request_timeout_s = request_timeout_ms / 1000
+        self.retry_backoff_s = retry_backoff_ms / 1000
+        self.on_ack = on_ack
+        self._header = P.encode(P.ProduceRequest(acks=int(self.acks), timeout_ms=request_timeout_ms))
+        self._partitions: dict[str, int] = {}  # topic -> partition count
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._ready: dict[tuple[str, int], deque] = {}  # (topic, p) -> deque of (frame, count)
+        self._inflight: dict[int, _InFlight] = {}  # request id -> batch
+        self._inflight_per: dict[tuple[str, int], int] = {}
+        self._retry: dict[tuple[str, int], deque] = {}  # (topic, p) -> batches to resend first
+        self._counter = 0
+        self.errors: list[TailraceError] = []
+        self.acked_records = 0
+        self._sent_records = 0
+
+    # --- metadata ------------------------------------------------------------------------
+    def partitions_for(self, topic: str) -> int:
+        n = self._partitions.get(topic)
+        if n is None:
+            r = self.conn.request(P.Op.LIST_OFFSETS, topic)
+            n = self._partitions[topic] = len(P.decoder(P.ListOffsetsReply).decode(r.header).partitions)
+        return n
+
+    def _choose(self, topic: str, key: bytes | None, partition: int | None) -> int:
+        if partition is not None:
+            return partition
+        self._counter += 1
+        return self.partitioner(key, self.partitions_for(topic), self._counter)
+
+    # --- sending -------------------------------------------------------------------------
+    def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
+        p = self._choose(topic, key, partition)
+        tp = (topic, p)
+        pend = self._pending.get(tp)
+        if pend is None:
+            pend = self._pending[tp] = _Pending(since=time.monotonic())
+        elif not pend.values:
+            pend.since = time.monotonic()
+        if key is not None and not pend.keyed:
+            pend.keyed = True
+            pend.keys = [b""] * len(pend.values)
+        pend.values.append(value)
+        if pend.keyed:
+            pend.keys.append(b"" if key is None else key)
+        pend.nbytes += len(value)
+        if len(pend.values) >= self.batch_records or pend.nbytes >= self.batch_bytes:
+            self._seal(tp, pend)
+        self._pump()
+
+    def send_batch(self, topic: str, values: Sequence[bytes], keys: Sequence[bytes] | None = None,
+                   partition: int | None = None) -> None:
+        """Send many values in one call. With a key-hash partitioner and keys, values are
+        grouped by partition; otherwise the whole call goes to one partition (explicit, or the
+        next round-robin choice), split into batches of at most batch_records / batch_bytes."""
+        if not values:
+            return
+        if partition is None and keys is not None and self.partitioner is key_hash:
+            n = self.partitions_for(topic)
+            parts = np.fromiter((zlib.crc32(k) % n for k in keys), dtype=np.int64, count=len(keys))
+            for p in np.unique(parts).tolist():
+                idx = np.flatnonzero(parts == p).tolist()
+                self.send_batch(topic, [values[i] for i in idx], [keys[i] for i in idx], partition=p)
+            return
+        p = self._choose(topic, None, partition)
+        step = self.batch_records
+        avg = max(1, sum(map(len, values[:64])) // min(len(values), 64))
+        step = max(1, min(step, self.batch_bytes // avg))
+        q = self._ready.setdefault((topic, p), deque())
+        for i in range(0, len(values), step):
+            chunk = values[i : i + step]
+            frame = encode_batch(chunk, None if keys is None else keys[i : i + step])
+            q.append((frame, len(chunk)))
+        self._pump()
+
+    def send_buffers(self, topic: str, values: bytes | np.ndarray, value_offsets: np.ndarray,
+                     partition: int | None = None) -> None:
+        """Send one pre-joined batch: ``values`` back to back, ``value_offsets`` int32[n + 1]."""
+        p = self._choose(topic, None, partition)
+        frame = encode_batch_buffers(values, value_offsets)
+        self._ready.setdefault((topic, p), deque()).append((frame, len(value_offsets) - 1))
+        self._pump()
+
+    def _seal(self, tp, pend: _Pending) -> None:
+        if not pend.values:
+            return
+        frame = encode_batch(pend.values, pend.keys if pend.keyed else None)
+        self._ready.setdefault(tp, deque()).append((frame, len(pend.values)))
+        pend.values, pend.keys, pend.keyed, pend.nbytes = [], [], False, 0
+
+    def _pump(self, timeout_ms: int = 0) -> None:
+        """Send what may be sent, then take in replies (waiting up to ``timeout_ms`` for one)."""
+        now = time.monotonic()
+        for tp, pend in self._pending.items():
+            if pend.values and now - pend.since >= self.linger_s:
+                self._seal(tp, pend)
+        for tp in list(self._retry) + list(self._ready):
+            self._send_ready(tp)
+        self._drain(timeout_ms)
+
+    def _send_ready(self, tp) -> None:
+        retry = self._retry.get(tp)
+        ready = self._ready.get(tp)
+        while self.acks == P.Acks.NONE or self._inflight_per.get(tp, 0) < self.max_in_flight:
+            if retry:
+                b = retry.popleft()
+                b.sent = time.monotonic()
+                b.attempts += 1
+            elif ready:
+                frame, count = ready.popleft()
+                b = _InFlight(tp[0], tp[1], frame, count, time.monotonic())
+            else:
+                break
+            rid = self.conn.send(P.Op.PRODUCE, b.topic, b.partition, self._header, b.frame)
+            if self.acks == P.Acks.NONE:
+                self.acked_records += b.count
+                continue
+            self._inflight[rid] = b
+            self._inflight_per[tp] = self._inflight_per.get(tp, 0) + 1
+        if retry is not None and not retry:
+            del self._retry[tp]
+
+    def _drain(self, timeout_ms: int) -> None:
+        wait = timeout_ms
+        while self._inflight:
+            r = self.conn.recv(wait)
+            if r is None:
+                break
+            wait = 0
+            b = self._inflight.pop(r.request_id, None)
+            if b is None:
+                continue
+            tp = (b.topic, b.partition)
+            self._inflight_per[tp] -= 1
+            if r.code == P.ErrorCode.OK:
+                self.acked_records += b.count
+                if self.on_ack is not None:
+                    rep = P.decoder(P.ProduceReply).decode(r.header)
+                    self.on_ack(b.topic, b.partition, rep.base_offset, rep.record_count)
+            elif r.code in P.RETRIABLE and time.monotonic() - b.sent < self.request_timeout_s:
+                time.sleep(self.retry_backoff_s)
+                self._retry.setdefault(tp, deque()).appendleft(b)
+            else:
+                try:
+                    r.raise_for_code()
+                except TailraceError as exc:
+                    self.errors.append(exc)
+        now = time.monotonic()
+        for rid, b in list(self._inflight.items()):
+            if now - b.sent > self.request_timeout_s:
+                del self._inflight[rid]
+                self._inflight_per[(b.topic, b.partition)] -= 1
+                self.errors.append(TimeoutError_(f"no ack for {b.count} records to {b.topic}/{b.partition} in {self.request_timeout_s}s"))
+
+    def poll(self, timeout_ms: int = 0) -> None:
+        self._pump(timeout_ms)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    def flush(self, timeout_ms: int = 60_000) -> int:
+        """Send everything queued and wait for every ack; return records acked so far."""
+        for tp, pend in self._pending.items():
+            self._seal(tp, pend)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while self._inflight or any(self._ready.values()) or self._retry:
+            if time.monotonic() > deadline:
+                raise TimeoutError_(f"flush timed out with {len(self._inflight)} batches in flight")
+            self._pump(timeout_ms=50)
+        if self.errors:
+            first = self.errors[0]
+            self.errors = []
+            raise first
+        return self.acked_records
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self.conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+__all__ = ["Producer", "round_robin", "key_hash", "error_for"]

@@ -1,0 +1,182 @@
+"""The ZeroMQ envelope: frame order, the routing header, request and reply bodies, error codes.
+
+A client is a DEALER socket connected to the router's ROUTER (default tcp://127.0.0.1:7420), or
+to a worker's endpoint directly. Every request is one multipart message::
+
+    frame 0   routing header   fixed 16 bytes + topic name (UTF-8), see ROUTING below
+    frame 1   header           a msgpack map (may be empty: 0x80), fields per op
+    frame 2   body             ops that carry bytes only (produce: record batches)
+
+Every reply mirrors it: routing header (same op and request_id, ``code`` set), a msgpack map, and
+for fetch a body frame of back-to-back record batches. The router reads only frame 0; it never
+decodes frame 1 or 2 of a produce or fetch.
+
+Routing header (little-endian)::
+
+     0   1   2       4               8                              16
+     +---+---+-------+---------------+------------------------------+-----------------+
+     |ver|op | code  |  partition    |        request_id            | topic (UTF-8)...|
+     +---+---+-------+---------------+------------------------------+-----------------+
+
+``ver`` is PROTOCOL_VERSION; ``code`` is 0 in requests and an ErrorCode in replies;
+``partition`` is -1 where an op does not name one; ``request_id`` is chosen by the client and
+echoed so a client may keep many requests in flight on one socket.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+ROUTING = struct.Struct("<BBHiQ")
+ROUTING_BYTES = ROUTING.size
+MAX_TOPIC_BYTES = 200
+assert ROUTING_BYTES == 16
+
+
+class Op(enum.IntEnum):
+    PRODUCE = 1
+    FETCH = 2
+    LIST_OFFSETS = 3
+    CREATE_TOPIC = 10
+    LIST_TOPICS = 11
+    DESCRIBE_TOPIC = 12
+    STATUS = 13
+    # internal: router <-> worker only
+    PING = 30
+
+
+class Acks(enum.IntEnum):
+    NONE = 0  # no reply at all (one-way)
+    MEMORY = 1  # replied once the batch is in the shared-memory ring
+    DURABLE = 2  # replied once the flusher's fsync covers the batch
+
+
+ACKS_BY_NAME = {"none": Acks.NONE, "memory": Acks.MEMORY, "durable": Acks.DURABLE}
+
+
+class ErrorCode(enum.IntEnum):
+    OK = 0
+    MALFORMED = 1  # wrong frame count, undecodable header, bad routing header
+    UNSUPPORTED_VERSION = 2
+    UNKNOWN_OP = 3
+    UNKNOWN_TOPIC = 4
+    UNKNOWN_PARTITION = 5
+    CORRUPT_BATCH = 6  # CRC-32C mismatch or inconsistent batch structure
+    BATCH_TOO_LARGE = 7
+    OFFSET_OUT_OF_RANGE = 8  # details carry log_start_offset and high_watermark
+    NOT_OWNER = 9  # this worker does not own the partition (retriable, refresh metadata)
+    BACKPRESSURE = 10  # the partition's ring is full; retry after a short wait
+    STORAGE_UNAVAILABLE = 11  # the journal cannot be written (latched I/O error)
+    TOPIC_EXISTS = 12
+    SHM_BUDGET_EXCEEDED = 13
+    INVALID_REQUEST = 14  # a field out of range (negative offset, bad partitions count...)
+    TIMEOUT = 15
+    NOT_READY = 16  # broker still starting or shutting down (retriable)
+    INTERNAL = 17
+
+
+RETRIABLE = frozenset({ErrorCode.NOT_OWNER, ErrorCode.BACKPRESSURE, ErrorCode.NOT_READY, ErrorCode.TIMEOUT})
+
+
+def pack_routing(op: int, partition: int, request_id: int, topic: bytes, code: int = 0) -> bytes:
+    return ROUTING.pack(PROTOCOL_VERSION, op, code, partition, request_id) + topic
+
+
+def unpack_routing(frame: bytes) -> tuple[int, int, int, int, int, bytes]:
+    """Return (version, op, code, partition, request_id, topic); raises struct.error if short."""
+    version, op, code, partition, request_id = ROUTING.unpack_from(frame)
+    return version, op, code, partition, request_id, frame[ROUTING_BYTES:]
+
+
+# --- msgpack headers (frame 1). Field names are the wire names. -------------------------------
+
+
+class ProduceRequest(msgspec.Struct, omit_defaults=True):
+    acks: int = Acks.MEMORY
+    timeout_ms: int = 30_000
+
+
+class ProduceReply(msgspec.Struct):
+    base_offset: int
+    record_count: int
+    append_time_us: int
+
+
+class FetchRequest(msgspec.Struct, omit_defaults=True):
+    offset: int
+    max_bytes: int = 1 << 20
+    max_records: int = 1 << 20
+    max_wait_ms: int = 0
+    isolation: str = "memory"  # "memory": up to the high watermark; "durable": up to the durable watermark
+
+
+class FetchReply(msgspec.Struct):
+    high_watermark: int
+    durable_watermark: int
+    log_start_offset: int
+    next_offset: int  # where the next fetch should start
+    source: str = ""  # "ring" or "disk" (diagnostic)
+
+
+class PartitionOffsets(msgspec.Struct):
+    partition: int
+    log_start_offset: int
+    high_watermark: int
+    durable_watermark: int
+
+
+class ListOffsetsReply(msgspec.Struct):
+    topic: str
+    partitions: list[PartitionOffsets]
+
+
+class CreateTopicRequest(msgspec.Struct, omit_defaults=True):
+    partitions: int
+    ring_bytes: int = 0  # 0 = broker default
+
+
+class TopicInfo(msgspec.Struct):
+    name: str
+    topic_id: int
+    partitions: int
+    ring_bytes: int
+
+
+class PartitionInfo(msgspec.Struct):
+    partition: int
+    worker: int
+    endpoint: str
+    log_start_offset: int = 0
+    high_watermark: int = 0
+    durable_watermark: int = 0
+
+
+class DescribeReply(msgspec.Struct):
+    topic: TopicInfo
+    partitions: list[PartitionInfo]
+
+
+class ListTopicsReply(msgspec.Struct):
+    topics: list[TopicInfo]
+
+
+class ErrorReply(msgspec.Struct, omit_defaults=True):
+    message: str
+    log_start_offset: int = -1
+    high_watermark: int = -1
+
+
+class Empty(msgspec.Struct):
+    pass
+
+
+EMPTY_MAP = b"\x80"
+encode = msgspec.msgpack.Encoder().encode
+
+
+def decoder(kind):
+    return msgspec.msgpack.Decoder(kind)

@@ -1,0 +1,81 @@
+"""Broker settings: one struct, read from ``TAILRACE_*`` environment variables.
+
+``tailrace serve`` sets these variables and supervisord passes them to every program, so the
+router, the workers and the flusher always agree. Each has an embedded default: data under
+``./data``, loopback only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+
+import msgspec
+
+MiB = 1 << 20
+
+
+class Settings(msgspec.Struct, kw_only=True):
+    data_dir: str = "./data"
+    bind: str = "tcp://127.0.0.1:7420"
+    workers: int = os.cpu_count() or 2
+    ring_bytes: int = 8 * MiB  # default per-partition ring (a topic may choose its own)
+    shm_budget_bytes: int = 1024 * MiB  # total shared memory all rings may take
+    max_slots: int = 4096  # partition slots in the control table
+    segment_bytes: int = 64 * MiB  # journal segment file size
+    max_batch_bytes: int = 1 * MiB  # largest record batch accepted
+    flush_interval_ms: int = 50  # fsync at least this often when data is pending
+    flush_bytes: int = 16 * MiB  # ... or once this many bytes are written but not synced
+    write_buffer_bytes: int = 8 * MiB  # the flusher's aligned staging buffer
+    checkpoint_interval_ms: int = 10_000  # how often index files are synced and checkpointed
+    direct_io: str = "auto"  # "auto": O_DIRECT where the filesystem allows it; "off"
+    ipc_dir: str = ""  # where ipc:// sockets live (short path); default /tmp/tailrace-<id>
+
+    @property
+    def instance(self) -> str:
+        real = os.path.realpath(self.data_dir)
+        return hashlib.sha1(real.encode()).hexdigest()[:10]
+
+    def ipc_path(self) -> str:
+        return self.ipc_dir or os.path.join(tempfile.gettempdir(), f"tailrace-{self.instance}")
+
+    def worker_endpoint(self, worker_id: int) -> str:
+        return f"ipc://{self.ipc_path()}/worker-{worker_id}.ipc"
+
+    def flusher_kick_endpoint(self) -> str:
+        return f"ipc://{self.ipc_path()}/flusher-kick.ipc"
+
+    def flusher_pub_endpoint(self) -> str:
+        return f"ipc://{self.ipc_path()}/flusher-pub.ipc"
+
+    def validate(self) -> None:
+        if self.max_batch_bytes * 4 > self.segment_bytes:
+            raise ValueError(f"segment_bytes={self.segment_bytes} must be >= 4 x max_batch_bytes={self.max_batch_bytes}")
+        if self.segment_bytes % 4096 or self.write_buffer_bytes % 4096:
+            raise ValueError("segment_bytes and write_buffer_bytes must be multiples of 4096")
+        if self.write_buffer_bytes < 2 * self.max_batch_bytes:
+            raise ValueError("write_buffer_bytes must be >= 2 x max_batch_bytes")
+        if self.workers < 1:
+            raise ValueError(f"workers={self.workers} must be >= 1")
+
+
+_FIELDS = Settings.__struct_fields__
+
+
+def from_env(env=None, **overrides) -> Settings:
+    env = os.environ if env is None else env
+    values = {}
+    defaults = Settings()
+    for name in _FIELDS:
+        raw = env.get("TAILRACE_" + name.upper())
+        if raw is not None and raw != "":
+            values[name] = type(getattr(defaults, name))(raw)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    s = Settings(**values)
+    s.validate()
+    return s
+
+
+def to_env(settings: Settings) -> dict[str, str]:
+    return {"TAILRACE_" + name.upper(): str(getattr(settings, name)) for name in _FIELDS}

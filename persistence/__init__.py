@@ -1,0 +1,1 @@
+"""tailrace persistence package."""

@@ -1,0 +1,357 @@
+"""The flusher process: drain every ring into the journal, sync by policy, publish positions.
+
+One cycle (``do_work``): find partitions whose ``desc_head`` passed ``flushed_desc`` (one numpy
+comparison over the control table), copy their new batches from the rings into one 4 KiB-aligned
+staging buffer (one memcpy per contiguous run, usually one per partition), write it to the
+journal in one aligned write, write the index entries (one pwrite per partition), publish
+``flushed_*``. Then fsync if a worker asked for durability (group commit: one fsync covers every
+partition's pending batches), or ``flush_interval_ms`` passed, or ``flush_bytes`` accumulated; and
+publish ``durable_offset`` for all partitions at once and notify the workers.
+
+Sockets: PULL ``flusher-kick`` (workers say "new data", b"F", or "a durable waiter", b"D");
+PUB ``flusher-pub`` (b"D" after every sync, b"E" once after a latched I/O error).
+
+The flusher is also the boot owner: it creates the control table, runs recovery and marks the
+table READY; workers wait for that before they serve.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import signal
+import time
+
+import numpy as np
+import posix_ipc
+import zmq
+
+from client import settings as settings_mod
+from client.catalog import Catalog
+from shm import layout, region
+from shm.layout import COL
+from shm.ring import ControlTable, LayoutMismatch, Ring
+
+from .index import IndexFile, entries_for
+from .journal import BLOCK, Journal, StorageError
+from .recovery import recover, write_checkpoint
+
+log = logging.getLogger("tailrace.flusher")
+
+EXIT_OK = 0
+EXIT_STORAGE = 3
+
+
+def _align_up(n: int) -> int:
+    return (n + BLOCK - 1) // BLOCK * BLOCK
+
+
+class Flusher:
+    def __init__(self, settings: settings_mod.Settings):
+        self.s = settings
+        self.catalog = Catalog(settings.data_dir)
+        self.journal = Journal(settings.data_dir, settings.segment_bytes, direct_io=settings.direct_io != "off")
+        self.buf = mmap.mmap(-1, settings.write_buffer_bytes)  # page aligned: O_DIRECT-safe
+        self.buf_base = 0  # journal position of buf[0]; always 4 KiB aligned
+        self.buf_len = 0  # bytes staged in buf, counting the carried head block
+        self.staged: list[tuple[int, int, np.ndarray, int, int, int]] = []  # (slot, first_offset, entries, flushed_desc, flushed_position, flushed_offset)
+        self.rings: dict[int, Ring] = {}  # slot -> attached ring
+        self.indexes: dict[int, IndexFile] = {}  # slot -> writable index
+        self.table: ControlTable | None = None
+        self.durable_wanted = False
+        self.unsynced_bytes = 0
+        self.last_sync_ns = time.monotonic_ns()
+        self.last_checkpoint_ns = time.monotonic_ns()
+        self.failed = False
+
+    # --- boot ----------------------------------------------------------------------------
+    def boot(self) -> None:
+        instance = self.s.instance
+        fresh = False
+        try:
+            self.table = ControlTable.attach(instance)
+        except posix_ipc.ExistentialError:
+            fresh = True
+        except LayoutMismatch as exc:
+            log.warning("%s; discarding it", exc)
+            region.unlink(region.control_name(instance))
+            fresh = True
+        if fresh:
+            stale = region.reclaim_rings(instance)
+            if stale:
+                log.info("reclaimed %d stale ring regions", len(stale))
+            self.table = ControlTable.create(instance, self.s.max_slots)
+        rec = recover(self.s.data_dir, self.s.segment_bytes, self.s.max_batch_bytes, self.catalog)
+        if rec.cut_bytes:
+            log.warning("recovery cut %d bytes of torn journal tail", rec.cut_bytes)
+        self._open_at(rec.end_position)
+        if fresh:
+            self._init_rows(rec.next_offsets)
+            self.table.header["boot_id"] = time.time_ns()
+        else:
+            self._reconcile(rec.next_offsets)
+        self.table.header["flusher_pid"] = os.getpid()
+        self.table.header["state"] = layout.STATE_READY
+        log.info("flusher ready: journal end %d, %d partitions, fresh=%s", rec.end_position, len(rec.next_offsets), fresh)
+
+    def _open_at(self, position: int) -> None:
+        seg = self.journal.segment_of(position)
+        self.journal.open_segment(seg)
+        self.buf_base = position - position % BLOCK
+        self.buf_len = position - self.buf_base
+        if self.buf_len:
+            with open(self.journal.path(seg), "rb") as f:
+                f.seek(self.buf_base - seg)
+                self.buf[: self.buf_len] = f.read(self.buf_len)
+
+    def _init_rows(self, next_offsets: dict[int, int]) -> None:
+        rows = self.table.rows
+        for slot, (topic, partition) in self.catalog.by_slot.items():
+            if slot >= self.table.max_slots:
+                continue
+            nxt = next_offsets.get(slot, 0)
+            r = rows[slot]
+            r[:] = 0
+            r[COL["slot"]] = slot
+            r[COL["topic_id"]] = topic.topic_id
+            r[COL["partition"]] = partition
+            r[COL["ring_bytes"]] = topic.ring_bytes
+            r[COL["desc_capacity"]] = layout.desc_capacity_for(topic.ring_bytes)
+            for name in ("next_offset", "ring_start_offset", "flushed_offset", "durable_offset"):
+                r[COL[name]] = nxt
+            r[COL["active"]] = 1
+
+    def _reconcile(self, next_offsets: dict[int, int]) -> None:
+        """After a flusher-only restart: the journal is the truth for what was flushed."""
+        rows = self.table.rows
+        for slot, journal_next in next_offsets.items():
+            r = rows[slot]
+            if not r[COL["active"]]:
+                continue
+            if int(r[COL["flushed_offset"]]) < journal_next:
+                ring = self._ring(slot)
+                first, head = int(r[COL["flushed_desc"]]), int(r[COL["desc_head"]])
+                descs = ring.descriptors(first, head)
+                k = int(np.searchsorted(descs["base_offset"], journal_next, side="left"))
+                if k:
+                    last = descs[k - 1]
+                    r[COL["flushed_position"]] = int(last["position"]) + ((int(last["length"]) + 7) & ~7)
+                    r[COL["flushed_desc"]] = first + k
+                r[COL["flushed_offset"]] = journal_next
+                log.info("slot %d: journal already held offsets up to %d", slot, journal_next)
+            r[COL["durable_offset"]] = max(int(r[COL["durable_offset"]]), journal_next)
+            r[COL["io_error"]] = 0
+
+    # --- the cycle -----------------------------------------------------------------------
+    def _ring(self, slot: int) -> Ring:
+        ring = self.rings.get(slot)
+        if ring is None:
+            ring = self.rings[slot] = Ring.attach(self.s.instance, slot, int(self.table.rows[slot, COL["ring_bytes"]]))
+        return ring
+
+    def _index(self, slot: int) -> IndexFile:
+        idx = self.indexes.get(slot)
+        if idx is None:
+            idx = self.indexes[slot] = IndexFile(self.s.data_dir, slot, writable=True)
+        return idx
+
+    def do_work(self) -> int:
+        """One cycle; returns the number of journal bytes staged (0 = idle)."""
+        if self.failed:
+            return 0
+        rows = self.table.rows
+        active = rows[:, COL["active"]] == 1
+        heads = rows[:, COL["desc_head"]]
+        dirty = np.flatnonzero(active & (heads > rows[:, COL["flushed_desc"]]))
+        staged = 0
+        try:
+            for slot in dirty.tolist():
+                staged += self._stage_slot(slot, int(heads[slot]))
+            self._write_out()
+            now = time.monotonic_ns()
+            if self.journal.dirty and (
+                self.durable_wanted
+                or now - self.last_sync_ns >= self.s.flush_interval_ms * 1_000_000
+                or self.unsynced_bytes >= self.s.flush_bytes
+            ):
+                self.sync()
+            if now - self.last_checkpoint_ns >= self.s.checkpoint_interval_ms * 1_000_000:
+                self.checkpoint()
+        except (StorageError, OSError) as exc:
+            self._fail(exc)
+        return staged
+
+    def _stage_slot(self, slot: int, head: int) -> int:
+        ring = self._ring(slot)
+        row = self.table.rows[slot]
+        first = int(row[COL["flushed_desc"]])
+        staged = 0
+        while first < head:
+            descs = ring.descriptors(first, head)
+            sizes = (descs["length"].astype(np.int64) + 7) & ~7
+            cum = np.cumsum(sizes)
+            seg_room = self.journal.segment_start + self.s.segment_bytes - (self.buf_base + self.buf_len)
+            room = min(len(self.buf) - self.buf_len, seg_room)
+            k = int(np.searchsorted(cum, room, side="right"))
+            if k == 0:
+                self._write_out()
+                if seg_room < int(sizes[0]):
+                    self._roll()
+                continue
+            take = descs[:k]
+            jpos = self.buf_base + self.buf_len + (cum[:k] - sizes[:k])
+            for view in ring.copy_batches(take):
+                n = view.nbytes
+                self.buf[self.buf_len : self.buf_len + n] = view
+                self.buf_len += n
+            entries = entries_for(jpos, take["length"], take["count"])
+            last_pos, last_size = int(take[k - 1]["position"]), int(sizes[k - 1])
+            last_end_offset = int(take[k - 1]["base_offset"]) + int(take[k - 1]["count"])
+            self.staged.append((slot, int(take[0]["base_offset"]), entries, first + k, last_pos + last_size, last_end_offset))
+            staged += int(cum[k - 1])
+            first += k
+        return staged
+
+    def _write_out(self) -> None:
+        if not self.staged:
+            return
+        end = self.buf_base + self.buf_len
+        aligned = _align_up(self.buf_len)
+        self.buf[self.buf_len : aligned] = bytes(aligned - self.buf_len)
+        self.journal.write_aligned(self.buf, aligned, self.buf_base)
+        rows = self.table.rows
+        for slot, first_offset, entries, fdesc, fpos, foff in self.staged:
+            self._index(slot).write(first_offset, entries)
+            r = rows[slot]
+            r[COL["flushed_position"]] = fpos
+            r[COL["flushed_desc"]] = fdesc
+            r[COL["flushed_offset"]] = foff
+        self.unsynced_bytes += end - self.buf_base
+        self.staged.clear()
+        head = end - end % BLOCK
+        carry = end - head
+        if carry and head != self.buf_base:
+            self.buf.move(0, head - self.buf_base, carry)
+        self.buf_base, self.buf_len = head, carry
+
+    def _roll(self) -> None:
+        """Leave the rest of this segment zero and go on at the next one."""
+        self.sync()
+        nxt = self.journal.segment_start + self.s.segment_bytes
+        self.journal.open_segment(nxt)
+        self.buf_base, self.buf_len = nxt, 0
+        self.checkpoint()
+
+    def sync(self) -> None:
+        self.journal.sync()
+        rows = self.table.rows
+        mask = rows[:, COL["active"]] == 1
+        rows[mask, COL["durable_offset"]] = rows[mask, COL["flushed_offset"]]
+        self.durable_wanted = False
+        self.unsynced_bytes = 0
+        self.last_sync_ns = time.monotonic_ns()
+        if self.pub is not None:
+            self.pub.send(b"D")
+
+    def checkpoint(self) -> None:
+        """Sync indexes and journal, then name the journal end as the recovery start."""
+        for idx in self.indexes.values():
+            idx.sync()
+        if self.journal.dirty:
+            self.sync()
+        write_checkpoint(self.s.data_dir, self.buf_base + self.buf_len)
+        self.last_checkpoint_ns = time.monotonic_ns()
+
+    def _fail(self, exc: BaseException) -> None:
+        log.error("storage unavailable: %s", exc)
+        self.failed = True
+        rows = self.table.rows
+        rows[rows[:, COL["active"]] == 1, COL["io_error"]] = 1
+        if self.pub is not None:
+            self.pub.send(b"E")
+
+    # --- shutdown ------------------------------------------------------------------------
+    def drain_and_close(self) -> None:
+        if not self.failed:
+            try:
+                for _ in range(1000):
+                    if not self.do_work():
+                        break
+                self.checkpoint()
+            except (StorageError, OSError) as exc:
+                self._fail(exc)
+        self.journal.close()
+        for idx in self.indexes.values():
+            idx.close()
+        if not self.failed and not _workers_alive(self.s) and self._all_flushed():
+            self.table.header["state"] = layout.STATE_STOPPING
+            for ring in self.rings.values():
+                ring.close()
+            self.rings.clear()
+            for name in region.list_instance_regions(self.s.instance):
+                region.unlink(name)
+            log.info("all data flushed; shared memory unlinked")
+        else:
+            log.warning("shared memory kept: workers alive or data not flushed (next boot reuses it)")
+
+    def _all_flushed(self) -> bool:
+        rows = self.table.rows
+        active = rows[:, COL["active"]] == 1
+        return bool(np.all(rows[active, COL["desc_head"]] == rows[active, COL["flushed_desc"]]))
+
+    pub: zmq.Socket | None = None
+
+
+def _workers_alive(s: settings_mod.Settings) -> bool:
+    d = s.ipc_path()
+    try:
+        names = [n for n in os.listdir(d) if n.startswith("worker-") and n.endswith(".pid")]
+    except FileNotFoundError:
+        return False
+    for n in names:
+        try:
+            pid = int(open(os.path.join(d, n)).read().strip())
+            os.kill(pid, 0)
+            return True
+        except (ValueError, OSError):
+            continue
+    return False
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s flusher %(levelname)s %(message)s")
+    s = settings_mod.from_env()
+    os.makedirs(s.ipc_path(), mode=0o700, exist_ok=True)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1) if not stop else os._exit(1))
+    signal.signal(signal.SIGINT, lambda *_: stop.append(1) if not stop else os._exit(1))
+    flusher = Flusher(s)
+    ctx = zmq.Context()
+    kick = ctx.socket(zmq.PULL)
+    kick.bind(s.flusher_kick_endpoint())
+    pub = ctx.socket(zmq.PUB)
+    pub.bind(s.flusher_pub_endpoint())
+    flusher.pub = pub
+    flusher.boot()
+    idle_ms = max(1, min(10, s.flush_interval_ms))
+    while not stop:
+        if kick.poll(idle_ms):
+            for _ in range(10_000):
+                try:
+                    msg = kick.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if msg == b"D":
+                    flusher.durable_wanted = True
+        flusher.do_work()
+        flusher.table.header["flusher_heartbeat_ns"] = time.monotonic_ns()
+    flusher.drain_and_close()
+    kick.close(0)
+    pub.close(0)
+    ctx.term()
+    return EXIT_STORAGE if flusher.failed else EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,232 @@
+"""Recovery: make the journal and the indexes agree again, after any stop.
+
+Some facts we rely on: a process crash loses nothing the kernel already accepted (written pages
+stay in the page cache); a host crash loses whatever was not fsynced, and a write in flight may
+leave a torn tail: part of a batch, or later blocks without earlier ones.
+
+What recovery does, every time the flusher starts:
+
+1. Read the checkpoint (``journal/checkpoint``): a journal position below which every index
+   entry is known to be synced.
+2. Scan the journal from there: each batch is self-describing (length, CRC, topic id, partition,
+   base offset, count), so the scan needs nothing else. The scan stops at the first zero length
+   at the end of the data or the first batch that fails its checks (the torn tail).
+3. Truncate the torn tail: zero its bytes in place (segments are pre-written, their size never
+   changes) and drop later segments, logging how many non-zero bytes were cut.
+4. Rewrite the index entries of every scanned batch and truncate each index to its journal's
+   truth; an index that disagrees with the journal below the checkpoint triggers a full rescan
+   from the first segment (indexes are derived data).
+5. fsync the rewritten indexes and the scanned segments, then move the checkpoint to the end.
+
+The result is each partition's next offset, which the flusher publishes before the broker serves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from client.catalog import Catalog, write_atomic
+from client.records import HEADER_BYTES, BatchError, read_header, validate_frame
+
+from .index import ENTRY_DTYPE, IndexFile, entries_for, index_path
+from .journal import JOURNAL_DIR, list_segments, segment_name
+
+log = logging.getLogger("tailrace.recovery")
+CHECKPOINT_FILE = "checkpoint"
+
+
+def read_checkpoint(data_dir) -> int:
+    try:
+        return int(json.loads((Path(data_dir) / JOURNAL_DIR / CHECKPOINT_FILE).read_text())["position"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def write_checkpoint(data_dir, position: int) -> None:
+    write_atomic(Path(data_dir) / JOURNAL_DIR / CHECKPOINT_FILE, json.dumps({"position": position}).encode())
+
+
+@dataclass
+class ScanResult:
+    start: int
+    end: int  # journal position right after the last good batch
+    torn_at: int | None = None
+    cut_bytes: int = 0
+    # per scanned batch, in journal order
+    topic_id: list = field(default_factory=list)
+    partition: list = field(default_factory=list)
+    base_offset: list = field(default_factory=list)
+    count: list = field(default_factory=list)
+    position: list = field(default_factory=list)
+    length: list = field(default_factory=list)
+
+
+def scan(journal_dir: Path, segment_bytes: int, start: int, max_batch_bytes: int) -> ScanResult:
+    """Walk batches from ``start`` to the end of good data (one Python step per batch)."""
+    segments = [s for s in list_segments(journal_dir) if s + segment_bytes > start]
+    res = ScanResult(start=start, end=start)
+    for i, seg in enumerate(segments):
+        path = journal_dir / segment_name(seg)
+        size = path.stat().st_size
+        if size == 0:
+            break
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mm:
+            p = max(start, seg) - seg
+            good_end = None
+            while p + HEADER_BYTES <= size:
+                length = int.from_bytes(mm[p : p + 4], "little", signed=True)
+                if length == 0:
+                    break
+                try:
+                    frame, _ = validate_frame(mm, p, size, max_batch_bytes)
+                except BatchError as exc:
+                    good_end = seg + p
+                    res.torn_at = good_end
+                    log.warning("journal: bad batch at position %d (%s)", good_end, exc)
+                    break
+                h = read_header(mm, p)
+                res.topic_id.append(int(h["topic_id"]))
+                res.partition.append(int(h["partition"]))
+                res.base_offset.append(int(h["base_offset"]))
+                res.count.append(int(h["record_count"]))
+                res.position.append(seg + p)
+                res.length.append(int(h["length"]))
+                p += frame
+            res.end = seg + p if good_end is None else good_end
+            tail = np.frombuffer(mm, dtype=np.uint8)[res.end - seg :]
+            nz = np.flatnonzero(tail)
+            del tail
+        if res.torn_at is None and nz.size:
+            res.torn_at = res.end  # a zero length followed by junk: a torn multi-block write
+        if res.torn_at is not None:
+            res.cut_bytes += int(nz[-1]) + 1 if nz.size else 0
+            for later in segments[i + 1 :]:
+                with open(journal_dir / segment_name(later), "rb") as lf:
+                    res.cut_bytes += _nonzero_bytes(lf)
+            break
+        # Data ended inside this segment: continue only if the next segment starts with data.
+        if i + 1 < len(segments):
+            nxt = journal_dir / segment_name(segments[i + 1])
+            with open(nxt, "rb") as nf:
+                first = nf.read(4)
+            if len(first) == 4 and int.from_bytes(first, "little", signed=True) != 0:
+                continue
+            break
+    return res
+
+
+def _nonzero_bytes(f) -> int:
+    data = np.frombuffer(f.read(), dtype=np.uint8)
+    nz = np.flatnonzero(data)
+    return int(nz[-1]) + 1 if nz.size else 0
+
+
+def _truncate_tail(journal_dir: Path, segment_bytes: int, res: ScanResult) -> None:
+    seg = res.end - res.end % segment_bytes
+    path = journal_dir / segment_name(seg)
+    if path.exists():
+        fd = os.open(path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            off = res.end - seg
+            zeros = bytes(min(size - off, 1 << 20))
+            while off < size:
+                n = os.pwrite(fd, zeros[: min(size - off, len(zeros))], off)
+                off += n
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for later in list_segments(journal_dir):
+        if later > seg:
+            (journal_dir / segment_name(later)).unlink()
+    log.warning("journal: truncated torn tail at position %d, cut %d bytes", res.end, res.cut_bytes)
+
+
+@dataclass
+class Recovered:
+    end_position: int
+    next_offsets: dict[int, int]  # slot -> next offset
+    cut_bytes: int
+    scanned_batches: int
+    full_rescan: bool
+
+
+def recover(data_dir, segment_bytes: int, max_batch_bytes: int, catalog: Catalog | None = None) -> Recovered:
+    data_dir = Path(data_dir)
+    journal_dir = data_dir / JOURNAL_DIR
+    journal_dir.mkdir(parents=True, exist_ok=True)
+    catalog = catalog or Catalog(data_dir)
+    checkpoint = read_checkpoint(data_dir)
+    segments = list_segments(journal_dir)
+    full = not segments or checkpoint < segments[0] or checkpoint > segments[-1] + segment_bytes
+    for attempt in (0, 1):
+        start = segments[0] if (full and segments) else (0 if full else checkpoint)
+        res = scan(journal_dir, segment_bytes, start, max_batch_bytes)
+        if res.torn_at is not None:
+            _truncate_tail(journal_dir, segment_bytes, res)
+        consistent, next_offsets = _rebuild_indexes(data_dir, catalog, res, full)
+        if consistent or full:
+            break
+        log.warning("index disagrees with the journal below the checkpoint: full rescan")
+        full = True
+    for seg in list_segments(journal_dir):
+        if seg + segment_bytes > start:
+            fd = os.open(journal_dir / segment_name(seg), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    write_checkpoint(data_dir, res.end)
+    if res.position:
+        log.info("recovery scanned %d batches from position %d to %d", len(res.position), start, res.end)
+    return Recovered(res.end, next_offsets, res.cut_bytes, len(res.position), full)
+
+
+def _rebuild_indexes(data_dir: Path, catalog: Catalog, res: ScanResult, full: bool) -> tuple[bool, dict[int, int]]:
+    by_key = {(t.topic_id, p): slot for t in catalog.data.topics.values() for p, slot in enumerate(t.slots)}
+    arrays = {k: np.asarray(getattr(res, k), dtype=np.int64) for k in ("topic_id", "partition", "base_offset", "count", "position", "length")}
+    keys = arrays["topic_id"] * (1 << 32) + arrays["partition"]
+    next_offsets: dict[int, int] = {}
+    consistent = True
+    for (topic_id, partition), slot in by_key.items():
+        path = index_path(data_dir, slot)
+        idx = IndexFile(data_dir, slot, writable=True)
+        try:
+            n = idx.entry_count()
+            below = 0
+            if n and not full:
+                mm = np.memmap(path, dtype=ENTRY_DTYPE, mode="r", shape=(n,))
+                below = int(np.searchsorted(mm["position"], res.start, side="left"))
+                del mm
+            sel = np.flatnonzero(keys == topic_id * (1 << 32) + partition)
+            if sel.size:
+                bases = arrays["base_offset"][sel]
+                counts = arrays["count"][sel]
+                dense = bool(np.all(bases[1:] == bases[:-1] + counts[:-1])) if sel.size > 1 else True
+                if int(bases[0]) != below or not dense:
+                    consistent = False
+                    log.warning("slot %d: journal batch at offset %d but index holds %d entries", slot, int(bases[0]), below)
+                    if not full:
+                        continue
+                ent = entries_for(arrays["position"][sel], arrays["length"][sel], counts)
+                idx.write(int(bases[0]), ent)
+                end = int(bases[-1] + counts[-1])
+            else:
+                end = below
+            if idx.entry_count() != end:
+                idx.truncate(end)
+            idx.sync()
+            next_offsets[slot] = end
+        finally:
+            idx.close()
+    unknown = np.flatnonzero(~np.isin(keys, np.asarray([t * (1 << 32) + p for t, p in by_key] or [-1], dtype=np.int64)))
+    if unknown.size:
+        log.warning("journal holds %d batches of unknown topics; ignored", unknown.size)
+    return consistent, next_offsets

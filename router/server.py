@@ -1,0 +1,288 @@
+"""The router process: the front door. Reads only routing headers, forwards, serves metadata.
+
+Sockets: a ROUTER bound at ``settings.bind`` (default tcp://127.0.0.1:7420) for clients, and one
+DEALER per worker (identity ``b"router"``) connected to ``ipc://<ipc_dir>/worker-<i>.ipc``.
+
+For produce and fetch it looks up the partition's slot in the catalog and its owner in the
+sticky scheduler, and forwards ``[client_id, assign, routing, header, body...]`` to the owner
+(``assign`` = slot and owner epoch, so a restarted worker adopts the partition with no other
+handshake). Replies come back on the DEALER as ``[client_id, routing, ...]`` and go out as they
+are. It never decodes frame 1 or 2 of a produce or fetch.
+
+Metadata (create, list, describe topics; status) is served here; topic definitions are written
+durably by ``Catalog.add_topic`` before the reply.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import struct
+import time
+from pathlib import Path
+
+import msgspec
+import zmq
+
+from client import protocol as P
+from client import settings as settings_mod
+from client.catalog import Catalog, valid_topic_name, write_atomic
+from shm.layout import ring_region_bytes
+
+from .scheduler import StickyScheduler
+
+log = logging.getLogger("tailrace.router")
+
+ROUTER_IDENTITY = b"router"
+ASSIGN = struct.Struct("<IQ")
+DRAIN_MAX = 512
+MAX_PARTITIONS = 1024
+MIN_RING_BYTES = 64 * 1024
+EXIT_OK = 0
+
+_create_dec = P.decoder(P.CreateTopicRequest)
+_list_offsets_dec = P.decoder(P.ListOffsetsReply)
+
+
+def next_generation(data_dir: str) -> int:
+    """Bump and durably store the router generation: owner epochs only ever grow."""
+    path = Path(data_dir) / "router.json"
+    try:
+        gen = int(json.loads(path.read_text())["generation"]) + 1
+    except (FileNotFoundError, ValueError, KeyError):
+        gen = 1
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps({"generation": gen}).encode())
+    return gen
+
+
+class Router:
+    def __init__(self, s: settings_mod.Settings):
+        self.s = s
+        self.catalog = Catalog(s.data_dir)
+        self.scheduler = StickyScheduler(s.workers)
+        self.generation = next_generation(s.data_dir)
+        self._epoch_counter = 0
+        self.routes: dict[tuple[bytes, int], tuple[int, bytes]] = {}  # (topic, partition) -> (worker, assign frame)
+        self.pending: dict[int, tuple[bytes, bytes, str]] = {}  # internal request id -> (client id, routing, topic)
+        self._internal_id = 0
+        self.front: zmq.Socket | None = None
+        self.dealers: list[zmq.Socket] = []
+        self.last_pong: dict[int, float] = {}
+        self.started = time.time()
+        for name in sorted(self.catalog.data.topics, key=lambda n: self.catalog.data.topics[n].topic_id):
+            self._place_topic(name)
+
+    def _epoch(self) -> int:
+        self._epoch_counter += 1
+        return (self.generation << 32) | self._epoch_counter
+
+    def _place_topic(self, name: str) -> None:
+        t = self.catalog.get(name)
+        tb = name.encode()
+        for p, slot in enumerate(t.slots):
+            w = self.scheduler.place(slot)
+            self.routes[(tb, p)] = (w, ASSIGN.pack(slot, self._epoch()))
+
+    # --- front door ----------------------------------------------------------------------
+    def on_client(self, frames: list[bytes]) -> None:
+        ident = frames[0]
+        if len(frames) < 2:
+            return
+        routing = frames[1]
+        try:
+            version, op, _c, partition, request_id, topic = P.unpack_routing(routing)
+        except struct.error:
+            log.warning("dropped a client message with a short routing header (%d bytes)", len(routing))
+            return
+
+        def reply(code, body=None):
+            self.front.send_multipart([ident, P.pack_routing(op, partition, request_id, topic, code),
+                                       P.encode(body) if body is not None else P.EMPTY_MAP])
+
+        if version != P.PROTOCOL_VERSION:
+            return reply(P.ErrorCode.UNSUPPORTED_VERSION, P.ErrorReply(f"protocol version {version} unsupported; this broker speaks {P.PROTOCOL_VERSION}"))
+        if op in (P.Op.PRODUCE, P.Op.FETCH):
+            route = self.routes.get((topic, partition))
+            if route is None:
+                self._refresh_routes()
+                route = self.routes.get((topic, partition))
+            if route is None:
+                name = topic.decode("utf-8", "replace")
+                code = P.ErrorCode.UNKNOWN_TOPIC if self.catalog.get(name) is None else P.ErrorCode.UNKNOWN_PARTITION
+                return reply(code, P.ErrorReply(f"unknown topic or partition: topic={name!r} partition={partition}"))
+            worker, assign = route
+            self.dealers[worker].send_multipart([ident, assign, *frames[1:]])
+            return
+        try:
+            if op == P.Op.CREATE_TOPIC:
+                self.create_topic(topic, frames, reply)
+            elif op == P.Op.LIST_TOPICS:
+                reply(P.ErrorCode.OK, P.ListTopicsReply([_info(t) for t in self.catalog.data.topics.values()]))
+            elif op == P.Op.DESCRIBE_TOPIC or op == P.Op.LIST_OFFSETS:
+                self.ask_offsets(ident, routing, topic, op, reply)
+            elif op == P.Op.STATUS:
+                reply(P.ErrorCode.OK, self.status())
+            else:
+                reply(P.ErrorCode.UNKNOWN_OP, P.ErrorReply(f"unknown op {op}"))
+        except msgspec.DecodeError as exc:
+            reply(P.ErrorCode.MALFORMED, P.ErrorReply(f"undecodable header: {exc}"))
+        except Exception as exc:
+            log.exception("metadata request op=%s failed", op)
+            reply(P.ErrorCode.INTERNAL, P.ErrorReply(f"internal error: {type(exc).__name__}: {exc}"))
+
+    def _refresh_routes(self) -> None:
+        if self.catalog.reload():
+            for name in self.catalog.data.topics:
+                if (name.encode(), 0) not in self.routes:
+                    self._place_topic(name)
+
+    def create_topic(self, topic: bytes, frames, reply) -> None:
+        if len(frames) < 3:
+            return reply(P.ErrorCode.MALFORMED, P.ErrorReply("create topic needs a header frame"))
+        req = _create_dec.decode(frames[2])
+        name = topic.decode("utf-8", "replace")
+        if not valid_topic_name(name):
+            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"bad topic name {name!r}: 1-200 chars of letters, digits, '.', '_', '-'"))
+        if self.catalog.get(name) is not None:
+            return reply(P.ErrorCode.TOPIC_EXISTS, P.ErrorReply(f"topic {name!r} exists"))
+        if not 1 <= req.partitions <= MAX_PARTITIONS:
+            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"partitions={req.partitions} must be 1..{MAX_PARTITIONS}"))
+        ring = req.ring_bytes or self.s.ring_bytes
+        if ring < MIN_RING_BYTES or ring % 4096 or ring < 2 * self.s.max_batch_bytes:
+            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
+                f"ring_bytes={ring} must be a multiple of 4096, >= {MIN_RING_BYTES} and >= 2 x max_batch_bytes ({self.s.max_batch_bytes})"))
+        used = self.catalog.shm_bytes(ring_region_bytes)
+        need = req.partitions * ring_region_bytes(ring)
+        if used + need > self.s.shm_budget_bytes:
+            return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(
+                f"topic {name!r} needs {need} bytes of shared memory; {used} of the budget {self.s.shm_budget_bytes} are in use"))
+        if self.catalog.data.next_slot + req.partitions > self.s.max_slots:
+            return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(f"no free partition slots (max_slots={self.s.max_slots})"))
+        entry = self.catalog.add_topic(name, req.partitions, ring)
+        self._place_topic(name)
+        reply(P.ErrorCode.OK, _info(entry))
+
+    def ask_offsets(self, ident, routing, topic, op, reply) -> None:
+        """Offsets live in shared memory, which workers read: ask one, merge owners in."""
+        name = topic.decode("utf-8", "replace")
+        if self.catalog.get(name) is None:
+            self.catalog.reload()
+            if self.catalog.get(name) is None:
+                return reply(P.ErrorCode.UNKNOWN_TOPIC, P.ErrorReply(f"unknown topic {name!r}"))
+        self._internal_id += 1
+        rid = self._internal_id
+        self.pending[rid] = (ident, routing, name)
+        worker, _ = self.routes[(topic, 0)]
+        self.dealers[worker].send_multipart([b"", b"\0" * ASSIGN.size, P.pack_routing(P.Op.LIST_OFFSETS, -1, rid, topic), P.EMPTY_MAP])
+
+    def on_internal_reply(self, frames: list[bytes]) -> None:
+        _v, op, code, _p, rid, topic = P.unpack_routing(frames[1])
+        if op == P.Op.PING:
+            info = msgspec.msgpack.decode(frames[2])
+            self.last_pong[info["worker"]] = time.monotonic()
+            return
+        pending = self.pending.pop(rid, None)
+        if pending is None:
+            return
+        ident, routing, name = pending
+        _v, client_op, _c, partition, request_id, _t = P.unpack_routing(routing)
+        head = P.pack_routing(client_op, partition, request_id, topic, code)
+        if code != P.ErrorCode.OK or client_op == P.Op.LIST_OFFSETS:
+            self.front.send_multipart([ident, head, frames[2]])
+            return
+        offsets = _list_offsets_dec.decode(frames[2])
+        t = self.catalog.get(name)
+        parts = []
+        for po in offsets.partitions:
+            w, _ = self.routes[(topic, po.partition)]
+            parts.append(P.PartitionInfo(po.partition, w, self.s.worker_endpoint(w), po.log_start_offset, po.high_watermark, po.durable_watermark))
+        self.front.send_multipart([ident, head, P.encode(P.DescribeReply(_info(t), parts))])
+
+    def status(self) -> dict:
+        now = time.monotonic()
+        return {
+            "pid": os.getpid(),
+            "uptime_s": round(time.time() - self.started, 3),
+            "bind": self.s.bind,
+            "data_dir": os.path.realpath(self.s.data_dir),
+            "generation": self.generation,
+            "topics": len(self.catalog.data.topics),
+            "partitions": sum(t.partitions for t in self.catalog.data.topics.values()),
+            "workers": [
+                {"worker": w, "endpoint": self.s.worker_endpoint(w), "partitions": len(self.scheduler.partitions_of(w)),
+                 "alive": now - self.last_pong.get(w, -1e9) < 5.0}
+                for w in range(self.s.workers)
+            ],
+        }
+
+    def ping_workers(self) -> None:
+        for w, d in enumerate(self.dealers):
+            d.send_multipart([b"", b"\0" * ASSIGN.size, P.pack_routing(P.Op.PING, -1, 0, b""), P.EMPTY_MAP])
+
+
+def _info(t) -> P.TopicInfo:
+    return P.TopicInfo(t.name, t.topic_id, t.partitions, t.ring_bytes)
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(levelname)s %(message)s")
+    s = settings_mod.from_env()
+    stop: list = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1) if not stop else os._exit(1))
+    signal.signal(signal.SIGINT, lambda *_: stop.append(1) if not stop else os._exit(1))
+    os.makedirs(s.ipc_path(), mode=0o700, exist_ok=True)
+    router = Router(s)
+    ctx = zmq.Context()
+    front = ctx.socket(zmq.ROUTER)
+    front.setsockopt(zmq.SNDHWM, 100_000)
+    front.setsockopt(zmq.RCVHWM, 100_000)
+    front.bind(s.bind)
+    router.front = front
+    poller = zmq.Poller()
+    poller.register(front, zmq.POLLIN)
+    for w in range(s.workers):
+        d = ctx.socket(zmq.DEALER)
+        d.setsockopt(zmq.IDENTITY, ROUTER_IDENTITY)
+        d.setsockopt(zmq.SNDHWM, 100_000)
+        d.setsockopt(zmq.RCVHWM, 100_000)
+        d.connect(s.worker_endpoint(w))
+        router.dealers.append(d)
+        poller.register(d, zmq.POLLIN)
+    log.info("router serving on %s with %d workers (generation %d)", s.bind, s.workers, router.generation)
+    last_ping = 0.0
+    while not stop:
+        events = dict(poller.poll(100))
+        if front in events:
+            for _ in range(DRAIN_MAX):
+                try:
+                    frames = front.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                router.on_client(frames)
+        for d in router.dealers:
+            if d in events:
+                for _ in range(DRAIN_MAX):
+                    try:
+                        frames = d.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    if frames[0]:
+                        front.send_multipart(frames)
+                    elif len(frames) >= 3:
+                        router.on_internal_reply(frames)
+        now = time.monotonic()
+        if now - last_ping > 1.0:
+            router.ping_workers()
+            last_ping = now
+    front.close(0)
+    for d in router.dealers:
+        d.close(0)
+    ctx.term()
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""tailrace shm package."""

@@ -1,0 +1,132 @@
+"""Every shared-memory layout of tailrace, declared once.
+
+Two kinds of POSIX shared-memory region exist per broker instance (one instance = one data dir):
+
+``/tailrace-<id>-ctl``: the control table, one row per partition slot::
+
+    +----------------------+--------------------------------+---------------- ... ---+
+    | table header (128 B) | row 0 (192 B = 3 cache lines)  | row 1 ...   row N-1    |
+    +----------------------+--------------------------------+---------------- ... ---+
+
+    row, one int64 per field; each cache line has exactly one writer:
+    line 0  (set when the slot is recovered or created; flusher at boot, actor at attach)
+        slot | topic_id | partition | active | ring_bytes | desc_capacity | log_start_offset | -
+    line 1  (written only by the actor that owns the partition)
+        owner_epoch | write_position | next_offset | desc_head | desc_tail | ring_start_offset
+        | durable_wanted | -
+    line 2  (written only by the flusher)
+        flushed_desc | flushed_position | flushed_offset | durable_offset | io_error | - | - | -
+
+``/tailrace-<id>-r<slot>``: one partition's ring::
+
+    +--------------------+-------------------------------------+------------------------------+
+    | ring header (64 B) | descriptors: desc_capacity x 24 B   | data: ring_bytes (a byte ring)|
+    +--------------------+-------------------------------------+------------------------------+
+
+    descriptor (one per appended batch, in append order, slot = seq % desc_capacity):
+        position (int64, absolute data position) | base_offset (int64) | length (int32) | count (int32)
+
+Positions in a ring are absolute and only grow; the byte index is ``position % ring_bytes``. A
+batch never straddles the end of the data area: when it would, the writer skips to the next lap
+(the skipped bytes are a gap no descriptor points into), so every batch is one contiguous slice.
+
+Publication order (x86-64 TSO keeps plain stores in program order; CPython issues them in
+source order): the actor writes batch bytes, then the descriptor, then ``desc_head``,
+``write_position`` and ``next_offset``. A reader that loads ``desc_head`` first sees complete
+descriptors and bytes below it. On a weakly ordered CPU this needs fences CPython cannot emit:
+tailrace supports x86-64 only for multi-process shared memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+CACHE_LINE = 64
+CONTROL_MAGIC = 0x54524354_4C000001  # "TRCTL" + layout version in the low byte
+RING_MAGIC = 0x54524E47_00000001  # "TRNG" + layout version
+LAYOUT_VERSION = 1
+
+# --- control table header ------------------------------------------------------------------
+TABLE_HEADER_DTYPE = np.dtype(
+    [
+        ("magic", "<u8"),
+        ("version", "<i8"),
+        ("state", "<i8"),  # STATE_* below, written by the flusher (boot owner)
+        ("max_slots", "<i8"),
+        ("boot_id", "<i8"),  # changes at every full recovery
+        ("flusher_pid", "<i8"),
+        ("flusher_heartbeat_ns", "<i8"),
+        ("reserved", "<i8", (9,)),
+    ]
+)
+TABLE_HEADER_BYTES = TABLE_HEADER_DTYPE.itemsize
+assert TABLE_HEADER_BYTES == 2 * CACHE_LINE
+
+STATE_INITIALIZING = 1
+STATE_READY = 2
+STATE_STOPPING = 3
+
+# --- control row -----------------------------------------------------------------------------
+ROW_FIELDS = [
+    # line 0: slot identity (boot / attach)
+    "slot", "topic_id", "partition", "active", "ring_bytes", "desc_capacity", "log_start_offset", "_r0",
+    # line 1: the owning actor
+    "owner_epoch", "write_position", "next_offset", "desc_head", "desc_tail", "ring_start_offset",
+    "durable_wanted", "_r1",
+    # line 2: the flusher
+    "flushed_desc", "flushed_position", "flushed_offset", "durable_offset", "io_error", "_r2", "_r3", "_r4",
+]
+ROW_DTYPE = np.dtype([(name, "<i8") for name in ROW_FIELDS])
+ROW_BYTES = ROW_DTYPE.itemsize
+ROW_WORDS = ROW_BYTES // 8
+# Column index of every field in the int64[max_slots, ROW_WORDS] view (derived, never retyped).
+COL = {name: ROW_DTYPE.fields[name][1] // 8 for name in ROW_FIELDS}
+assert ROW_BYTES == 3 * CACHE_LINE
+assert ROW_DTYPE.fields["owner_epoch"][1] == CACHE_LINE
+assert ROW_DTYPE.fields["flushed_desc"][1] == 2 * CACHE_LINE
+
+
+def control_table_bytes(max_slots: int) -> int:
+    return TABLE_HEADER_BYTES + max_slots * ROW_BYTES
+
+
+# --- ring ------------------------------------------------------------------------------------
+RING_HEADER_DTYPE = np.dtype(
+    [
+        ("magic", "<u8"),
+        ("version", "<i8"),
+        ("slot", "<i8"),
+        ("ring_bytes", "<i8"),
+        ("desc_capacity", "<i8"),
+        ("reserved", "<i8", (3,)),
+    ]
+)
+RING_HEADER_BYTES = RING_HEADER_DTYPE.itemsize
+assert RING_HEADER_BYTES == CACHE_LINE
+
+DESCRIPTOR_DTYPE = np.dtype(
+    [("position", "<i8"), ("base_offset", "<i8"), ("length", "<i4"), ("count", "<i4")]
+)
+DESCRIPTOR_BYTES = DESCRIPTOR_DTYPE.itemsize
+assert DESCRIPTOR_BYTES == 24
+
+# One descriptor per this many ring bytes: batches smaller than this on average fill the
+# descriptor ring before the data ring (the writer then reports backpressure just the same).
+RING_BYTES_PER_DESCRIPTOR = 128
+RING_ALIGN = 4096
+
+
+def desc_capacity_for(ring_bytes: int) -> int:
+    return max(ring_bytes // RING_BYTES_PER_DESCRIPTOR, 64)
+
+
+def ring_region_bytes(ring_bytes: int) -> int:
+    """Total shared bytes one partition costs: header + descriptors + data (page aligned)."""
+    desc = desc_capacity_for(ring_bytes) * DESCRIPTOR_BYTES
+    head = RING_HEADER_BYTES + desc
+    head = (head + RING_ALIGN - 1) // RING_ALIGN * RING_ALIGN
+    return head + ring_bytes
+
+
+def ring_data_start(ring_bytes: int) -> int:
+    return ring_region_bytes(ring_bytes) - ring_bytes

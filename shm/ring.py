@@ -1,0 +1,234 @@
+"""The control table and the per-partition single-producer ring (layouts in shm/layout.py).
+
+Concurrency contract: for a partition, exactly one actor (the owner, fenced by ``owner_epoch``)
+calls ``RingWriter.append``; the flusher reads ``[flushed, head)`` and never writes line 1 of
+the row; the writer never overwrites bytes the flusher has not yet copied out (it checks
+``flushed_position`` and ``flushed_desc`` before claiming space). Reads of already-published
+batches by the owner (fetch) are safe because only the owner overwrites them.
+NOT safe: two writers on one ring; a reader outside the owner relying on bytes below
+``desc_tail`` (they may be overwritten at any time).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from client.records import align8
+
+from . import layout
+from .layout import COL
+from .region import Region, control_name, ring_name
+
+_STAMP = struct.Struct("<qqiI")  # base_offset, append_time_us, partition, topic_id at byte 8
+
+
+class LayoutMismatch(RuntimeError):
+    """Raised when a region's magic or layout version is not the one this code was built for."""
+
+
+class ControlTable:
+    def __init__(self, region: Region):
+        self.region = region
+        self.header = np.frombuffer(region.buf, dtype=layout.TABLE_HEADER_DTYPE, count=1)[0]
+        max_slots = int(self.header["max_slots"]) if not region.created else None
+        self._max_slots = max_slots
+
+    @classmethod
+    def create(cls, instance: str, max_slots: int) -> "ControlTable":
+        region = Region.create(control_name(instance), layout.control_table_bytes(max_slots))
+        table = cls(region)
+        h = table.header
+        h["magic"] = layout.CONTROL_MAGIC
+        h["version"] = layout.LAYOUT_VERSION
+        h["max_slots"] = max_slots
+        h["state"] = layout.STATE_INITIALIZING
+        table._bind(max_slots)
+        return table
+
+    @classmethod
+    def attach(cls, instance: str) -> "ControlTable":
+        region = Region.attach(control_name(instance))
+        table = cls(region)
+        magic, version = int(table.header["magic"]), int(table.header["version"])
+        if magic != layout.CONTROL_MAGIC or version != layout.LAYOUT_VERSION:
+            raise LayoutMismatch(
+                f"control table {region.name}: magic={magic:#x} version={version}, "
+                f"this build expects magic={layout.CONTROL_MAGIC:#x} version={layout.LAYOUT_VERSION}"
+            )
+        table._bind(int(table.header["max_slots"]))
+        return table
+
+    def _bind(self, max_slots: int) -> None:
+        self.max_slots = max_slots
+        self.rows = np.frombuffer(
+            self.region.buf, dtype=np.int64, count=max_slots * layout.ROW_WORDS, offset=layout.TABLE_HEADER_BYTES
+        ).reshape(max_slots, layout.ROW_WORDS)
+
+    @property
+    def state(self) -> int:
+        return int(self.header["state"])
+
+    def row(self, slot: int) -> np.ndarray:
+        if not 0 <= slot < self.max_slots:
+            raise IndexError(f"slot out of range: slot={slot} max_slots={self.max_slots}")
+        return self.rows[slot]
+
+    def close(self) -> None:
+        self.header = None
+        self.rows = None
+        self.region.close()
+
+
+class Ring:
+    """A mapped ring region: header, descriptor array, data bytes."""
+
+    def __init__(self, region: Region, slot: int, ring_bytes: int):
+        self.region = region
+        self.slot = slot
+        self.ring_bytes = ring_bytes
+        self.desc_capacity = layout.desc_capacity_for(ring_bytes)
+        self.header = np.frombuffer(region.buf, dtype=layout.RING_HEADER_DTYPE, count=1)[0]
+        self.desc = np.frombuffer(
+            region.buf, dtype=layout.DESCRIPTOR_DTYPE, count=self.desc_capacity, offset=layout.RING_HEADER_BYTES
+        )
+        start = layout.ring_data_start(ring_bytes)
+        self.data = np.frombuffer(region.buf, dtype=np.uint8, count=ring_bytes, offset=start)
+        self.mv = memoryview(region.buf)[start : start + ring_bytes]
+
+    @classmethod
+    def create_or_attach(cls, instance: str, slot: int, ring_bytes: int) -> "Ring":
+        name = ring_name(instance, slot)
+        try:
+            region = Region.create(name, layout.ring_region_bytes(ring_bytes))
+        except Exception as exc:  # posix_ipc.ExistentialError: someone made it already
+            if type(exc).__name__ != "ExistentialError":
+                raise
+            return cls.attach(instance, slot, ring_bytes)
+        ring = cls(region, slot, ring_bytes)
+        h = ring.header
+        h["slot"] = slot
+        h["ring_bytes"] = ring_bytes
+        h["desc_capacity"] = ring.desc_capacity
+        h["version"] = layout.LAYOUT_VERSION
+        h["magic"] = layout.RING_MAGIC  # last: a half-made ring never passes the check
+        return ring
+
+    @classmethod
+    def attach(cls, instance: str, slot: int, ring_bytes: int | None = None) -> "Ring":
+        region = Region.attach(ring_name(instance, slot))
+        h = np.frombuffer(region.buf, dtype=layout.RING_HEADER_DTYPE, count=1)[0]
+        magic, version = int(h["magic"]), int(h["version"])
+        if magic != layout.RING_MAGIC or version != layout.LAYOUT_VERSION:
+            region.close()
+            raise LayoutMismatch(
+                f"ring {region.name}: magic={magic:#x} version={version}, "
+                f"this build expects magic={layout.RING_MAGIC:#x} version={layout.LAYOUT_VERSION}"
+            )
+        actual = int(h["ring_bytes"])
+        if ring_bytes is not None and actual != ring_bytes:
+            region.close()
+            raise LayoutMismatch(f"ring {region.name}: ring_bytes={actual}, expected {ring_bytes}")
+        return cls(region, slot, actual)
+
+    def descriptors(self, first_seq: int, end_seq: int) -> np.ndarray:
+        """Descriptors of seq in [first_seq, end_seq), oldest first (a view, or a copy at the wrap)."""
+        n = end_seq - first_seq
+        cap = self.desc_capacity
+        assert 0 <= n <= cap, (first_seq, end_seq, cap)
+        i = first_seq % cap
+        if i + n <= cap:
+            return self.desc[i : i + n]
+        return np.concatenate((self.desc[i:], self.desc[: n - (cap - i)]))
+
+    def copy_batches(self, descs: np.ndarray) -> list[memoryview]:
+        """Memoryviews covering the frames of consecutive descriptors (1 view, 2 at a lap wrap)."""
+        if len(descs) == 0:
+            return []
+        pos = descs["position"]
+        ends = pos + ((descs["length"].astype(np.int64) + 7) & ~7)
+        breaks = np.flatnonzero(pos[1:] != ends[:-1]) + 1
+        starts = np.concatenate(([0], breaks))
+        stops = np.concatenate((breaks, [len(descs)]))
+        out = []
+        for a, b in zip(starts.tolist(), stops.tolist()):
+            lo = int(pos[a]) % self.ring_bytes
+            hi = lo + int(ends[b - 1] - pos[a])
+            out.append(self.mv[lo:hi])
+        return out
+
+    def close(self) -> None:
+        self.header = self.desc = self.data = None
+        self.mv.release()
+        self.region.close()
+
+
+class RingFull(Exception):
+    """Internal signal: the batch does not fit until the flusher catches up."""
+
+
+class RingWriter:
+    """The single writer of one ring. Holds the owner epoch it was given; ``fenced`` tells
+    whether another owner has since taken over (then it must not write)."""
+
+    def __init__(self, ring: Ring, row: np.ndarray, epoch: int):
+        self.ring = ring
+        self.row = row
+        self.epoch = epoch
+
+    @property
+    def fenced(self) -> bool:
+        return int(self.row[COL["owner_epoch"]]) != self.epoch
+
+    def claim(self, frame_bytes: int) -> int:
+        """Return the absolute position where a frame of this size goes; raise RingFull."""
+        row, cap = self.row, self.ring.ring_bytes
+        if frame_bytes > cap // 2:
+            raise ValueError(f"frame of {frame_bytes} bytes can never fit a ring of {cap}")
+        pos = int(row[COL["write_position"]])
+        idx = pos % cap
+        if idx + frame_bytes > cap:
+            pos += cap - idx  # skip to the next lap: batches never straddle the end
+        if pos + frame_bytes - cap > int(row[COL["flushed_position"]]):
+            raise RingFull
+        head = int(row[COL["desc_head"]])
+        if head - int(row[COL["flushed_desc"]]) >= self.ring.desc_capacity:
+            raise RingFull
+        return pos
+
+    def append(self, frame: memoryview, count: int, base_offset: int, append_time_us: int,
+               partition: int, topic_id: int) -> int:
+        """Copy one validated batch frame in, stamp it, publish it. Returns its position."""
+        row, ring = self.row, self.ring
+        n = frame.nbytes
+        pos = self.claim(n)
+        idx = pos % ring.ring_bytes
+        ring.mv[idx : idx + n] = frame
+        _STAMP.pack_into(ring.mv, idx + 8, base_offset, append_time_us, partition, topic_id)
+        head = int(row[COL["desc_head"]])
+        d = ring.desc[head % ring.desc_capacity]
+        d["position"] = pos
+        d["base_offset"] = base_offset
+        d["length"] = n
+        d["count"] = count
+        self._advance_tail(pos + n - ring.ring_bytes, head + 1)
+        row[COL["desc_head"]] = head + 1
+        row[COL["write_position"]] = pos + n
+        row[COL["next_offset"]] = base_offset + count
+        return pos
+
+    def _advance_tail(self, overwritten_below: int, new_head: int) -> None:
+        """Forget batches whose bytes or descriptor slot the new batch reuses."""
+        row, ring = self.row, self.ring
+        tail = int(row[COL["desc_tail"]])
+        floor = max(tail, new_head - ring.desc_capacity)
+        while floor < new_head - 1 and int(ring.desc[floor % ring.desc_capacity]["position"]) < overwritten_below:
+            floor += 1
+        if floor != tail:
+            row[COL["desc_tail"]] = floor
+            row[COL["ring_start_offset"]] = int(ring.desc[floor % ring.desc_capacity]["base_offset"])
+
+
+def frame_size(length: int) -> int:
+    return align8(length)

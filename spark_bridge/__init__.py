@@ -1,0 +1,1 @@
+"""tailrace spark_bridge package."""
