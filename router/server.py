@@ -89,13 +89,12 @@ class Router:
     # --- front door ----------------------------------------------------------------------
     def on_client(self, frames: list[bytes]) -> None:
         ident = frames[0]
-        if len(frames) < 2:
-            return
-        routing = frames[1]
+        routing = frames[1] if len(frames) > 1 else b""
         try:
             version, op, _c, partition, request_id, topic = P.unpack_routing(routing)
         except struct.error:
-            log.warning("dropped a client message with a short routing header (%d bytes)", len(routing))
+            self.front.send_multipart([ident, P.pack_routing(0, -1, 0, b"", P.ErrorCode.MALFORMED), P.encode(
+                P.ErrorReply(f"first frame must be a {P.ROUTING_BYTES}-byte routing header, got {len(routing)} bytes"))])
             return
 
         def reply(code, body=None):
@@ -105,6 +104,8 @@ class Router:
         if version != P.PROTOCOL_VERSION:
             return reply(P.ErrorCode.UNSUPPORTED_VERSION, P.ErrorReply(f"protocol version {version} unsupported; this broker speaks {P.PROTOCOL_VERSION}"))
         if op in (P.Op.PRODUCE, P.Op.FETCH):
+            if len(frames) < 3:
+                return reply(P.ErrorCode.MALFORMED, P.ErrorReply(f"op {op} needs routing and header frames, got {len(frames) - 1} frames"))
             route = self.routes.get((topic, partition))
             if route is None:
                 self._refresh_routes()

@@ -1,0 +1,34 @@
+"""Shared fixtures: a real broker on a temporary directory and a free loopback port."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.harness import Broker
+
+
+@pytest.fixture
+def make_broker(tmp_path):
+    """Factory: make_broker(workers=2, **settings) -> started Broker; all stopped at teardown."""
+    started: list[Broker] = []
+
+    def make(workers: int = 2, start: bool = True, data_dir=None, **settings) -> Broker:
+        settings.setdefault("segment_bytes", 8 << 20)
+        settings.setdefault("shm_budget_bytes", 512 << 20)
+        b = Broker(data_dir or tmp_path / f"broker{len(started)}", workers=workers, **settings)
+        started.append(b)
+        if start:
+            b.start()
+        return b
+
+    yield make
+    for b in started:
+        b.stop()
+        left = b.shm_regions()
+        b.cleanup_shm()
+        assert not left, f"shared memory left after a clean stop: {left}"
+
+
+@pytest.fixture
+def broker(make_broker) -> Broker:
+    return make_broker()

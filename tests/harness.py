@@ -1,0 +1,126 @@
+"""Start and stop a real broker (supervisord + flusher + router + workers) for tests and benches.
+
+The broker runs exactly as ``tailrace serve`` runs it, on a temporary data directory and a free
+loopback port. It is stopped by pid (SIGTERM to supervisord, which stops its programs in order);
+``kill9`` kills one program (or all) by pid to simulate crashes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from client.admin import Admin
+from client.errors import TailraceError
+from client import settings as settings_mod
+from shm import region
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Broker:
+    def __init__(self, data_dir: Path, workers: int = 2, **settings):
+        self.data_dir = Path(data_dir)
+        self.port = free_port()
+        self.bootstrap = f"tcp://127.0.0.1:{self.port}"
+        self.settings = settings_mod.from_env(
+            env={}, data_dir=str(self.data_dir.resolve()), bind=self.bootstrap, workers=workers, **settings
+        )
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def run_dir(self) -> str:
+        return self.settings.ipc_path()
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env.update(settings_mod.to_env(self.settings))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+        return env
+
+    def start(self, timeout_s: float = 60.0) -> "Broker":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.data_dir / "serve.out", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "client.cli", "serve", "--data-dir", str(self.data_dir)],
+            env=self.env(), stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT),
+        )
+        log.close()
+        self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        last = None
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.proc.returncode}; see {self.data_dir}/serve.out")
+            try:
+                with Admin(self.bootstrap, timeout_ms=1000) as a:
+                    st = a.status()
+                if all(w["alive"] for w in st["workers"]):
+                    return
+            except (TailraceError, OSError) as exc:
+                last = exc
+            time.sleep(0.1)
+        raise RuntimeError(f"broker not ready in {timeout_s}s: {last}; logs in {self.data_dir}/logs")
+
+    def pids(self) -> dict[str, int]:
+        """Program name -> pid, read from supervisorctl."""
+        out = subprocess.run(
+            [sys.executable, "-m", "supervisor.supervisorctl", "-c", str(ROOT / "supervisord.conf"), "status"],
+            env={**self.env(), "TAILRACE_PYTHON": sys.executable, "TAILRACE_LOG_DIR": str(self.data_dir / "logs"),
+                 "TAILRACE_RUN_DIR": self.run_dir},
+            capture_output=True, text=True, timeout=30,
+        ).stdout
+        pids = {}
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) >= 4 and parts[1] == "RUNNING" and parts[2] == "pid":
+                pids[parts[0].split(":")[-1]] = int(parts[3].rstrip(","))
+        return pids
+
+    def kill9(self, name: str) -> int:
+        pid = self.pids()[name]
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def stop(self, timeout_s: float = 120.0) -> int:
+        """SIGTERM supervisord (by pid) and wait; returns its exit code."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        rc = self.proc.returncode
+        self.proc = None
+        return rc
+
+    def shm_regions(self) -> list[str]:
+        return region.list_instance_regions(self.settings.instance)
+
+    def cleanup_shm(self) -> None:
+        for name in self.shm_regions():
+            region.unlink(name)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        self.cleanup_shm()
