@@ -119,6 +119,14 @@ def cmd_status(args) -> int:
     return EXIT_OK
 
 
+def cmd_bench(args) -> int:
+    # The benchmark suite lives in bench/ (not a dependency of the client); imported on use.
+    sys.path.insert(0, str(SOURCE_ROOT))
+    from bench.runner import main as bench_main
+
+    return bench_main(args.bench_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tailrace", description="tailrace message broker")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -169,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = with_bootstrap(sub.add_parser("status", help="broker status as JSON"))
     st.set_defaults(func=cmd_status)
+
+    be = sub.add_parser("bench", help="run a benchmark workload (see bench/README.md)", add_help=False)
+    be.add_argument("bench_args", nargs=argparse.REMAINDER)
+    be.set_defaults(func=cmd_bench)
     return ap
 
 

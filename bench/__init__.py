@@ -1,0 +1,1 @@
+"""tailrace benchmark suite."""
