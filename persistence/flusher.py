@@ -260,7 +260,10 @@ class Flusher:
             idx.sync()
         if self.journal.dirty:
             self.sync()
-        write_checkpoint(self.s.data_dir, self.buf_base + self.buf_len)
+        rows = self.table.rows
+        active = np.flatnonzero(rows[:, COL["active"]] == 1)
+        next_offsets = dict(zip(active.tolist(), rows[active, COL["flushed_offset"]].tolist()))
+        write_checkpoint(self.s.data_dir, self.buf_base + self.buf_len, next_offsets)
         self.last_checkpoint_ns = time.monotonic_ns()
 
     def _fail(self, exc: BaseException) -> None:

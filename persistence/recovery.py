@@ -42,15 +42,18 @@ log = logging.getLogger("tailrace.recovery")
 CHECKPOINT_FILE = "checkpoint"
 
 
-def read_checkpoint(data_dir) -> int:
+def read_checkpoint(data_dir) -> tuple[int, dict[int, int]]:
+    """(journal position, {slot: next offset below that position}); (0, {}) if none."""
     try:
-        return int(json.loads((Path(data_dir) / JOURNAL_DIR / CHECKPOINT_FILE).read_text())["position"])
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
-        return 0
+        doc = json.loads((Path(data_dir) / JOURNAL_DIR / CHECKPOINT_FILE).read_text())
+        return int(doc["position"]), {int(k): int(v) for k, v in doc.get("next_offsets", {}).items()}
+    except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
+        return 0, {}
 
 
-def write_checkpoint(data_dir, position: int) -> None:
-    write_atomic(Path(data_dir) / JOURNAL_DIR / CHECKPOINT_FILE, json.dumps({"position": position}).encode())
+def write_checkpoint(data_dir, position: int, next_offsets: dict[int, int] | None = None) -> None:
+    doc = {"position": position, "next_offsets": {str(k): int(v) for k, v in (next_offsets or {}).items()}}
+    write_atomic(Path(data_dir) / JOURNAL_DIR / CHECKPOINT_FILE, json.dumps(doc).encode())
 
 
 @dataclass
@@ -89,7 +92,7 @@ def scan(journal_dir: Path, segment_bytes: int, start: int, max_batch_bytes: int
                 except BatchError as exc:
                     good_end = seg + p
                     res.torn_at = good_end
-                    log.warning("journal: bad batch at position %d (%s)", good_end, exc)
+                    log.warning("journal: bad batch at position %d (%s)", good_end, str(exc))
                     break
                 h = read_header(mm, p)
                 res.topic_id.append(int(h["topic_id"]))
@@ -163,7 +166,7 @@ def recover(data_dir, segment_bytes: int, max_batch_bytes: int, catalog: Catalog
     journal_dir = data_dir / JOURNAL_DIR
     journal_dir.mkdir(parents=True, exist_ok=True)
     catalog = catalog or Catalog(data_dir)
-    checkpoint = read_checkpoint(data_dir)
+    checkpoint, expected = read_checkpoint(data_dir)
     segments = list_segments(journal_dir)
     full = not segments or checkpoint < segments[0] or checkpoint > segments[-1] + segment_bytes
     for attempt in (0, 1):
@@ -171,7 +174,7 @@ def recover(data_dir, segment_bytes: int, max_batch_bytes: int, catalog: Catalog
         res = scan(journal_dir, segment_bytes, start, max_batch_bytes)
         if res.torn_at is not None:
             _truncate_tail(journal_dir, segment_bytes, res)
-        consistent, next_offsets = _rebuild_indexes(data_dir, catalog, res, full)
+        consistent, next_offsets = _rebuild_indexes(data_dir, catalog, res, full, {} if full else expected, segment_bytes)
         if consistent or full:
             break
         log.warning("index disagrees with the journal below the checkpoint: full rescan")
@@ -183,13 +186,32 @@ def recover(data_dir, segment_bytes: int, max_batch_bytes: int, catalog: Catalog
                 os.fsync(fd)
             finally:
                 os.close(fd)
-    write_checkpoint(data_dir, res.end)
+    write_checkpoint(data_dir, res.end, next_offsets)
     if res.position:
         log.info("recovery scanned %d batches from position %d to %d", len(res.position), start, res.end)
     return Recovered(res.end, next_offsets, res.cut_bytes, len(res.position), full)
 
 
-def _rebuild_indexes(data_dir: Path, catalog: Catalog, res: ScanResult, full: bool) -> tuple[bool, dict[int, int]]:
+def _last_entry_matches(data_dir: Path, mm: np.ndarray, n: int, topic_id: int, partition: int, segment_bytes: int) -> bool:
+    """Does index entry n-1 point at a batch of this partition that ends exactly at offset n?"""
+    e = mm[n - 1]
+    pos, rel = int(e["position"]), int(e["rel"])
+    seg = pos - pos % segment_bytes
+    try:
+        with open(data_dir / JOURNAL_DIR / segment_name(seg), "rb") as f:
+            f.seek(pos - seg)
+            raw = f.read(HEADER_BYTES)
+    except OSError:
+        return False
+    if len(raw) < HEADER_BYTES:
+        return False
+    h = read_header(raw)
+    return (h["topic_id"] == topic_id and h["partition"] == partition and h["base_offset"] == n - 1 - rel
+            and h["base_offset"] + h["record_count"] == n and h["length"] == int(e["length"]))
+
+
+def _rebuild_indexes(data_dir: Path, catalog: Catalog, res: ScanResult, full: bool,
+                     expected: dict[int, int], segment_bytes: int) -> tuple[bool, dict[int, int]]:
     by_key = {(t.topic_id, p): slot for t in catalog.data.topics.values() for p, slot in enumerate(t.slots)}
     arrays = {k: np.asarray(getattr(res, k), dtype=np.int64) for k in ("topic_id", "partition", "base_offset", "count", "position", "length")}
     keys = arrays["topic_id"] * (1 << 32) + arrays["partition"]
@@ -204,7 +226,13 @@ def _rebuild_indexes(data_dir: Path, catalog: Catalog, res: ScanResult, full: bo
             if n and not full:
                 mm = np.memmap(path, dtype=ENTRY_DTYPE, mode="r", shape=(n,))
                 below = int(np.searchsorted(mm["position"], res.start, side="left"))
+                if below and not _last_entry_matches(data_dir, mm, below, topic_id, partition, segment_bytes):
+                    consistent = False
+                    log.warning("slot %d: last index entry below the checkpoint does not match the journal", slot)
                 del mm
+            if not full and below != expected.get(slot, below):
+                consistent = False
+                log.warning("slot %d: index holds %d entries below the checkpoint, the checkpoint says %d", slot, below, expected[slot])
             sel = np.flatnonzero(keys == topic_id * (1 << 32) + partition)
             if sel.size:
                 bases = arrays["base_offset"][sel]

@@ -24,7 +24,8 @@ Two kinds of POSIX shared-memory region exist per broker instance (one instance 
     +--------------------+-------------------------------------+------------------------------+
 
     descriptor (one per appended batch, in append order, slot = seq % desc_capacity):
-        position (int64, absolute data position) | base_offset (int64) | length (int32) | count (int32)
+        position (int64, absolute data position) | base_offset (int64) | length (int32, the batch's
+        own length; its frame takes align8(length) bytes) | count (int32)
 
 Positions in a ring are absolute and only grow; the byte index is ``position % ring_bytes``. A
 batch never straddles the end of the data area: when it would, the writer skips to the next lap

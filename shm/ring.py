@@ -22,6 +22,7 @@ from .layout import COL
 from .region import Region, control_name, ring_name
 
 _STAMP = struct.Struct("<qqiI")  # base_offset, append_time_us, partition, topic_id at byte 8
+_LENGTH = struct.Struct("<i")  # the batch length at byte 0
 
 
 class LayoutMismatch(RuntimeError):
@@ -210,7 +211,7 @@ class RingWriter:
         d = ring.desc[head % ring.desc_capacity]
         d["position"] = pos
         d["base_offset"] = base_offset
-        d["length"] = n
+        d["length"] = _LENGTH.unpack_from(frame)[0]  # the batch's own length, unpadded
         d["count"] = count
         self._advance_tail(pos + n - ring.ring_bytes, head + 1)
         row[COL["desc_head"]] = head + 1

@@ -1,0 +1,97 @@
+"""The record-batch format: round trips, CRC, hostile bytes."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from client.records import (
+    CRC_START, HEADER_BYTES, BatchError, align8, batches_to_columns, encode_batch, encode_batch_buffers,
+    iter_batches, read_header, validate_frame,
+)
+
+
+def test_round_trip_without_keys():
+    frame = encode_batch([b"hi", b"", b"tailrace"], create_time_us=123)
+    assert len(frame) % 8 == 0
+    size, count = validate_frame(frame, 0, len(frame), 1 << 20)
+    assert (size, count) == (len(frame), 3)
+    (v,) = iter_batches(frame)
+    assert [v.value(i) for i in range(3)] == [b"hi", b"", b"tailrace"]
+    assert v.key(0) is None and v.create_time_us == 123
+    assert v.value_offsets.tolist() == [0, 2, 2, 10]
+
+
+def test_round_trip_with_keys_and_buffers_path_is_identical():
+    values, keys = [b"a", b"bb", b"ccc"], [b"k1", b"", b"k3"]
+    a = encode_batch(values, keys, create_time_us=5)
+    offs = np.array([0, 1, 3, 6], dtype=np.int32)
+    koffs = np.array([0, 2, 2, 4], dtype=np.int32)
+    b = encode_batch_buffers(b"abbccc", offs, b"k1k3", koffs, create_time_us=5)
+    assert a == b
+    (v,) = iter_batches(a)
+    assert [v.key(i) for i in range(3)] == keys
+
+
+def test_broker_stamped_fields_are_outside_the_crc():
+    frame = bytearray(encode_batch([b"x"] * 5))
+    struct.pack_into("<qqiI", frame, 8, 1000, 2000, 3, 4)  # what the broker stamps
+    validate_frame(frame, 0, len(frame), 1 << 20)
+    h = read_header(frame)
+    assert (h["base_offset"], h["append_time_us"], h["partition"], h["topic_id"]) == (1000, 2000, 3, 4)
+    assert h["crc"] == struct.unpack_from("<I", frame, 32)[0] and CRC_START == 36
+
+
+@pytest.mark.parametrize("flip", [CRC_START, 40, 64, -9])
+def test_any_flipped_byte_in_the_crc_range_is_detected(flip):
+    frame = bytearray(encode_batch([b"hello", b"world"]))
+    end = read_header(frame)["length"]
+    pos = flip if flip >= 0 else end + flip
+    frame[pos] ^= 0x40
+    with pytest.raises(BatchError) as exc:
+        validate_frame(frame, 0, len(frame), 1 << 20)
+    assert exc.value.reason in ("crc", "malformed")
+
+
+def test_lying_length_and_count_are_malformed_not_crashes():
+    frame = bytearray(encode_batch([b"abc"] * 4))
+    bad = bytearray(frame)
+    struct.pack_into("<i", bad, 0, 1 << 30)
+    with pytest.raises(BatchError, match="too_large|over the limit") as e:
+        validate_frame(bad, 0, len(bad), 1 << 20)
+    assert e.value.reason == "too_large"
+    bad = bytearray(frame)
+    struct.pack_into("<i", bad, 36, 1 << 20)
+    with pytest.raises(BatchError) as e:
+        validate_frame(bad, 0, len(bad), 1 << 20)
+    assert e.value.reason == "malformed"
+
+
+def test_columns_trim_to_the_requested_range_across_batches():
+    a = bytearray(encode_batch([b"a0", b"a1", b"a2"]))
+    b = bytearray(encode_batch([b"b0", b"b1"], [b"k0", b"k1"]))
+    struct.pack_into("<q", a, 8, 10)
+    struct.pack_into("<q", b, 8, 13)
+    cols = batches_to_columns(iter_batches(bytes(a + b)), start_offset=11, end_offset=14)
+    assert cols.offsets.tolist() == [11, 12, 13]
+    vals = cols.values.tobytes()
+    assert [vals[cols.value_offsets[i] : cols.value_offsets[i + 1]] for i in range(3)] == [b"a1", b"a2", b"b0"]
+    assert cols.key_valid.tolist() == [False, False, True]
+    keys = cols.keys.tobytes()
+    assert keys[cols.key_offsets[2] : cols.key_offsets[3]] == b"k0"
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.binary(min_size=0, max_size=400), st.integers(min_value=0, max_value=64))
+def test_random_bytes_never_escape_as_anything_but_batch_error(data, cut):
+    good = encode_batch([b"v" * 10] * 3)
+    for candidate in (data, good[:cut] + data, good + data):
+        buf = bytes(candidate) + bytes(align8(len(candidate)) - len(candidate))
+        try:
+            size, count = validate_frame(buf, 0, len(buf), 1 << 20)
+        except BatchError:
+            continue
+        assert HEADER_BYTES <= size <= len(buf) and count >= 1
