@@ -13,6 +13,7 @@ flusher already copied out, so every offset is always in one of the two.
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections import deque
 from dataclasses import dataclass
@@ -27,9 +28,18 @@ from shm.ring import ControlTable, Ring, RingFull, RingWriter
 from persistence.index import IndexFile
 from persistence.journal import JournalReader
 
+from .dedup import ProducerState
+from .fence import OwnerLock
+
 _COUNT_AT = struct.Struct("<i")  # record_count at byte 36 of a batch header
+_BASE_AT = struct.Struct("<q")  # base_offset at byte 8
 _COUNT_OFFSET = 36
+_IDEMPOTENCE = struct.Struct("<qi")  # producer_id, base_sequence at byte 40 of a batch header
+_IDEMPOTENCE_OFFSET = 40
+DEDUP_LOAD_BATCHES = 4096  # batch headers read from the ring at takeover
+DEDUP_DISK_BATCHES = 64  # ... and from disk when the ring holds fewer
 DESC_WINDOW = 4096  # descriptors looked at per fetch
+log = logging.getLogger("tailrace.partition")
 
 
 class Fenced(Exception):
@@ -46,7 +56,7 @@ class FetchResult:
 
 class PartitionActor:
     def __init__(self, table: ControlTable, instance: str, slot: int, topic_id: int, partition: int,
-                 ring_bytes: int, epoch: int, data_dir: str, journal: JournalReader):
+                 ring_bytes: int, epoch: int, data_dir: str, journal: JournalReader, lock_dir: str):
         self.slot, self.topic_id, self.partition = slot, topic_id, partition
         self.data_dir = data_dir
         self.journal = journal
@@ -64,21 +74,85 @@ class PartitionActor:
             row[COL["active"]] = 1
         self.row = row
         self.ring = Ring.create_or_attach(instance, slot, int(row[COL["ring_bytes"]]))
-        row[COL["owner_epoch"]] = epoch
+        row[COL["owner_epoch"]] = epoch  # the fence: a previous owner stops at its next check
         self.writer = RingWriter(self.ring, row, epoch)
-        if row[COL["desc_tail"]] == row[COL["desc_head"]]:
-            row[COL["ring_start_offset"]] = row[COL["next_offset"]]
         self.epoch = epoch
+        self.lock = OwnerLock(f"{lock_dir}/slot-{slot}.lock")
+        self.producers = ProducerState()
         self.index: IndexFile | None = None
         self.durable_waiters: deque = deque()  # of (end_offset, reply frames)
         self.parked: list = []  # of (deadline_ns, ident frames, routing, FetchRequest)
+        self.check_ownership()
+
+    # --- ownership -----------------------------------------------------------------------
+    def reassign(self, epoch: int) -> None:
+        """The router re-confirmed this worker as owner under a newer epoch (e.g. it restarted)."""
+        if int(self.row[COL["owner_epoch"]]) > epoch:
+            raise Fenced(f"slot={self.slot} owner_epoch={int(self.row[COL['owner_epoch']])} > epoch={epoch}")
+        self.row[COL["owner_epoch"]] = epoch
+        self.epoch = self.writer.epoch = epoch
+
+    def check_ownership(self) -> bool:
+        """True if this actor may append now. Lets the lock go once fenced; takes it when free."""
+        if self.writer.fenced:
+            self.lock.release()
+            return False
+        if self.lock.held:
+            return True
+        if not self.lock.try_acquire():
+            return False
+        if self.writer.fenced:  # a newer owner wrote its epoch while we waited
+            self.lock.release()
+            return False
+        self._take_over()
+        return True
+
+    def _take_over(self) -> None:
+        """First moment with the lock: state the previous owner left is final now."""
+        self.writer.repair()
+        self._load_producer_state()
+        log.info("slot %d taken over at epoch %d at offset %d", self.slot, self.epoch, int(self.row[COL["next_offset"]]))
+
+    def _load_producer_state(self) -> None:
+        row, ring = self.row, self.ring
+        tail, head = int(row[COL["desc_tail"]]), int(row[COL["desc_head"]])
+        first = max(tail, head - DEDUP_LOAD_BATCHES)
+        self.producers = ProducerState()
+        if first >= head and int(row[COL["flushed_offset"]]) > 0:
+            self._load_producer_state_from_disk(int(row[COL["ring_start_offset"]]))
+        if first >= head:
+            return
+        descs = ring.descriptors(first, head)
+        at = (descs["position"] % ring.ring_bytes)[:, None] + np.arange(_IDEMPOTENCE_OFFSET, _IDEMPOTENCE_OFFSET + 12)
+        raw = np.ascontiguousarray(ring.data[at])
+        pids = raw[:, :8].copy().view("<i8")[:, 0]
+        seqs = raw[:, 8:12].copy().view("<i4")[:, 0]
+        times = np.zeros(len(descs), dtype=np.int64)
+        self.producers.load(pids, seqs, descs["count"], descs["base_offset"], times)
+
+    def _load_producer_state_from_disk(self, end_offset: int) -> None:
+        if self.index is None:
+            self.index = IndexFile(self.data_dir, self.slot)
+        lo = max(0, end_offset - (1 << 16))
+        entries = self.index.read(lo, end_offset - lo)
+        starts = np.flatnonzero(entries["rel"] == 0)[-DEDUP_DISK_BATCHES:]
+        for i in starts.tolist():
+            head = self.journal.read(int(entries[i]["position"]), 64)
+            pid, seq = _IDEMPOTENCE.unpack_from(head, _IDEMPOTENCE_OFFSET)
+            count = _COUNT_AT.unpack_from(head, _COUNT_OFFSET)[0]
+            self.producers.record(pid, seq, count, lo + i, 0)
 
     # --- produce -------------------------------------------------------------------------
     def append(self, body: bytes, max_batch_bytes: int) -> tuple[int, str, int, int, int]:
-        """Validate and append one batch frame. Returns (code, message, base_offset, count, time)."""
+        """Validate and append one batch frame. Returns (code, message, base_offset, count, time).
+
+        A retried batch (same producer id, base sequence and count as a recent one) is not
+        appended again: the original base offset comes back with code OK."""
         row = self.row
-        if self.writer.fenced:
-            return ErrorCode.NOT_OWNER, "partition moved to another owner", -1, 0, 0
+        if not self.check_ownership():
+            if self.writer.fenced:
+                return ErrorCode.NOT_OWNER, "partition moved to another owner", -1, 0, 0
+            return ErrorCode.NOT_READY, "previous owner still holds the partition", -1, 0, 0
         if row[COL["io_error"]]:
             return ErrorCode.STORAGE_UNAVAILABLE, "journal cannot be written", -1, 0, 0
         try:
@@ -90,12 +164,18 @@ class PartitionActor:
             return ErrorCode.MALFORMED, f"frame holds {len(body)} bytes, batch frame is {size}", -1, 0, 0
         if size > self.ring.ring_bytes // 2:
             return ErrorCode.BATCH_TOO_LARGE, f"batch of {size} bytes over half the ring ({self.ring.ring_bytes})", -1, 0, 0
+        pid, seq = _IDEMPOTENCE.unpack_from(body, _IDEMPOTENCE_OFFSET)
+        if pid >= 0:
+            dup = self.producers.find(pid, seq, count)
+            if dup is not None:
+                return ErrorCode.OK, "duplicate", dup[2], count, dup[3]
         base = int(row[COL["next_offset"]])
         t = now_us()
         try:
             self.writer.append(memoryview(body), count, base, t, self.partition, self.topic_id)
         except RingFull:
             return ErrorCode.BACKPRESSURE, "partition ring full; flusher behind", -1, 0, 0
+        self.producers.record(pid, seq, count, base, t)
         return ErrorCode.OK, "", base, count, t
 
     # --- fetch ---------------------------------------------------------------------------
@@ -143,7 +223,14 @@ class PartitionActor:
         k = self._cut(descs["base_offset"], descs["count"], (descs["length"].astype(np.int64) + 7) & ~7,
                       offset, max_bytes, max_records, hw)
         take = descs[:k]
-        parts = [bytes(b''.join(self.ring.copy_batches(take)))]
+        first_pos = int(take[0]["position"]) % self.ring.ring_bytes
+        stamped = _BASE_AT.unpack_from(self.ring.mv, first_pos + 8)[0]
+        if stamped != int(take[0]["base_offset"]):
+            # Never serve bytes a descriptor no longer describes; the journal has them.
+            log.error("slot %d: ring descriptor seq %d says base %d, bytes say %d (row %s); reading disk",
+                      self.slot, seq, int(take[0]["base_offset"]), stamped, self.row.tolist())
+            return None
+        parts = [b"".join(self.ring.copy_batches(take))]
         nxt = int(take[k - 1]["base_offset"]) + int(take[k - 1]["count"])
         # Copy done: if the writer reclaimed any of it meanwhile we would be reading our own
         # process's writes, which cannot interleave with this call (one thread per worker).
@@ -191,6 +278,7 @@ class PartitionActor:
     def close(self) -> None:
         if self.index is not None:
             self.index.close()
+        self.lock.close()
         self.ring.close()
 
 

@@ -68,12 +68,11 @@ class Worker:
             ident, assign, rest = frames[:2], frames[2], frames[3:]
         else:
             ident, assign, rest = frames[:1], None, frames[1:]
-        if not rest:
-            return
         try:
-            version, op, _code, partition, request_id, topic = P.unpack_routing(rest[0])
+            version, op, _code, partition, request_id, topic = P.unpack_routing(rest[0] if rest else b"")
         except struct.error:
-            log.warning("dropped a request with a short routing header (%d bytes)", len(rest[0]))
+            self.sock.send_multipart([*ident, P.pack_routing(0, -1, 0, b"", P.ErrorCode.MALFORMED), P.encode(
+                P.ErrorReply(f"first frame must be a {P.ROUTING_BYTES}-byte routing header"))])
             return
         def reply(code, body=None, extra=()):
             head = P.encode(body) if body is not None else P.EMPTY_MAP
@@ -107,8 +106,11 @@ class Worker:
                 return None
             slot, epoch = ASSIGN.unpack(assign)
             actor = self.actors.get(slot)
-            if actor is not None and actor.epoch >= epoch and not actor.writer.fenced:
+            if actor is not None and actor.epoch == epoch:
                 return actor
+            if actor is not None and actor.epoch > epoch:
+                reply(P.ErrorCode.NOT_OWNER, P.ErrorReply(f"stale assignment: epoch {epoch} < {actor.epoch}"))
+                return None
             return self.adopt(slot, epoch, reply)
         name = topic.decode("utf-8", "replace")
         slot = self.catalog.slot_of(name, partition)
@@ -123,23 +125,21 @@ class Worker:
         return actor
 
     def adopt(self, slot: int, epoch: int, reply):
-        found = self.catalog.topic_of_slot(slot)
-        if found is None:
-            reply(P.ErrorCode.UNKNOWN_PARTITION, P.ErrorReply(f"slot {slot} not in the catalog"))
-            return None
-        topic, partition = found
-        old = self.actors.pop(slot, None)
+        actor = self.actors.get(slot)
         try:
+            if actor is not None:
+                actor.reassign(epoch)  # same process: keep the lock, the ring, the waiters
+                return actor
+            found = self.catalog.topic_of_slot(slot)
+            if found is None:
+                reply(P.ErrorCode.UNKNOWN_PARTITION, P.ErrorReply(f"slot {slot} not in the catalog"))
+                return None
+            topic, partition = found
             actor = PartitionActor(self.table, self.s.instance, slot, topic.topic_id, partition,
-                                   topic.ring_bytes, epoch, self.s.data_dir, self.journal)
+                                   topic.ring_bytes, epoch, self.s.data_dir, self.journal, self.s.ipc_path())
         except Fenced as exc:
-            if old is not None:
-                self.actors[slot] = old
             reply(P.ErrorCode.NOT_OWNER, P.ErrorReply(str(exc)))
             return None
-        if old is not None:
-            actor.durable_waiters.extend(old.durable_waiters)
-            actor.parked.extend(old.parked)
         self.actors[slot] = actor
         return actor
 
@@ -266,6 +266,13 @@ class Worker:
         self.parked_slots.difference_update(done)
         return next_ms
 
+    def check_fences(self) -> None:
+        """Let go of partitions another owner has fenced us out of (also when idle)."""
+        for slot, actor in list(self.actors.items()):
+            if not actor.check_ownership() and actor.writer.fenced and not actor.durable_waiters and not actor.parked:
+                actor.close()
+                del self.actors[slot]
+
     def close(self) -> None:
         for actor in self.actors.values():
             actor.close()
@@ -334,6 +341,7 @@ def main(argv=None) -> int:
     poller.register(sub, zmq.POLLIN)
     log.info("worker %d serving on %s", args.id, s.worker_endpoint(args.id))
     timeout = 100
+    last_fence_check = 0.0
     while not stop:
         events = dict(poller.poll(timeout))
         if sock in events:
@@ -359,6 +367,10 @@ def main(argv=None) -> int:
         next_ms = worker.service_parked(time.monotonic_ns()) if worker.parked_slots else -1
         worker.appended.clear()
         worker.durable_added = False
+        now = time.monotonic()
+        if now - last_fence_check > 0.05:
+            worker.check_fences()
+            last_fence_check = now
         timeout = 100
         if worker.waiting_slots:
             timeout = 2

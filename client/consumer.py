@@ -41,16 +41,20 @@ class _Assigned:
     partition: int
     position: int  # next offset to fetch
     inflight: int = 0  # request id of the fetch in flight, 0 if none
+    sent: float = 0.0  # when it was sent (a fetch lost with a broker process is sent again)
+    wait_s: float = 0.0  # the max_wait it asked for
 
 
 class Consumer:
     def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, *, max_bytes: int = 4 << 20,
-                 max_records: int = 1 << 20, max_wait_ms: int = 500, isolation: str = "memory"):
+                 max_records: int = 1 << 20, max_wait_ms: int = 500, isolation: str = "memory",
+                 request_timeout_ms: int = 3000):
         self.conn = Connection(bootstrap)
         self.max_bytes = max_bytes
         self.max_records = max_records
         self.max_wait_ms = max_wait_ms
         self.isolation = isolation
+        self.request_timeout_s = request_timeout_ms / 1000
         self._fetch_header_cache: dict[int, bytes] = {}
         self.assigned: dict[tuple[str, int], _Assigned] = {}
         self._by_rid: dict[int, _Assigned] = {}
@@ -81,12 +85,15 @@ class Consumer:
         return self.assigned[(topic, partition)].position
 
     def _send_fetches(self, max_wait_ms: int) -> None:
+        now = time.monotonic()
         for a in self.assigned.values():
             if a.inflight:
-                continue
+                if now - a.sent < a.wait_s + self.request_timeout_s:
+                    continue
+                self._by_rid.pop(a.inflight, None)  # lost with a broker process: ask again
             header = P.encode(P.FetchRequest(a.position, self.max_bytes, self.max_records, max_wait_ms, self.isolation))
             rid = self.conn.send(P.Op.FETCH, a.topic, a.partition, header)
-            a.inflight = rid
+            a.inflight, a.sent, a.wait_s = rid, now, max_wait_ms / 1000
             self._by_rid[rid] = a
 
     def poll_raw(self, timeout_ms: int = 1000) -> list[tuple[_Assigned, int, P.FetchReply, object]]:

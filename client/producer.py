@@ -1,9 +1,16 @@
 """Producer: per-partition batching with a linger time, partitioners, acks none/memory/durable.
 
 Ordering: by default one batch per partition is in flight (``max_in_flight_per_partition=1``),
-so a batch retried after a retriable error (BACKPRESSURE, NOT_READY, TIMEOUT) can never be
-overtaken by a later one: records of a partition land in the order they were sent, as with
-Kafka's ``max.in.flight.requests.per.connection=1``. Raising it trades that for throughput.
+so a batch retried after a retriable error (BACKPRESSURE, NOT_READY, NOT_OWNER, a lost reply)
+can never be overtaken by a later one: records of a partition land in the order they were sent,
+as with Kafka's ``max.in.flight.requests.per.connection=1``. Raising it trades that for
+throughput.
+
+Idempotence: every batch carries this producer's random 63-bit id and a per-partition sequence
+(the count of records sent to that partition before it). A batch is retried with the same bytes
+when its reply does not come within ``request_timeout_ms`` (a broker process may have died with
+it), until ``delivery_timeout_ms``; the broker recognises a batch it already stored and answers
+with the original offsets, so a retry never duplicates.
 
 Driving it: there is no background thread. ``send``/``send_batch`` queue records and send what
 is ready; ``poll()`` processes replies and lingering batches; ``flush()`` sends everything and
@@ -12,6 +19,7 @@ waits for every acknowledgement, raising the first permanent error.
 
 from __future__ import annotations
 
+import random
 import time
 import zlib
 from collections import deque
@@ -57,6 +65,7 @@ class _InFlight:
     frame: bytes
     count: int
     sent: float
+    first_sent: float = 0.0
     attempts: int = 1
 
 
@@ -71,7 +80,9 @@ class Producer:
         batch_bytes: int = 512 * 1024,
         partitioner: str | Partitioner = "round_robin",
         max_in_flight_per_partition: int = 1,
-        request_timeout_ms: int = 30_000,
+        request_timeout_ms: int = 5_000,
+        delivery_timeout_ms: int = 120_000,
+        idempotent: bool = True,
         retry_backoff_ms: float = 2.0,
         on_ack: Callable[[str, int, int, int], None] | None = None,
     ):
@@ -83,6 +94,9 @@ class Producer:
         self.partitioner = PARTITIONERS[partitioner] if isinstance(partitioner, str) else partitioner
         self.max_in_flight = max_in_flight_per_partition
         self.request_timeout_s = request_timeout_ms / 1000
+        self.delivery_timeout_s = delivery_timeout_ms / 1000
+        self.producer_id = random.getrandbits(62) if idempotent else -1
+        self._seq: dict[tuple[str, int], int] = {}  # (topic, p) -> next base sequence
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.on_ack = on_ack
         self._header = P.encode(P.ProduceRequest(acks=int(self.acks), timeout_ms=request_timeout_ms))
@@ -95,6 +109,7 @@ class Producer:
         self._counter = 0
         self.errors: list[TailraceError] = []
         self.acked_records = 0
+        self.retries = 0
         self._sent_records = 0
 
     # --- metadata ------------------------------------------------------------------------
@@ -152,22 +167,30 @@ class Producer:
         q = self._ready.setdefault((topic, p), deque())
         for i in range(0, len(values), step):
             chunk = values[i : i + step]
-            frame = encode_batch(chunk, None if keys is None else keys[i : i + step])
+            frame = encode_batch(chunk, None if keys is None else keys[i : i + step], **self._ids((topic, p), len(chunk)))
             q.append((frame, len(chunk)))
         self._pump()
+
+    def _ids(self, tp, count: int) -> dict:
+        """Producer id and base sequence for the next batch of ``count`` records to ``tp``."""
+        if self.producer_id < 0:
+            return {}
+        seq = self._seq.get(tp, 0)
+        self._seq[tp] = (seq + count) & 0x7FFFFFFF
+        return {"producer_id": self.producer_id, "base_sequence": seq}
 
     def send_buffers(self, topic: str, values: bytes | np.ndarray, value_offsets: np.ndarray,
                      partition: int | None = None) -> None:
         """Send one pre-joined batch: ``values`` back to back, ``value_offsets`` int32[n + 1]."""
         p = self._choose(topic, None, partition)
-        frame = encode_batch_buffers(values, value_offsets)
+        frame = encode_batch_buffers(values, value_offsets, **self._ids((topic, p), len(value_offsets) - 1))
         self._ready.setdefault((topic, p), deque()).append((frame, len(value_offsets) - 1))
         self._pump()
 
     def _seal(self, tp, pend: _Pending) -> None:
         if not pend.values:
             return
-        frame = encode_batch(pend.values, pend.keys if pend.keyed else None)
+        frame = encode_batch(pend.values, pend.keys if pend.keyed else None, **self._ids(tp, len(pend.values)))
         self._ready.setdefault(tp, deque()).append((frame, len(pend.values)))
         pend.values, pend.keys, pend.keyed, pend.nbytes = [], [], False, 0
 
@@ -191,7 +214,8 @@ class Producer:
                 b.attempts += 1
             elif ready:
                 frame, count = ready.popleft()
-                b = _InFlight(tp[0], tp[1], frame, count, time.monotonic())
+                now = time.monotonic()
+                b = _InFlight(tp[0], tp[1], frame, count, now, now)
             else:
                 break
             rid = self.conn.send(P.Op.PRODUCE, b.topic, b.partition, self._header, b.frame)
@@ -220,7 +244,7 @@ class Producer:
                 if self.on_ack is not None:
                     rep = P.decoder(P.ProduceReply).decode(r.header)
                     self.on_ack(b.topic, b.partition, rep.base_offset, rep.record_count)
-            elif r.code in P.RETRIABLE and time.monotonic() - b.sent < self.request_timeout_s:
+            elif r.code in P.RETRIABLE and time.monotonic() - b.first_sent < self.delivery_timeout_s:
                 time.sleep(self.retry_backoff_s)
                 self._retry.setdefault(tp, deque()).appendleft(b)
             else:
@@ -232,8 +256,14 @@ class Producer:
         for rid, b in list(self._inflight.items()):
             if now - b.sent > self.request_timeout_s:
                 del self._inflight[rid]
-                self._inflight_per[(b.topic, b.partition)] -= 1
-                self.errors.append(TimeoutError_(f"no ack for {b.count} records to {b.topic}/{b.partition} in {self.request_timeout_s}s"))
+                tp = (b.topic, b.partition)
+                self._inflight_per[tp] -= 1
+                if now - b.first_sent < self.delivery_timeout_s:
+                    self.retries += 1
+                    self._retry.setdefault(tp, deque()).appendleft(b)  # same bytes: the broker dedups
+                else:
+                    self.errors.append(TimeoutError_(
+                        f"no ack for {b.count} records to {b.topic}/{b.partition} in {self.delivery_timeout_s}s"))
 
     def poll(self, timeout_ms: int = 0) -> None:
         self._pump(timeout_ms)

@@ -41,6 +41,10 @@ log = logging.getLogger("tailrace.flusher")
 
 EXIT_OK = 0
 EXIT_STORAGE = 3
+# After a latched storage error the flusher keeps the error visible this long, then exits so
+# supervisord starts a fresh one: recovery then re-reads the journal's truth and the rings
+# (which still hold every unflushed batch) are drained again once the disk takes writes.
+STORAGE_RETRY_S = 2.0
 
 
 def _align_up(n: int) -> int:
@@ -187,6 +191,11 @@ class Flusher:
         row = self.table.rows[slot]
         first = int(row[COL["flushed_desc"]])
         staged = 0
+        if first < head:
+            d0 = int(ring.desc[first % ring.desc_capacity]["base_offset"])
+            if d0 != int(row[COL["flushed_offset"]]):
+                log.error("slot %d: first unflushed batch starts at %d, flushed_offset is %d; row %s",
+                          slot, d0, int(row[COL["flushed_offset"]]), row.tolist())
         while first < head:
             descs = ring.descriptors(first, head)
             sizes = (descs["length"].astype(np.int64) + 7) & ~7
@@ -200,6 +209,13 @@ class Flusher:
                     self._roll()
                 continue
             take = descs[:k]
+            if k > 1:
+                b_, c_ = take["base_offset"], take["count"]
+                bad = np.flatnonzero(b_[1:] != b_[:-1] + c_[:-1])
+                if bad.size:
+                    i = int(bad[0])
+                    log.error("slot %d: descriptors not contiguous at seq %d: %s then %s; row %s", slot, first + i,
+                              take[i], take[i + 1], row.tolist())
             jpos = self.buf_base + self.buf_len + (cum[:k] - sizes[:k])
             for view in ring.copy_batches(take):
                 n = view.nbytes
@@ -329,6 +345,7 @@ def main() -> int:
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1) if not stop else os._exit(1))
     signal.signal(signal.SIGINT, lambda *_: stop.append(1) if not stop else os._exit(1))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit must be an EFBIG, not a kill
     flusher = Flusher(s)
     ctx = zmq.Context()
     kick = ctx.socket(zmq.PULL)
@@ -336,9 +353,22 @@ def main() -> int:
     pub = ctx.socket(zmq.PUB)
     pub.bind(s.flusher_pub_endpoint())
     flusher.pub = pub
-    flusher.boot()
+    try:
+        flusher.boot()
+    except (OSError, StorageError) as exc:
+        log.error("boot failed, storage unavailable: %s", exc)
+        if flusher.table is not None:
+            flusher._fail(exc)
+        time.sleep(STORAGE_RETRY_S)
+        return EXIT_STORAGE
     idle_ms = max(1, min(10, s.flush_interval_ms))
+    failed_at = None
     while not stop:
+        if flusher.failed:
+            failed_at = failed_at or time.monotonic()
+            if time.monotonic() - failed_at > STORAGE_RETRY_S:
+                log.error("exiting after a storage error; supervisord restarts the flusher")
+                break
         if kick.poll(idle_ms):
             for _ in range(10_000):
                 try:

@@ -111,7 +111,11 @@ class Journal:
                 while left:
                     left -= os.write(fd, zeros[: min(left, len(zeros))])
                 os.fsync(fd)
-            finally:
+            except OSError:
+                os.close(fd)
+                tmp.unlink(missing_ok=True)  # give the space back: the disk may be full
+                raise
+            else:
                 os.close(fd)
             os.replace(tmp, final)
             dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)

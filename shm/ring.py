@@ -149,13 +149,16 @@ class Ring:
             return []
         pos = descs["position"]
         ends = pos + ((descs["length"].astype(np.int64) + 7) & ~7)
-        breaks = np.flatnonzero(pos[1:] != ends[:-1]) + 1
+        # A run ends where positions jump (the skipped tail of a lap) and also where a batch
+        # starts a new lap exactly at byte 0: contiguous positions, but not contiguous bytes.
+        breaks = np.flatnonzero((pos[1:] != ends[:-1]) | (pos[1:] % self.ring_bytes == 0)) + 1
         starts = np.concatenate(([0], breaks))
         stops = np.concatenate((breaks, [len(descs)]))
         out = []
         for a, b in zip(starts.tolist(), stops.tolist()):
             lo = int(pos[a]) % self.ring_bytes
             hi = lo + int(ends[b - 1] - pos[a])
+            assert hi <= self.ring_bytes, (lo, hi, self.ring_bytes)  # a run never crosses the end
             out.append(self.mv[lo:hi])
         return out
 
@@ -200,35 +203,57 @@ class RingWriter:
 
     def append(self, frame: memoryview, count: int, base_offset: int, append_time_us: int,
                partition: int, topic_id: int) -> int:
-        """Copy one validated batch frame in, stamp it, publish it. Returns its position."""
+        """Copy one validated batch frame in, stamp it, publish it. Returns its position.
+
+        Crash order: first forget the batches whose bytes or descriptor slot this one reuses
+        (``desc_tail``), then overwrite, then publish (``desc_head`` is the commit point). A
+        writer killed anywhere in between leaves no descriptor pointing at overwritten bytes."""
         row, ring = self.row, self.ring
         n = frame.nbytes
         pos = self.claim(n)
+        head = int(row[COL["desc_head"]])
+        self._drop_reused(pos + n - ring.ring_bytes, head, base_offset)
         idx = pos % ring.ring_bytes
         ring.mv[idx : idx + n] = frame
         _STAMP.pack_into(ring.mv, idx + 8, base_offset, append_time_us, partition, topic_id)
-        head = int(row[COL["desc_head"]])
         d = ring.desc[head % ring.desc_capacity]
         d["position"] = pos
         d["base_offset"] = base_offset
         d["length"] = _LENGTH.unpack_from(frame)[0]  # the batch's own length, unpadded
         d["count"] = count
-        self._advance_tail(pos + n - ring.ring_bytes, head + 1)
         row[COL["desc_head"]] = head + 1
         row[COL["write_position"]] = pos + n
         row[COL["next_offset"]] = base_offset + count
         return pos
 
-    def _advance_tail(self, overwritten_below: int, new_head: int) -> None:
-        """Forget batches whose bytes or descriptor slot the new batch reuses."""
+    def repair(self) -> None:
+        """Make line 1 of the row agree with the descriptors (call with ownership, at takeover).
+
+        ``desc_head`` is the commit point of an append: a writer killed after it but before
+        ``write_position``/``next_offset`` left those behind; one killed before it left bytes
+        no descriptor points to (never acknowledged, overwritten by the next append)."""
+        row, ring = self.row, self.ring
+        head, tail = int(row[COL["desc_head"]]), int(row[COL["desc_tail"]])
+        if head > tail:
+            last = ring.desc[(head - 1) % ring.desc_capacity]
+            row[COL["write_position"]] = int(last["position"]) + align8(int(last["length"]))
+            row[COL["next_offset"]] = int(last["base_offset"]) + int(last["count"])
+            row[COL["ring_start_offset"]] = int(ring.desc[tail % ring.desc_capacity]["base_offset"])
+        else:
+            row[COL["ring_start_offset"]] = row[COL["next_offset"]]
+
+    def _drop_reused(self, overwritten_below: int, head: int, new_base_offset: int) -> None:
+        """Forget batches whose bytes (absolute positions below ``overwritten_below``) or whose
+        descriptor slot (seq ``head - desc_capacity``) the next batch is about to reuse."""
         row, ring = self.row, self.ring
         tail = int(row[COL["desc_tail"]])
-        floor = max(tail, new_head - ring.desc_capacity)
-        while floor < new_head - 1 and int(ring.desc[floor % ring.desc_capacity]["position"]) < overwritten_below:
+        floor = max(tail, head + 1 - ring.desc_capacity)
+        while floor < head and int(ring.desc[floor % ring.desc_capacity]["position"]) < overwritten_below:
             floor += 1
         if floor != tail:
+            start = int(ring.desc[floor % ring.desc_capacity]["base_offset"]) if floor < head else new_base_offset
+            row[COL["ring_start_offset"]] = start
             row[COL["desc_tail"]] = floor
-            row[COL["ring_start_offset"]] = int(ring.desc[floor % ring.desc_capacity]["base_offset"])
 
 
 def frame_size(length: int) -> int:

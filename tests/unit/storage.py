@@ -54,5 +54,5 @@ def make_storage(data_dir, partitions: int = 2, ring_bytes: int = RING_BYTES, **
     st = Storage(s, fl, journal)
     topic = cat.get("t")
     for p, slot in enumerate(topic.slots):
-        st.actors.append(PartitionActor(fl.table, s.instance, slot, topic.topic_id, p, ring_bytes, 1, s.data_dir, journal))
+        st.actors.append(PartitionActor(fl.table, s.instance, slot, topic.topic_id, p, ring_bytes, 1, s.data_dir, journal, str(data_dir)))
     return st
