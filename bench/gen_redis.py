@@ -1,0 +1,166 @@
+"""Load generators for Redis Streams (same names and specs as gen_tailrace.py).
+
+A partition is one stream key, ``<topic>:<partition>``; a record is one stream entry with a
+single field ``v``. Batched produce is a redis-py pipeline (transaction=False) of XADD, one
+pipeline per batch; single-message producers are redis.asyncio clients, one connection each,
+awaiting each XADD; consumers page with XRANGE from an exclusive start id.
+
+What an acknowledgement means depends on the server's ``appendfsync`` (peers.py): with
+``always`` Redis writes and fsyncs the AOF before it sends the replies of an event-loop turn,
+so an XADD reply is durable; with ``everysec`` it is in memory, fsynced within about a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+import numpy as np
+import redis
+import redis.asyncio as aredis
+
+from .payload import STAMP, stamp_of, value_list
+
+FIELD = b"v"
+
+
+def _key(topic: str, partition: int) -> str:
+    return f"{topic}:{partition}"
+
+
+def _client(endpoint: str) -> redis.Redis:
+    host, port = endpoint.rsplit(":", 1)
+    return redis.Redis(host=host, port=int(port))
+
+
+def produce(spec: dict, ctx) -> dict:
+    r = _client(spec["endpoint"])
+    keys = [_key(spec["topic"], p) for p in spec["partitions"]]
+    size, batch, total = spec["size"], spec["batch"], spec["messages"]
+    values = value_list(size, batch, seed=ctx.index)
+    r.ping()
+    by_partition: Counter = Counter()
+    ctx.ready()
+    deadline = ctx.t_start + spec["max_seconds"]
+    sent = acked = errors = i = 0
+    while sent < total and time.monotonic() < deadline:
+        n = min(batch, total - sent)
+        p = spec["partitions"][i % len(keys)]
+        pipe = r.pipeline(transaction=False)
+        for v in values[:n]:
+            pipe.xadd(keys[i % len(keys)], {FIELD: v})
+        replies = pipe.execute(raise_on_error=False)
+        ok = sum(1 for x in replies if not isinstance(x, Exception))
+        acked += ok
+        errors += n - ok
+        by_partition[p] += ok
+        sent += n
+        i += 1
+        ctx.add(ok)
+    r.close()
+    return {"sent": sent, "acked": acked, "errors": errors, "requests": i, "by_partition": dict(by_partition)}
+
+
+def single(spec: dict, ctx) -> dict:
+    return asyncio.run(_single(spec, ctx))
+
+
+async def _single(spec: dict, ctx) -> dict:
+    host, port = spec["endpoint"].rsplit(":", 1)
+    k, quota = spec["producers"], spec["messages"]
+    clients = [aredis.Redis(host=host, port=int(port), single_connection_client=True) for _ in range(k)]
+    for c in clients:
+        await c.ping()
+    value = bytes(spec["size"])
+    lat: list[int] = []
+    counts = {"sent": 0, "errors": 0}
+    ctx.ready()
+    deadline = ctx.t_start + spec["max_seconds"]
+
+    async def one(j: int) -> None:
+        key = _key(spec["topic"], (spec["first_producer"] + j) % spec["partitions"])
+        c = clients[j]
+        while counts["sent"] < quota and time.monotonic() < deadline:
+            counts["sent"] += 1
+            t = time.perf_counter_ns()
+            try:
+                await c.xadd(key, {FIELD: value})
+            except redis.RedisError:
+                counts["errors"] += 1
+                continue
+            lat.append(time.perf_counter_ns() - t)
+            ctx.add(1)
+
+    await asyncio.gather(*(one(j) for j in range(k)))
+    for c in clients:
+        await c.aclose()
+    return {"sent": counts["sent"], "acked": len(lat), "errors": counts["errors"],
+            "latency_ns": np.asarray(lat, dtype=np.int64)}
+
+
+def consume(spec: dict, ctx) -> dict:
+    r = _client(spec["endpoint"])
+    keys = [_key(spec["topic"], p) for p in spec["partitions"]]
+    count = max(100, spec["fetch_bytes"] // 128)
+    last = {k: "-" for k in keys}
+    r.ping()
+    got = 0
+    ctx.ready()
+    deadline = ctx.t_start + spec["max_seconds"]
+    while got < spec["expected"] and time.monotonic() < deadline:
+        progressed = 0
+        for k in keys:
+            entries = r.xrange(k, min=last[k], max="+", count=count)
+            if entries:
+                last[k] = "(" + entries[-1][0].decode()
+                progressed += len(entries)
+        got += progressed
+        ctx.add(progressed)
+        if not progressed:
+            time.sleep(0.001)
+    r.close()
+    return {"consumed": got, "sources": {"memory": got}}
+
+
+def e2e_produce(spec: dict, ctx) -> dict:
+    r = _client(spec["endpoint"])
+    keys = [_key(spec["topic"], p) for p in range(spec["partitions"])]
+    rate, total = spec["rate"], spec["messages"]
+    buf = bytearray(max(spec["size"], STAMP.size))
+    r.ping()
+    ctx.ready()
+    t0 = time.monotonic()
+    sent = errors = 0
+    while sent < total and time.monotonic() - t0 < spec["max_seconds"]:
+        wait = t0 + sent / rate - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        STAMP.pack_into(buf, 0, time.monotonic_ns())
+        try:
+            r.xadd(keys[sent % len(keys)], {FIELD: bytes(buf)})
+        except redis.RedisError:
+            errors += 1
+        sent += 1
+        ctx.add(1)
+    rate_achieved = sent / max(time.monotonic() - t0, 1e-9)
+    r.close()
+    return {"sent": sent, "acked": sent - errors, "errors": errors, "rate_achieved": rate_achieved}
+
+
+def e2e_consume(spec: dict, ctx) -> dict:
+    r = _client(spec["endpoint"])
+    streams = {_key(spec["topic"], p): "0-0" for p in range(spec["partitions"])}
+    r.ping()
+    lat: list[int] = []
+    ctx.ready()
+    deadline = ctx.t_start + spec["max_seconds"]
+    while len(lat) < spec["expected"] and time.monotonic() < deadline:
+        reply = r.xread(streams, count=1000, block=spec["max_wait_ms"])
+        now = time.monotonic_ns()
+        for key, entries in reply or []:
+            for entry_id, fields in entries:
+                lat.append(now - stamp_of(fields[FIELD]))
+            streams[key.decode()] = entries[-1][0]
+    r.close()
+    return {"consumed": len(lat), "latency_ns": np.asarray(lat, dtype=np.int64)}

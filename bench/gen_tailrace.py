@@ -1,0 +1,220 @@
+"""Load generators for tailrace (each runs in its own spawned process; see loadgen.py).
+
+Every function takes ``(spec, ctx)``, builds its client inside the process, calls
+``ctx.ready()`` once prepared, and returns a dict of counts. The specs are plain dicts built by
+workloads.py; the same function names exist for every peer (gen_redis.py, gen_nats.py), so a
+workload is written once.
+
+Clients used: batched produce goes through ``Producer.send_buffers`` (one pre-joined buffer per
+batch, no Python per message); consumers through ``Consumer.poll_raw`` decoded to columns
+exactly as ``poll_columns`` does; the durable single-message producers send one pre-encoded
+one-record batch each over their own ``Connection`` (the client's transport), so that client
+CPU is spent on the round trip, not on re-encoding an identical record.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections import Counter
+
+import numpy as np
+import zmq
+from crc32c import crc32c
+
+from client import protocol as P
+from client.connection import Connection
+from client.consumer import Consumer
+from client.errors import TailraceError
+from client.producer import Producer
+from client.records import CRC_START, HEADER_BYTES, HEADER_DTYPE, OFFSETS_DTYPE, batches_to_columns, encode_batch, iter_batches
+
+from .payload import STAMP, batch_buffers, value_stamps
+
+FLUSH_TIMEOUT_MS = 120_000
+STAMP_LENGTH = struct.Struct("<i")
+STAMP_CRC = struct.Struct("<I")
+_CRC_AT = HEADER_DTYPE.fields["crc"][1]
+_CREATE_TIME_AT = HEADER_DTYPE.fields["create_time_us"][1]
+
+
+def produce(spec: dict, ctx) -> dict:
+    """Batched produce of ``messages`` records, round robin over ``partitions``."""
+    topic, parts = spec["topic"], spec["partitions"]
+    size, batch, total = spec["size"], spec["batch"], spec["messages"]
+    by_partition = Counter()
+
+    def on_ack(_topic, partition, _base, count):
+        by_partition[partition] += count
+
+    prod = Producer(spec["endpoint"], acks=spec["acks"], max_in_flight_per_partition=spec["in_flight"],
+                    request_timeout_ms=FLUSH_TIMEOUT_MS, on_ack=on_ack)
+    values, offsets = batch_buffers(size, batch, seed=ctx.index)
+    cap = min(spec["in_flight"] * len(parts), spec["max_outstanding"])
+    prod.partitions_for(topic)
+    ctx.ready()
+    deadline = ctx.t_start + spec["max_seconds"]
+    sent = reported = i = 0
+    errors = 0
+    try:
+        while sent < total and time.monotonic() < deadline:
+            n = min(batch, total - sent)
+            while prod.in_flight >= cap:
+                prod.poll(5)
+            if n == batch:
+                prod.send_buffers(topic, values, offsets, partition=parts[i % len(parts)])
+            else:
+                prod.send_buffers(topic, values[: n * size], offsets[: n + 1], partition=parts[i % len(parts)])
+            i += 1
+            sent += n
+            if prod.acked_records != reported:
+                ctx.add(prod.acked_records - reported)
+                reported = prod.acked_records
+        prod.flush(FLUSH_TIMEOUT_MS)
+    except TailraceError:
+        errors += 1
+    errors += len(prod.errors)
+    ctx.add(prod.acked_records - reported)
+    prod.conn.close()
+    return {"sent": sent, "acked": prod.acked_records, "errors": errors, "requests": i,
+            "by_partition": dict(by_partition)}
+
+
+def single(spec: dict, ctx) -> dict:
+    """``producers`` independent producers, each one message then wait for its ack, repeat."""
+    topic, partitions, k = spec["topic"], spec["partitions"], spec["producers"]
+    quota = spec["messages"]
+    header = P.encode(P.ProduceRequest(acks=P.ACKS_BY_NAME[spec["acks"]]))
+    frame = encode_batch([bytes(spec["size"])])
+    conns = [Connection(spec["endpoint"]) for _ in range(k)]
+    parts = [(spec["first_producer"] + j) % partitions for j in range(k)]
+    poller = zmq.Poller()
+    by_sock = {}
+    for j, c in enumerate(conns):
+        poller.register(c.sock, zmq.POLLIN)
+        by_sock[c.sock] = j
+    sent_at = [0] * k
+    lat_ns = np.zeros(quota, dtype=np.int64)
+    done = sent = errors = 0
+    ctx.ready()
+    deadline = ctx.t_start + spec["max_seconds"]
+    for j in range(min(k, quota)):
+        sent_at[j] = time.perf_counter_ns()
+        conns[j].send(P.Op.PRODUCE, topic, parts[j], header, frame)
+        sent += 1
+    outstanding = min(k, quota)
+    # Sends stop at the deadline; replies still owed are waited for, so sent == acked + errors.
+    while outstanding and time.monotonic() < deadline + FLUSH_TIMEOUT_MS / 1000:
+        for sock, _ev in poller.poll(1000):
+            j = by_sock[sock]
+            r = conns[j].recv(0)
+            if r is None:
+                continue
+            now = time.perf_counter_ns()
+            outstanding -= 1
+            if r.code == P.ErrorCode.OK:
+                lat_ns[done] = now - sent_at[j]
+                done += 1
+                ctx.add(1)
+            else:
+                errors += 1
+            if sent < quota and time.monotonic() < deadline:
+                sent_at[j] = time.perf_counter_ns()
+                conns[j].send(P.Op.PRODUCE, topic, parts[j], header, frame)
+                sent += 1
+                outstanding += 1
+    for c in conns:
+        c.close()
+    return {"sent": sent, "acked": done, "errors": errors, "latency_ns": lat_ns[:done]}
+
+
+def consume(spec: dict, ctx) -> dict:
+    """Read ``expected`` records from the start of ``partitions``; count by source (ring/disk)."""
+    topic, parts, expected = spec["topic"], spec["partitions"], spec["expected"]
+    cons = Consumer(spec["endpoint"], max_bytes=spec["fetch_bytes"], max_wait_ms=200)
+    cons.assign(topic, parts, start="earliest")
+    sources: Counter = Counter()
+    got = 0
+    ctx.ready()
+    deadline = ctx.t_start + spec["max_seconds"]
+    while got < expected and time.monotonic() < deadline:
+        for _a, start, info, body in cons.poll_raw(500):
+            buf = body.buffer if hasattr(body, "buffer") else body
+            n = len(batches_to_columns(iter_batches(buf), start))
+            got += n
+            sources[info.source] += n
+            ctx.add(n)
+    cons.close()
+    return {"consumed": got, "sources": dict(sources)}
+
+
+class OneRecordFrame:
+    """A one-record batch re-stamped in place for each send: the value's first 8 bytes get
+    CLOCK_MONOTONIC ns, the header's create_time_us the wall clock, and the CRC is recomputed
+    over its ~100 bytes (about 1 us in all, against ~50 us for encode_batch_buffers)."""
+
+    def __init__(self, size: int):
+        self.buf = bytearray(encode_batch([bytes(max(size, STAMP.size))]))
+        self.length = STAMP_LENGTH.unpack_from(self.buf, 0)[0]
+        self.value_at = HEADER_BYTES + 2 * OFFSETS_DTYPE.itemsize
+
+    def stamp(self) -> bytes:
+        buf = self.buf
+        STAMP.pack_into(buf, self.value_at, time.monotonic_ns())
+        STAMP.pack_into(buf, _CREATE_TIME_AT, time.time_ns() // 1000)
+        STAMP_CRC.pack_into(buf, _CRC_AT, crc32c(memoryview(buf)[CRC_START : self.length]))
+        return bytes(buf)
+
+
+def e2e_produce(spec: dict, ctx) -> dict:
+    """One message at a time at a fixed rate, each stamped with CLOCK_MONOTONIC at send.
+
+    Sent as raw one-record produce requests (acks per spec) over one Connection, replies drained
+    between sends: the Producer class costs ~100-300 us per single-record send here (see
+    docs/BENCHMARKS.md), which at 5,000 msg/s would make the client the bottleneck."""
+    topic, partitions, rate, total = spec["topic"], spec["partitions"], spec["rate"], spec["messages"]
+    conn = Connection(spec["endpoint"])
+    header = P.encode(P.ProduceRequest(acks=P.ACKS_BY_NAME[spec["acks"]]))
+    frame = OneRecordFrame(spec["size"])
+    acked = errors = sent = 0
+    ctx.ready()
+    t0 = time.monotonic()
+    while sent < total and time.monotonic() - t0 < spec["max_seconds"]:
+        wait = t0 + sent / rate - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        conn.send(P.Op.PRODUCE, topic, sent % partitions, header, frame.stamp())
+        sent += 1
+        ctx.add(1)
+        while (r := conn.recv(0)) is not None:
+            acked, errors = acked + (r.code == P.ErrorCode.OK), errors + (r.code != P.ErrorCode.OK)
+    rate_achieved = sent / max(time.monotonic() - t0, 1e-9)
+    deadline = time.monotonic() + FLUSH_TIMEOUT_MS / 1000
+    while acked + errors < sent and time.monotonic() < deadline:
+        r = conn.recv(1000)
+        if r is not None:
+            acked, errors = acked + (r.code == P.ErrorCode.OK), errors + (r.code != P.ErrorCode.OK)
+    conn.close()
+    return {"sent": sent, "acked": acked, "errors": errors, "rate_achieved": rate_achieved}
+
+
+def e2e_consume(spec: dict, ctx) -> dict:
+    """Tail every partition with long polls; latency = receive time - the value's stamp."""
+    cons = Consumer(spec["endpoint"], max_wait_ms=spec["max_wait_ms"])
+    cons.assign(spec["topic"], None, start="latest")
+    expected = spec["expected"]
+    lat = []
+    got = 0
+    ctx.ready()
+    deadline = ctx.t_start + spec["max_seconds"]
+    while got < expected and time.monotonic() < deadline:
+        for _a, start, _info, body in cons.poll_raw(200):
+            now = time.monotonic_ns()
+            buf = body.buffer if hasattr(body, "buffer") else body
+            cols = batches_to_columns(iter_batches(buf), start)
+            lat.append(now - value_stamps(cols.values, cols.value_offsets))
+            got += len(cols)
+    cons.close()
+    lat_ns = np.concatenate(lat) if lat else np.zeros(0, np.int64)
+    return {"consumed": got, "latency_ns": lat_ns}
+

@@ -1,0 +1,158 @@
+"""Peer brokers for compare.py: Redis Streams and NATS JetStream, started and stopped by pid.
+
+Each server runs on 127.0.0.1 on a free port, in a temporary directory, with the durable
+configuration documented here and in docs/BENCHMARKS.md; ``stop()`` sends SIGTERM to the pid it
+started (SIGKILL after 10 s) and removes the directory. Nothing is installed here: run
+``bench/setup_peers.sh`` first (Debian ``redis-server`` and ``nats-server``, pip ``redis`` and
+``nats-py``).
+
+Redis (7.0 in Debian 12): ``--appendonly yes`` with ``--appendfsync everysec`` for batched
+workloads, ``always`` for ``durable-single`` (the AOF is written and fsynced before the replies
+of an event-loop turn go out: a group commit); RDB snapshots off. One stream key per partition.
+
+NATS (2.9 in Debian 12): ``-js`` with file storage in the temporary directory; one stream per
+topic capturing ``<topic>.*``. 2.9 cannot fsync before it acks (``sync_interval`` arrived in
+2.10): its PubAck means written to the OS, synced every 2 minutes. Its rows are not durable
+acks, and docs/BENCHMARKS.md says so next to every figure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+
+STOP_TIMEOUT_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc: subprocess.Popen, name: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with code {proc.returncode} at start")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{name} did not listen on 127.0.0.1:{port} in {timeout_s}s")
+
+
+class _ServerSystem:
+    name = "?"
+    gen = "?"
+
+    def __init__(self, data_root: str | None = None):
+        self.data_root = data_root
+        self.proc: subprocess.Popen | None = None
+        self.dir: str | None = None
+        self.port = 0
+
+    def command(self, workload: str) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, workload: str) -> None:
+        exe = self.command(workload)[0]
+        if shutil.which(exe) is None:
+            raise RuntimeError(f"{exe} not found: run bench/setup_peers.sh")
+        self.dir = tempfile.mkdtemp(prefix=f"{self.name}-bench-{workload}-", dir=self.data_root)
+        self.port = free_port()
+        log = open(os.path.join(self.dir, "server.out"), "ab")
+        self.proc = subprocess.Popen(self.command(workload), stdout=log, stderr=subprocess.STDOUT, cwd=self.dir)
+        log.close()
+        try:
+            _wait_port(self.port, self.proc, self.name)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                os.kill(self.proc.pid, signal.SIGTERM)
+                try:
+                    self.proc.wait(STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    os.kill(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait(STOP_TIMEOUT_S)
+            self.proc = None
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+    def pids(self) -> dict[str, int]:
+        return {"server": self.proc.pid} if self.proc is not None else {}
+
+    def warm(self, topic: str, partitions: int) -> int:
+        return 0  # nothing to adopt: partitions are created on first write
+
+    def version(self) -> str:
+        exe = self.command("produce")[0]
+        try:
+            return subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return "not installed"
+
+
+class RedisSystem(_ServerSystem):
+    name = "redis"
+    gen = "bench.gen_redis"
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def fsync_policy(self, workload: str) -> str:
+        return "always" if workload == "durable-single" else "everysec"
+
+    def command(self, workload: str) -> list[str]:
+        return ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", self.dir or ".",
+                "--appendonly", "yes", "--appendfsync", self.fsync_policy(workload), "--save", "",
+                "--daemonize", "no", "--protected-mode", "no"]
+
+    def create_topic(self, name: str, partitions: int, ring_bytes: int = 0) -> None:
+        return None  # a stream key exists once written
+
+    def describe(self) -> dict:
+        return {"version": self.version(), "persistence": "AOF, appendfsync everysec (batched) / always (durable-single)"}
+
+
+class NatsSystem(_ServerSystem):
+    name = "nats"
+    gen = "bench.gen_nats"
+
+    @property
+    def endpoint(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def command(self, workload: str) -> list[str]:
+        return ["nats-server", "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self.dir or "."]
+
+    def create_topic(self, name: str, partitions: int, ring_bytes: int = 0) -> None:
+        asyncio.run(self._create(name))
+
+    async def _create(self, name: str) -> None:
+        import nats
+        from nats.js.api import StorageType, StreamConfig
+
+        nc = await nats.connect(self.endpoint)
+        try:
+            await nc.jetstream().add_stream(StreamConfig(name=name, subjects=[f"{name}.*"], storage=StorageType.FILE))
+        finally:
+            await nc.close()
+
+    def describe(self) -> dict:
+        return {"version": self.version(), "persistence": "JetStream file storage; 2.9 acks before fsync"}
+

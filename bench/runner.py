@@ -1,0 +1,146 @@
+"""``tailrace bench``: run benchmark workloads against a broker and print the results.
+
+    tailrace bench                          # every workload, full sizes (see bench/README.md)
+    tailrace bench produce consume-hot --messages 1000000 --repeat 3
+    tailrace bench e2e-latency --bootstrap tcp://127.0.0.1:7420 --json
+
+By default each workload runs on a fresh broker (the test harness starts it exactly as
+``tailrace serve`` does, on a temporary data directory and a free loopback port) that is stopped
+and removed afterwards; ``--bootstrap`` uses a running broker instead (then broker CPU is not
+reported). Load generators are separate processes; the table shows how many and their CPU next
+to each broker process's CPU (percent of one core over the measured interval).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from . import report
+from .procstat import machine_info
+from .workloads import WORKLOADS
+
+MiB = 1 << 20
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def add_workload_options(ap: argparse.ArgumentParser) -> None:
+    """Options shared with compare.py: sizes and shapes of every workload."""
+    ap.add_argument("workloads", nargs="*", default=[], metavar="WORKLOAD",
+                    help=f"any of: {', '.join(WORKLOADS)} (default: all)")
+    ap.add_argument("--messages", type=int, default=5_000_000, help="messages per batched/consume run (default %(default)s)")
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--size", type=int, default=100, help="value bytes (default %(default)s)")
+    ap.add_argument("--batch", type=int, default=4000, help="records per produce request (default %(default)s)")
+    ap.add_argument("--producers", type=int, default=2, help="producer processes for batched produce")
+    ap.add_argument("--in-flight", type=int, default=4, help="requests in flight per partition per producer")
+    ap.add_argument("--outstanding", type=int, default=32, help="requests in flight per producer process, at most")
+    ap.add_argument("--consumers", type=int, default=2, help="consumer processes")
+    ap.add_argument("--fetch-bytes", type=int, default=4 * MiB, help="max bytes per fetch")
+    ap.add_argument("--ring-bytes", type=int, default=32 * MiB, help="ring per partition for produce topics")
+    ap.add_argument("--hot-ring-bytes", type=int, default=128 * MiB, help="ring per partition for consume-hot")
+    ap.add_argument("--cold-ring-bytes", type=int, default=4 * MiB, help="ring per partition for consume-cold")
+    ap.add_argument("--many-partitions", type=int, default=1000)
+    ap.add_argument("--many-ring-bytes", type=int, default=1 * MiB, help="ring per partition in the partitions workload")
+    ap.add_argument("--many-batch", type=int, default=1000, help="records per request in the partitions workload")
+    ap.add_argument("--single-producers", type=_ints, default=[1, 16, 64], help="durable-single concurrency, comma list")
+    ap.add_argument("--single-procs", type=int, default=2, help="processes the single-message producers are spread over")
+    ap.add_argument("--single-messages", type=int, default=1_000_000, help="upper bound per durable-single case")
+    ap.add_argument("--single-seconds", type=float, default=10.0, help="time bound per durable-single case")
+    ap.add_argument("--rate", type=int, default=5000, help="e2e-latency messages per second")
+    ap.add_argument("--duration", type=float, default=10.0, help="e2e-latency seconds")
+    ap.add_argument("--max-wait-ms", type=int, default=500, help="e2e-latency consumer long-poll wait")
+    ap.add_argument("--sizes", type=_ints, default=[16, 100, 1024, 16384], help="sizes workload, comma list of bytes")
+    ap.add_argument("--sweep-bytes", type=int, default=1 << 30, help="sizes workload: payload bytes per size, at most")
+    ap.add_argument("--batch-bytes", type=int, default=400_000, help="sizes workload: payload bytes per request")
+    ap.add_argument("--max-seconds", type=float, default=120.0, help="time bound of each measured phase")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per workload; the table shows the median")
+    ap.add_argument("--json", action="store_true", help="print results as JSON on stdout (table goes to stderr)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tailrace bench", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_workload_options(ap)
+    ap.add_argument("--bootstrap", default=None, help="use this running broker instead of starting one")
+    ap.add_argument("--workers", type=int, default=2, help="worker processes of the broker started")
+    ap.add_argument("--data-root", default=None, help="where the temporary data directories go")
+    ap.add_argument("--profile", default=None, metavar="DIR", help="py-spy every broker process into DIR")
+    ap.add_argument("--profile-seconds", type=float, default=60.0, help="longest profile per case")
+    return ap
+
+
+def selected(names: list[str]) -> list[str]:
+    if not names or names == ["all"]:
+        return list(WORKLOADS)
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        raise SystemExit(f"tailrace bench: unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    return names
+
+
+def run_all(system, names: list[str], opts, keep_going: bool = False) -> list[dict]:
+    """Every workload ``opts.repeat`` times; with ``keep_going`` a failed run is reported on
+    stderr and skipped (compare.py: one peer's failure must not lose the others' figures)."""
+    rows = []
+    for name in names:
+        for i in range(opts.repeat):
+            print(f"-- {system.name}: {name} (run {i + 1}/{opts.repeat})", file=sys.stderr)
+            try:
+                rows.extend(WORKLOADS[name](system, opts))
+            except Exception as exc:
+                if not keep_going:
+                    raise
+                print(f"!! {system.name}: {name} failed: {exc}", file=sys.stderr)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = build_parser().parse_args(argv)
+    _exit_on_sigterm()
+    names = selected(opts.workloads)
+    from .systems import TailraceSystem
+
+    system = TailraceSystem(bootstrap=opts.bootstrap, workers=opts.workers, data_root=opts.data_root)
+    started = time.time()
+    raw = run_all(system, names, opts)
+    rows = report.aggregate(raw)
+    out = sys.stderr if opts.json else sys.stdout
+    print(report.results_table(rows), file=out)
+    if opts.json:
+        doc = {"machine": machine_info(), "system": system.describe(), "argv": list(argv or sys.argv[1:]),
+               "started": started, "results": rows, "raw": raw}
+        json.dump(doc, sys.stdout, indent=1, default=_jsonable)
+        sys.stdout.write("\n")
+    return EXIT_OK
+
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM raises SystemExit, so every ``finally`` runs and brokers started are stopped."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+def _jsonable(o):
+    try:
+        import numpy as np
+
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+        if isinstance(o, np.generic):
+            return o.item()
+    except ImportError:
+        pass
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

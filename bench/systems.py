@@ -1,0 +1,87 @@
+"""The system under test, behind one small interface that workloads.py drives.
+
+A system starts a server configured for a workload (or uses one already running), creates
+topics, names the pids whose CPU is measured, and stops what it started. ``gen`` names the
+module whose load-generator functions (produce, single, consume, e2e_produce, e2e_consume)
+speak its protocol. The peers (Redis, NATS) implement the same interface in peers.py.
+
+Broker settings chosen here (tailrace): rings are sized per topic by the workload (create_topic
+``ring_bytes``), so one broker configuration serves every workload: a 4 GiB shared-memory budget
+(rings are only mapped for topics that exist; 8 x 128 MiB hot rings or 1,000 x 1 MiB rings fit)
+and the default 4,096 partition slots. ``max_batch_bytes`` is 512 KiB (default 1 MiB) because a
+ring must hold two of the largest batch and the partitions workload uses 1 MiB rings; every
+batch the workloads send is below 420 KB.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from client.admin import Admin
+from client.producer import Producer
+
+GiB = 1 << 30
+MiB = 1 << 20
+BROKER_SETTINGS = {"shm_budget_bytes": 4 * GiB, "max_batch_bytes": 512 * 1024}
+
+
+class TailraceSystem:
+    name = "tailrace"
+    gen = "bench.gen_tailrace"
+
+    def __init__(self, bootstrap: str | None = None, workers: int = 2, data_root: str | None = None,
+                 settings: dict | None = None):
+        self.bootstrap = bootstrap  # a running broker: nothing is started or stopped
+        self.workers = workers
+        self.data_root = data_root
+        self.settings = {**BROKER_SETTINGS, **(settings or {})}
+        self.broker = None
+        self.data_dir: str | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return self.bootstrap or self.broker.bootstrap
+
+    def start(self, workload: str) -> None:
+        if self.bootstrap:
+            return
+        from tests.harness import Broker  # the test harness runs the broker exactly as `tailrace serve`
+
+        self.data_dir = tempfile.mkdtemp(prefix=f"tailrace-bench-{workload}-", dir=self.data_root)
+        self.broker = Broker(Path(self.data_dir), workers=self.workers, **self.settings)
+        try:
+            self.broker.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.broker is not None:
+            try:
+                self.broker.stop()
+            finally:
+                self.broker.cleanup_shm()
+                self.broker = None
+        if self.data_dir is not None:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            self.data_dir = None
+
+    def pids(self) -> dict[str, int]:
+        return self.broker.pids() if self.broker is not None else {}
+
+    def create_topic(self, name: str, partitions: int, ring_bytes: int = 0) -> None:
+        with Admin(self.endpoint, timeout_ms=60_000) as admin:
+            admin.create_topic(name, partitions, ring_bytes)
+
+    def warm(self, topic: str, partitions: int) -> int:
+        """One record into every partition (workers adopt partitions on first use); returns count."""
+        with Producer(self.endpoint, acks="memory") as prod:
+            for p in range(partitions):
+                prod.send(topic, b"warm", partition=p)
+            prod.flush()
+        return partitions
+
+    def describe(self) -> dict:
+        return {"workers": self.workers, "settings": dict(self.settings), "external": bool(self.bootstrap)}

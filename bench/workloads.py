@@ -1,0 +1,267 @@
+"""The workloads, written once for every system (tailrace and the peers).
+
+Each workload function takes ``(system, opts)``, starts the system for itself, runs one or
+more *cases* through load generators in separate processes (loadgen.py), stops the system, and
+returns one result row per case. A row is a plain dict (see ``_row``); runner.py aggregates
+repeated runs and prints them.
+
+| workload        | cases                              | what is measured                              |
+|-----------------|------------------------------------|-----------------------------------------------|
+| produce         | produce/memory                     | batched produce, acks=memory: msgs/s, MB/s    |
+| produce-durable | produce/durable                    | batched produce, acks=durable                 |
+| durable-single  | durable-single/<k>, k in 1,16,64   | one message, wait for the durable ack, repeat |
+| consume-hot     | consume/hot                        | read from the start, data still in the rings  |
+| consume-cold    | consume/cold                       | read from the start after the rings wrapped   |
+| partitions      | partitions/8, /1000, /ratio        | batched produce over many partitions vs 8     |
+| e2e-latency     | e2e/<rate>                         | produce-to-consume latency at a fixed rate    |
+| sizes           | sizes/<bytes>                      | batched produce, acks=memory, per value size  |
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+
+from .loadgen import Job, RunResult, run_jobs
+
+MiB = 1 << 20
+_topic_ids = itertools.count(1)
+
+
+def new_topic(kind: str) -> str:
+    return f"bench-{kind}-{os.getpid()}-{next(_topic_ids)}"
+
+
+def latency_summary(lat_ns: np.ndarray) -> dict:
+    if len(lat_ns) == 0:
+        return {"count": 0}
+    us = np.asarray(lat_ns, dtype=np.float64) / 1000.0
+    p50, p99, p999 = np.percentile(us, [50, 99, 99.9])
+    return {"count": int(len(us)), "p50_us": round(float(p50), 1), "p99_us": round(float(p99), 1),
+            "p999_us": round(float(p999), 1), "max_us": round(float(us.max()), 1)}
+
+
+def _row(case: str, system, run: RunResult, *, messages: int, size: int, counts: dict,
+         latency: dict | None = None, params: dict | None = None, extra: dict | None = None) -> dict:
+    return {
+        "case": case,
+        "system": system.name,
+        "seconds": round(run.wall_s, 3),
+        "msgs_per_s": round(messages / run.wall_s, 1),
+        "mb_per_s": round(messages * size / run.wall_s / 1e6, 2),
+        "latency": latency,
+        "counts": counts,
+        "cpu": {"broker": run.broker_cpu, "loadgen": run.loadgen},
+        "params": params or {},
+        **(extra or {}),
+    }
+
+
+def _split(items: list, n: int) -> list[list]:
+    """``items`` dealt over ``n`` groups (disjoint when there are enough; shared otherwise)."""
+    if len(items) >= n:
+        return [items[i::n] for i in range(n)]
+    return [list(items) for _ in range(n)]
+
+
+def _quota(total: int, n: int) -> list[int]:
+    return [total // n + (1 if i < total % n else 0) for i in range(n)]
+
+
+def _produce_case(system, o, case: str, *, acks: str, partitions: int, size: int, messages: int,
+                  batch: int, ring_bytes: int, label: str | None = None) -> dict:
+    topic = new_topic(case.replace("/", "-"))
+    system.create_topic(topic, partitions, ring_bytes)
+    system.warm(topic, partitions)
+    groups = _split(list(range(partitions)), o.producers)
+    jobs = [Job(f"{system.gen}:produce", {
+        "endpoint": system.endpoint, "topic": topic, "partitions": parts, "messages": q, "size": size,
+        "batch": batch, "acks": acks, "in_flight": o.in_flight, "max_outstanding": o.outstanding,
+        "max_seconds": o.max_seconds})
+        for parts, q in zip(groups, _quota(messages, o.producers))]
+    run = run_jobs(jobs, label=label or f"{system.name} {case}", total=messages, timeout_s=o.max_seconds + 120,
+                   broker_pids=system.pids(), on_go=_profiler(o, system, case))
+    sent = sum(r["sent"] for r in run.results)
+    acked = sum(r["acked"] for r in run.results)
+    return _row(case, system, run, messages=acked, size=size,
+                counts={"expected": messages, "sent": sent, "acked": acked, "errors": sum(r["errors"] for r in run.results)},
+                params={"acks": acks, "partitions": partitions, "size": size, "batch": batch, "ring_bytes": ring_bytes,
+                        "producers": o.producers, "in_flight_per_partition": o.in_flight})
+
+
+def _with_system(workload: str):
+    """Decorator: start the system for the workload and always stop it."""
+    def wrap(fn):
+        def run(system, o):
+            system.start(workload)
+            try:
+                return fn(system, o)
+            finally:
+                system.stop()
+        run.__name__ = fn.__name__
+        run.__doc__ = fn.__doc__
+        return run
+    return wrap
+
+
+@_with_system("produce")
+def produce(system, o) -> list[dict]:
+    return [_produce_case(system, o, "produce/memory", acks="memory", partitions=o.partitions, size=o.size,
+                          messages=o.messages, batch=o.batch, ring_bytes=o.ring_bytes)]
+
+
+@_with_system("produce-durable")
+def produce_durable(system, o) -> list[dict]:
+    return [_produce_case(system, o, "produce/durable", acks="durable", partitions=o.partitions, size=o.size,
+                          messages=o.messages, batch=o.batch, ring_bytes=o.ring_bytes)]
+
+
+@_with_system("durable-single")
+def durable_single(system, o) -> list[dict]:
+    rows = []
+    for k in o.single_producers:
+        case = f"durable-single/{k}"
+        topic = new_topic(f"single{k}")
+        system.create_topic(topic, o.partitions, o.ring_bytes)
+        system.warm(topic, o.partitions)
+        procs = max(1, min(k, o.single_procs))
+        per_proc = _quota(k, procs)
+        quotas = _quota(o.single_messages, procs)
+        first = np.concatenate(([0], np.cumsum(per_proc)[:-1])).tolist()
+        jobs = [Job(f"{system.gen}:single", {
+            "endpoint": system.endpoint, "topic": topic, "partitions": o.partitions, "producers": n,
+            "first_producer": f, "messages": q, "size": o.size, "acks": "durable", "max_seconds": o.single_seconds})
+            for n, q, f in zip(per_proc, quotas, first)]
+        run = run_jobs(jobs, label=f"{system.name} {case}", total=o.single_messages, timeout_s=o.single_seconds + 120,
+                       broker_pids=system.pids(), on_go=_profiler(o, system, case))
+        acked = sum(r["acked"] for r in run.results)
+        lat = np.concatenate([r["latency_ns"] for r in run.results])
+        rows.append(_row(case, system, run, messages=acked, size=o.size, latency=latency_summary(lat),
+                         counts={"expected": sum(r["sent"] for r in run.results), "sent": sum(r["sent"] for r in run.results),
+                                 "acked": acked, "errors": sum(r["errors"] for r in run.results)},
+                         params={"producers": k, "processes": procs, "partitions": o.partitions, "size": o.size,
+                                 "max_seconds": o.single_seconds}))
+    return rows
+
+
+def _consume_case(system, o, case: str, ring_bytes: int) -> dict:
+    topic = new_topic(case.replace("/", "-"))
+    system.create_topic(topic, o.partitions, ring_bytes)
+    groups = _split(list(range(o.partitions)), o.producers)
+    prep = [Job(f"{system.gen}:produce", {
+        "endpoint": system.endpoint, "topic": topic, "partitions": parts, "messages": q, "size": o.size,
+        "batch": o.batch, "acks": "durable", "in_flight": o.in_flight, "max_outstanding": o.outstanding,
+        "max_seconds": o.max_seconds})
+        for parts, q in zip(groups, _quota(o.messages, o.producers))]
+    written = run_jobs(prep, label=f"{system.name} {case} (fill)", total=o.messages, timeout_s=o.max_seconds + 120)
+    per_partition = _per_partition_counts(written.results, o)
+    cgroups = _split(list(range(o.partitions)), o.consumers)
+    if len(cgroups[0]) == o.partitions and o.consumers > 1:  # fewer partitions than consumers: one reads all
+        cgroups = cgroups[:1]
+    jobs = [Job(f"{system.gen}:consume", {
+        "endpoint": system.endpoint, "topic": topic, "partitions": parts,
+        "expected": sum(per_partition[p] for p in parts), "fetch_bytes": o.fetch_bytes, "max_seconds": o.max_seconds})
+        for parts in cgroups]
+    total = sum(per_partition.values())
+    run = run_jobs(jobs, label=f"{system.name} {case}", total=total, timeout_s=o.max_seconds + 120,
+                   broker_pids=system.pids(), on_go=_profiler(o, system, case))
+    consumed = sum(r["consumed"] for r in run.results)
+    sources: dict = {}
+    for r in run.results:
+        for k, v in r.get("sources", {}).items():
+            sources[k] = sources.get(k, 0) + v
+    return _row(case, system, run, messages=consumed, size=o.size,
+                counts={"expected": total, "acked": sum(r["acked"] for r in written.results), "consumed": consumed},
+                params={"partitions": o.partitions, "size": o.size, "ring_bytes": ring_bytes, "consumers": len(jobs),
+                        "fetch_bytes": o.fetch_bytes},
+                extra={"sources": sources})
+
+
+def _per_partition_counts(results: list[dict], o) -> dict[int, int]:
+    """Records each partition received in the fill phase (producers deal batches round robin)."""
+    counts = dict.fromkeys(range(o.partitions), 0)
+    for r in results:
+        for p, n in r.get("by_partition", {}).items():
+            counts[p] += n
+    if sum(counts.values()) == 0:  # a generator that does not report by partition
+        acked = sum(r["acked"] for r in results)
+        return {p: acked // o.partitions + (1 if p < acked % o.partitions else 0) for p in counts}
+    return counts
+
+
+@_with_system("consume-hot")
+def consume_hot(system, o) -> list[dict]:
+    return [_consume_case(system, o, "consume/hot", o.hot_ring_bytes)]
+
+
+@_with_system("consume-cold")
+def consume_cold(system, o) -> list[dict]:
+    return [_consume_case(system, o, "consume/cold", o.cold_ring_bytes)]
+
+
+@_with_system("partitions")
+def partitions(system, o) -> list[dict]:
+    base = _produce_case(system, o, f"partitions/{o.partitions}", acks="memory", partitions=o.partitions, size=o.size,
+                         messages=o.messages, batch=o.many_batch, ring_bytes=o.many_ring_bytes)
+    many = _produce_case(system, o, f"partitions/{o.many_partitions}", acks="memory", partitions=o.many_partitions,
+                         size=o.size, messages=o.messages, batch=o.many_batch, ring_bytes=o.many_ring_bytes)
+    ratio = many["msgs_per_s"] / base["msgs_per_s"] if base["msgs_per_s"] else 0.0
+    return [base, many, {"case": "partitions/ratio", "system": system.name, "ratio": round(ratio, 3),
+                         "msgs_per_s": None, "params": {"many": o.many_partitions, "base": o.partitions},
+                         "counts": {"expected": base["counts"]["expected"] + many["counts"]["expected"],
+                                    "acked": base["counts"]["acked"] + many["counts"]["acked"]}}]
+
+
+@_with_system("e2e-latency")
+def e2e_latency(system, o) -> list[dict]:
+    case = f"e2e/{o.rate}"
+    topic = new_topic("e2e")
+    system.create_topic(topic, o.partitions, o.ring_bytes)
+    system.warm(topic, o.partitions)
+    total = int(o.rate * o.duration)
+    common = {"endpoint": system.endpoint, "topic": topic, "partitions": o.partitions, "size": max(o.size, 8),
+              "max_seconds": o.duration * 3 + 10}
+    jobs = [Job(f"{system.gen}:e2e_consume", {**common, "expected": total, "max_wait_ms": o.max_wait_ms}),
+            Job(f"{system.gen}:e2e_produce", {**common, "rate": o.rate, "messages": total, "acks": "memory"})]
+    run = run_jobs(jobs, label=f"{system.name} {case}", total=total, timeout_s=o.duration * 3 + 130,
+                   broker_pids=system.pids(), on_go=_profiler(o, system, case))
+    cons, prod = run.results
+    return [_row(case, system, run, messages=cons["consumed"], size=o.size, latency=latency_summary(cons["latency_ns"]),
+                 counts={"expected": total, "sent": prod["sent"], "acked": prod["acked"], "consumed": cons["consumed"]},
+                 params={"rate": o.rate, "duration_s": o.duration, "partitions": o.partitions, "acks": "memory",
+                         "max_wait_ms": o.max_wait_ms, "rate_achieved": round(prod["rate_achieved"], 1)})]
+
+
+@_with_system("sizes")
+def sizes(system, o) -> list[dict]:
+    rows = []
+    for size in o.sizes:
+        batch = max(1, min(o.batch, o.batch_bytes // size))
+        messages = max(batch, min(o.messages, o.sweep_bytes // size))
+        rows.append(_produce_case(system, o, f"sizes/{size}", acks="memory", partitions=o.partitions, size=size,
+                                  messages=messages, batch=batch, ring_bytes=o.ring_bytes))
+    return rows
+
+
+WORKLOADS = {
+    "produce": produce,
+    "produce-durable": produce_durable,
+    "durable-single": durable_single,
+    "consume-hot": consume_hot,
+    "consume-cold": consume_cold,
+    "partitions": partitions,
+    "e2e-latency": e2e_latency,
+    "sizes": sizes,
+}
+
+
+def _profiler(o, system, case: str):
+    """on_go hook: profile every server process for the run when --profile DIR is given."""
+    if not getattr(o, "profile", None):
+        return None
+    from .profile import start_profilers
+
+    return lambda: start_profilers(o.profile, case, system.name, system.pids(), o.profile_seconds)
+

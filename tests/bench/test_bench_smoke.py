@@ -1,0 +1,51 @@
+"""CI smoke test of the benchmark harness: it runs, exits 0, and its counts add up.
+
+Tiny sizes, a few seconds in all; no timing assertion (a 2-core CI box says nothing about
+speed). Runs ``tailrace bench`` exactly as a person would, through the CLI in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_bench(*args: str, timeout_s: float = 240.0) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "client.cli", "bench", *args, "--json"], cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=timeout_s)
+    assert proc.returncode == 0, f"bench exited {proc.returncode}\nstderr:\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout)
+
+
+def by_case(doc: dict) -> dict[str, dict]:
+    return {r["case"]: r for r in doc["results"]}
+
+
+def test_bench_produce_and_consume_counts_add_up():
+    doc = run_bench("produce", "consume-hot", "--messages", "20000", "--batch", "1000", "--partitions", "4",
+                    "--hot-ring-bytes", str(4 << 20), "--ring-bytes", str(4 << 20))
+    rows = by_case(doc)
+    produced = rows["produce/memory"]["counts"]
+    assert produced["expected"] == produced["sent"] == produced["acked"] == 20000
+    assert produced["errors"] == 0
+    consumed = rows["consume/hot"]["counts"]
+    assert consumed["acked"] == consumed["expected"] == consumed["consumed"] == 20000
+    assert rows["consume/hot"]["sources"].get("ring", 0) == 20000
+    assert set(rows["produce/memory"]["cpu"]["broker"]) >= {"router", "flusher", "worker-0", "worker-1"}
+    assert rows["produce/memory"]["cpu"]["loadgen"]["processes"] == 2
+
+
+def test_bench_durable_single_and_e2e_latency_report_every_message():
+    doc = run_bench("durable-single", "e2e-latency", "--single-producers", "1,4", "--single-messages", "200",
+                    "--single-seconds", "20", "--rate", "500", "--duration", "1", "--partitions", "2")
+    rows = by_case(doc)
+    for k in (1, 4):
+        row = rows[f"durable-single/{k}"]
+        assert row["counts"]["sent"] == row["counts"]["acked"] == row["latency"]["count"] == 200
+    e2e = rows["e2e/500"]
+    assert e2e["counts"]["sent"] == e2e["counts"]["acked"] == e2e["counts"]["consumed"] == 500
+    assert e2e["latency"]["count"] == 500
