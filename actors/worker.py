@@ -41,6 +41,7 @@ ASSIGN = struct.Struct("<IQ")
 EXIT_OK = 0
 EXIT_NO_BROKER = 4
 DRAIN_MAX = 512
+KICK_INTERVAL_S = 0.002
 
 _produce_dec = P.decoder(P.ProduceRequest)
 _fetch_dec = P.decoder(P.FetchRequest)
@@ -71,12 +72,12 @@ class Worker:
         try:
             version, op, _code, partition, request_id, topic = P.unpack_routing(rest[0] if rest else b"")
         except struct.error:
-            self.sock.send_multipart([*ident, P.pack_routing(0, -1, 0, b"", P.ErrorCode.MALFORMED), P.encode(
+            P.send_frames(self.sock, [*ident, P.pack_routing(0, -1, 0, b"", P.ErrorCode.MALFORMED), P.encode(
                 P.ErrorReply(f"first frame must be a {P.ROUTING_BYTES}-byte routing header"))])
             return
         def reply(code, body=None, extra=()):
             head = P.encode(body) if body is not None else P.EMPTY_MAP
-            self.sock.send_multipart([*ident, P.pack_routing(op, partition, request_id, topic, code), head, *extra])
+            P.send_frames(self.sock, [*ident, P.pack_routing(op, partition, request_id, topic, code), head, *extra])
         try:
             if version != P.PROTOCOL_VERSION:
                 return reply(P.ErrorCode.UNSUPPORTED_VERSION, P.ErrorReply(f"protocol version {version} unsupported; this broker speaks {P.PROTOCOL_VERSION}"))
@@ -146,6 +147,8 @@ class Worker:
     # --- ops -----------------------------------------------------------------------------
     def produce(self, ident, assign, topic, partition, rest, reply) -> None:
         req = _produce_dec.decode(rest[1])
+        if req.acks not in (P.Acks.NONE, P.Acks.MEMORY, P.Acks.DURABLE):
+            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"acks={req.acks} must be 0 (none), 1 (memory) or 2 (durable)"))
         if len(rest) != 3:
             return reply(P.ErrorCode.MALFORMED, P.ErrorReply(f"produce takes 3 frames (routing, header, one batch), got {len(rest)}"))
         actor = self.actor_for(assign, topic, partition, reply)
@@ -186,10 +189,10 @@ class Worker:
         if res.code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
             body = P.ErrorReply(f"offset {req.offset} out of range [{int(row[COL['log_start_offset']])}, {actor.watermark(req.isolation)}]",
                                 log_start_offset=int(row[COL["log_start_offset"]]), high_watermark=actor.watermark(req.isolation))
-            self.sock.send_multipart([*ident, head, P.encode(body)])
+            P.send_frames(self.sock, [*ident, head, P.encode(body)])
             return True
         if res.code != P.ErrorCode.OK:
-            self.sock.send_multipart([*ident, head, P.encode(P.ErrorReply("fetch failed"))])
+            P.send_frames(self.sock, [*ident, head, P.encode(P.ErrorReply("fetch failed"))])
             return True
         info = P.FetchReply(
             high_watermark=int(row[COL["next_offset"]]),
@@ -199,7 +202,7 @@ class Worker:
             source=res.source,
         )
         body = res.parts[0] if len(res.parts) == 1 else b"".join(res.parts)
-        self.sock.send_multipart([*ident, head, P.encode(info), body], copy=len(body) < 65536)
+        P.send_frames(self.sock, [*ident, head, P.encode(info), body])
         return True
 
     def list_offsets(self, topic: bytes, reply) -> None:
@@ -234,13 +237,14 @@ class Worker:
                 if end > durable:  # storage failed before this batch was synced
                     frames = frames[:-2] + [_with_code(frames[-2], P.ErrorCode.STORAGE_UNAVAILABLE),
                                             P.encode(P.ErrorReply("journal cannot be written; batch not durable"))]
-                self.sock.send_multipart(frames)
+                P.send_frames(self.sock, frames)
             if not q:
                 done.append(slot)
         self.waiting_slots.difference_update(done)
 
-    def service_parked(self, now_ns: int) -> int:
-        """Answer parked fetches whose partition got data, or whose wait expired.
+    def service_parked(self, now_ns: int, synced: bool = False) -> int:
+        """Answer parked fetches whose partition got data (or, for durable isolation, a sync
+        happened), or whose wait expired.
 
         Returns ms until the next deadline (for the poll timeout), or -1 if none is parked."""
         next_ms = -1
@@ -251,10 +255,11 @@ class Worker:
                 done.append(slot)
                 continue
             keep = []
-            has_new = slot in self.appended or slot in self.waiting_slots or True
+            appended = slot in self.appended
             for item in actor.parked:
                 deadline, ident, routing, req = item
                 expired = now_ns >= deadline
+                has_new = appended if req.isolation == "memory" else synced
                 if (has_new or expired) and self.answer_fetch(actor, ident, routing, req, final=expired):
                     continue
                 keep.append(item)
@@ -341,39 +346,42 @@ def main(argv=None) -> int:
     poller.register(sub, zmq.POLLIN)
     log.info("worker %d serving on %s", args.id, s.worker_endpoint(args.id))
     timeout = 100
-    last_fence_check = 0.0
+    last_fence_check = last_kick = 0.0
     while not stop:
         events = dict(poller.poll(timeout))
         if sock in events:
             for _ in range(DRAIN_MAX):
                 try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                    frames = P.recv_frames(sock, P.NOBLOCK)
                 except zmq.Again:
                     break
                 worker.handle(frames)
-        if sub in events:
+        synced = sub in events
+        if synced:
             for _ in range(DRAIN_MAX):
                 try:
-                    sub.recv(zmq.NOBLOCK)
+                    P.recv_frames(sub, P.NOBLOCK)
                 except zmq.Again:
                     break
-        if worker.appended:
+        now = time.monotonic()
+        # Kick the flusher at once for a durable waiter (its latency is the ack's latency); for
+        # plain data at most every KICK_INTERVAL_S: the flusher drains on its own timer anyway,
+        # and a kick per loop turn woke it once per message at low rates.
+        if worker.durable_added or (worker.appended and now - last_kick > KICK_INTERVAL_S):
             try:
-                kick.send(b"D" if worker.durable_added else b"F", zmq.NOBLOCK)
+                P.send_frames(kick, [b"D" if worker.durable_added else b"F"], P.NOBLOCK)
+                last_kick = now
             except zmq.Again:
                 pass
         if worker.waiting_slots:
             worker.release_durable()
-        next_ms = worker.service_parked(time.monotonic_ns()) if worker.parked_slots else -1
+        next_ms = worker.service_parked(time.monotonic_ns(), synced) if worker.parked_slots else -1
         worker.appended.clear()
         worker.durable_added = False
-        now = time.monotonic()
         if now - last_fence_check > 0.05:
             worker.check_fences()
             last_fence_check = now
-        timeout = 100
-        if worker.waiting_slots:
-            timeout = 2
+        timeout = 20 if worker.waiting_slots else 100  # a lost PUB must not strand a waiter
         if next_ms >= 0:
             timeout = min(timeout, max(next_ms, 1))
     # Stop: answer what is parked, give durable waiters a last chance, then close.

@@ -102,7 +102,10 @@ class Consumer:
         out = []
         while True:
             left = max(0, int((deadline - time.monotonic()) * 1000))
-            self._send_fetches(min(self.max_wait_ms, left))
+            # A fetch may outlive this call (the next poll picks its reply up), so it always asks
+            # for the full wait: shrinking it to this call's deadline made near-zero-wait fetches
+            # spin the broker at the end of every poll.
+            self._send_fetches(self.max_wait_ms)
             r = self.conn.recv(left if not out else 0)
             if r is None:
                 if out or left == 0:

@@ -258,7 +258,8 @@ class Producer:
                 del self._inflight[rid]
                 tp = (b.topic, b.partition)
                 self._inflight_per[tp] -= 1
-                if now - b.first_sent < self.delivery_timeout_s:
+                if self.producer_id >= 0 and now - b.first_sent < self.delivery_timeout_s:
+                    # only an idempotent producer may resend a batch whose fate is unknown
                     self.retries += 1
                     self._retry.setdefault(tp, deque()).appendleft(b)  # same bytes: the broker dedups
                 else:

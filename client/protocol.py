@@ -29,6 +29,8 @@ import enum
 import struct
 
 import msgspec
+import zmq
+from zmq.backend import Socket as _RawSocket
 
 PROTOCOL_VERSION = 1
 ROUTING = struct.Struct("<BBHiQ")
@@ -180,3 +182,26 @@ encode = msgspec.msgpack.Encoder().encode
 
 def decoder(kind):
     return msgspec.msgpack.Decoder(kind)
+
+
+# --- fast multipart I/O -------------------------------------------------------------------------
+# pyzmq's send_multipart/recv_multipart combine IntFlag enums on every frame (Flag.__or__ and
+# EnumType.__call__ were 10-25 % of the router's time under load). Calling the Cython socket
+# methods with plain int flags halves the cost of a 3-frame send + receive (9.6 -> 4.8 us here).
+SNDMORE, RCVMORE, NOBLOCK = int(zmq.SNDMORE), int(zmq.RCVMORE), int(zmq.NOBLOCK)
+_send, _recv, _get = _RawSocket.send, _RawSocket.recv, _RawSocket.get
+COPY_THRESHOLD = 65536  # below this pyzmq copies anyway; above it zero-copy pays off
+
+
+def send_frames(sock, frames, flags: int = 0) -> None:
+    last = len(frames) - 1
+    for i, f in enumerate(frames):
+        _send(sock, f, (SNDMORE | flags) if i < last else flags, len(f) < COPY_THRESHOLD)
+
+
+def recv_frames(sock, flags: int = 0) -> list:
+    """One multipart message as bytes; raises zmq.Again with NOBLOCK when none is waiting."""
+    parts = [_recv(sock, flags)]
+    while _get(sock, RCVMORE):
+        parts.append(_recv(sock, flags))
+    return parts

@@ -29,6 +29,7 @@ import zmq
 
 from client import settings as settings_mod
 from client.catalog import Catalog
+from client.protocol import NOBLOCK
 from shm import layout, region
 from shm.layout import COL
 from shm.ring import ControlTable, LayoutMismatch, Ring
@@ -363,21 +364,22 @@ def main() -> int:
         return EXIT_STORAGE
     idle_ms = max(1, min(10, s.flush_interval_ms))
     failed_at = None
+    busy = False
     while not stop:
         if flusher.failed:
             failed_at = failed_at or time.monotonic()
             if time.monotonic() - failed_at > STORAGE_RETRY_S:
                 log.error("exiting after a storage error; supervisord restarts the flusher")
                 break
-        if kick.poll(idle_ms):
+        if kick.poll(0 if busy else idle_ms):
             for _ in range(10_000):
                 try:
-                    msg = kick.recv(zmq.NOBLOCK)
+                    msg = kick.recv(NOBLOCK)
                 except zmq.Again:
                     break
                 if msg == b"D":
                     flusher.durable_wanted = True
-        flusher.do_work()
+        busy = flusher.do_work() > 0
         flusher.table.header["flusher_heartbeat_ns"] = time.monotonic_ns()
     flusher.drain_and_close()
     kick.close(0)

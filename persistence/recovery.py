@@ -169,9 +169,12 @@ def recover(data_dir, segment_bytes: int, max_batch_bytes: int, catalog: Catalog
     checkpoint, expected = read_checkpoint(data_dir)
     segments = list_segments(journal_dir)
     full = not segments or checkpoint < segments[0] or checkpoint > segments[-1] + segment_bytes
+    # A stored batch is judged by what the journal can hold, not by today's produce limit:
+    # lowering max_batch_bytes must never turn older, valid batches into a "torn tail".
+    limit = max(max_batch_bytes, segment_bytes)
     for attempt in (0, 1):
         start = segments[0] if (full and segments) else (0 if full else checkpoint)
-        res = scan(journal_dir, segment_bytes, start, max_batch_bytes)
+        res = scan(journal_dir, segment_bytes, start, limit)
         if res.torn_at is not None:
             _truncate_tail(journal_dir, segment_bytes, res)
         consistent, next_offsets = _rebuild_indexes(data_dir, catalog, res, full, {} if full else expected, segment_bytes)

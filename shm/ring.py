@@ -41,10 +41,10 @@ class ControlTable:
         region = Region.create(control_name(instance), layout.control_table_bytes(max_slots))
         table = cls(region)
         h = table.header
-        h["magic"] = layout.CONTROL_MAGIC
         h["version"] = layout.LAYOUT_VERSION
         h["max_slots"] = max_slots
         h["state"] = layout.STATE_INITIALIZING
+        h["magic"] = layout.CONTROL_MAGIC  # last: a half-made table never passes the check
         table._bind(max_slots)
         return table
 

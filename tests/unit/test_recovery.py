@@ -152,3 +152,16 @@ def test_later_segments_after_a_torn_tail_are_dropped(tmp_path):
     assert rec.end_position == 0 and rec.cut_bytes > 0
     assert list_segments(data / JOURNAL_DIR) == [0]
     assert all(v == 0 for v in rec.next_offsets.values())
+
+
+def test_lowering_max_batch_bytes_never_cuts_older_valid_batches(tmp_path):
+    st = make_storage(tmp_path / "data", max_batch_bytes=64 * 1024)
+    big = encode_batch([bytes(50_000)])  # valid under the old limit
+    assert st.actors[0].append(big, 64 * 1024)[0] == 0
+    st.flusher.do_work()
+    st.flusher.sync()
+    data = Path(st.s.data_dir)
+    st.close()
+    write_checkpoint(data, 0)
+    rec = recover(data, 1 << 20, 16 * 1024)  # today's limit is lower than the stored batch
+    assert rec.cut_bytes == 0 and rec.next_offsets[min(rec.next_offsets)] == 1
