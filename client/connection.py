@@ -29,6 +29,7 @@ class Reply:
     topic: bytes
     header: bytes
     body: bytes | zmq.Frame | None
+    via: str = ""  # the endpoint it came from
 
     def raise_for_code(self) -> None:
         if self.code != P.ErrorCode.OK:
@@ -93,7 +94,7 @@ class Connection:
         body = frames[2] if len(frames) > 2 else None
         if body is not None and len(body) < 65536:
             body = body.bytes
-        return Reply(op, code, partition, rid, topic, header, body)
+        return Reply(op, code, partition, rid, topic, header, body, self.endpoint)
 
     def wait_for(self, rid: int, timeout_ms: int) -> Reply:
         if rid in self._early:
@@ -129,3 +130,66 @@ class Connection:
             self._sock.close(0)
             self._ctx.term()
         self._sock = self._ctx = self._pid = None
+
+
+class Pool:
+    """The router connection plus one connection per worker endpoint, sharing one id space.
+
+    Client-side addressing: a request for a partition can go straight to the worker that owns
+    it (its endpoint comes from DESCRIBE_TOPIC), saving the router hop both ways; ``None`` as
+    the endpoint means "through the router". Replies from all of them come out of ``recv``.
+    """
+
+    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP):
+        self._ids = itertools.count(1)
+        self.router = Connection(bootstrap)
+        self.router._ids = self._ids
+        self.direct: dict[str, Connection] = {}  # endpoint -> connection
+        self._poller: zmq.Poller | None = None
+        self._by_sock: dict = {}  # socket -> connection (for this pid's sockets)
+        self._pid = None
+
+    def conn(self, endpoint: str | None) -> Connection:
+        if endpoint is None:
+            return self.router
+        c = self.direct.get(endpoint)
+        if c is None:
+            c = self.direct[endpoint] = Connection(endpoint)
+            c._ids = self._ids
+            self._poller = None
+        return c
+
+    def send(self, endpoint: str | None, op: int, topic, partition: int, header: bytes = P.EMPTY_MAP, body=None) -> int:
+        return self.conn(endpoint).send(op, topic, partition, header, body)
+
+    def recv(self, timeout_ms: int) -> Reply | None:
+        if not self.direct:
+            return self.router.recv(timeout_ms)
+        conns = [self.router, *self.direct.values()]
+        for c in conns:
+            if c._early:
+                return c.recv(0)
+        if self._poller is None or self._pid != os.getpid():
+            self._poller = zmq.Poller()
+            self._by_sock = {}
+            for c in conns:
+                self._poller.register(c.sock, zmq.POLLIN)
+                self._by_sock[c.sock] = c
+            self._pid = os.getpid()
+        events = self._poller.poll(None if timeout_ms == -1 else timeout_ms)
+        if not events:
+            return None
+        return self._by_sock[events[0][0]].recv(0)
+
+    def forget(self, endpoint: str) -> None:
+        c = self.direct.pop(endpoint, None)
+        if c is not None:
+            c.close()
+            self._poller = None
+
+    def close(self) -> None:
+        for c in self.direct.values():
+            c.close()
+        self.direct.clear()
+        self.router.close()
+        self._poller = None

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Iterable, NamedTuple
 
 from . import protocol as P
-from .connection import DEFAULT_BOOTSTRAP, Connection
+from .connection import DEFAULT_BOOTSTRAP, Pool
+from .routes import Routes
 from .errors import OffsetOutOfRangeError
 from .records import Columns, batches_to_columns, iter_batches
 
@@ -43,13 +44,16 @@ class _Assigned:
     inflight: int = 0  # request id of the fetch in flight, 0 if none
     sent: float = 0.0  # when it was sent (a fetch lost with a broker process is sent again)
     wait_s: float = 0.0  # the max_wait it asked for
+    via: str | None = None  # endpoint of the fetch in flight (None: the router)
 
 
 class Consumer:
     def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, *, max_bytes: int = 4 << 20,
                  max_records: int = 1 << 20, max_wait_ms: int = 500, isolation: str = "memory",
-                 request_timeout_ms: int = 3000):
-        self.conn = Connection(bootstrap)
+                 request_timeout_ms: int = 3000, direct: bool = True):
+        self.pool = Pool(bootstrap)
+        self.conn = self.pool.router
+        self.routes = Routes(self.pool, direct)
         self.max_bytes = max_bytes
         self.max_records = max_records
         self.max_wait_ms = max_wait_ms
@@ -91,9 +95,12 @@ class Consumer:
                 if now - a.sent < a.wait_s + self.request_timeout_s:
                     continue
                 self._by_rid.pop(a.inflight, None)  # lost with a broker process: ask again
+                if a.via is not None:
+                    self.routes.demote(a.topic, a.partition)
             header = P.encode(P.FetchRequest(a.position, self.max_bytes, self.max_records, max_wait_ms, self.isolation))
-            rid = self.conn.send(P.Op.FETCH, a.topic, a.partition, header)
-            a.inflight, a.sent, a.wait_s = rid, now, max_wait_ms / 1000
+            via = self.routes.endpoint(a.topic, a.partition)
+            rid = self.pool.send(via, P.Op.FETCH, a.topic, a.partition, header)
+            a.inflight, a.sent, a.wait_s, a.via = rid, now, max_wait_ms / 1000, via
             self._by_rid[rid] = a
 
     def poll_raw(self, timeout_ms: int = 1000) -> list[tuple[_Assigned, int, P.FetchReply, object]]:
@@ -106,7 +113,7 @@ class Consumer:
             # for the full wait: shrinking it to this call's deadline made near-zero-wait fetches
             # spin the broker at the end of every poll.
             self._send_fetches(self.max_wait_ms)
-            r = self.conn.recv(left if not out else 0)
+            r = self.pool.recv(left if not out else 0)
             if r is None:
                 if out or left == 0:
                     return out
@@ -115,6 +122,9 @@ class Consumer:
             if a is None or a.inflight != r.request_id:
                 continue
             a.inflight = 0
+            self.routes.answered(a.topic, a.partition, r.via, r.code)
+            if r.code == P.ErrorCode.NOT_OWNER:
+                continue  # asked again through the router on the next turn
             if r.code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
                 r_err = P.decoder(P.ErrorReply).decode(r.header)
                 raise OffsetOutOfRangeError(
@@ -150,7 +160,7 @@ class Consumer:
         return records
 
     def close(self) -> None:
-        self.conn.close()
+        self.pool.close()
 
     def __enter__(self):
         return self

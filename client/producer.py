@@ -29,7 +29,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import protocol as P
-from .connection import DEFAULT_BOOTSTRAP, Connection
+from .connection import DEFAULT_BOOTSTRAP, Pool
+from .routes import Routes
 from .errors import TailraceError, TimeoutError_, error_for
 from .records import encode_batch, encode_batch_buffers
 
@@ -67,6 +68,7 @@ class _InFlight:
     sent: float
     first_sent: float = 0.0
     attempts: int = 1
+    via: str | None = None  # endpoint it was sent to (None: the router)
 
 
 class Producer:
@@ -83,10 +85,13 @@ class Producer:
         request_timeout_ms: int = 5_000,
         delivery_timeout_ms: int = 120_000,
         idempotent: bool = True,
+        direct: bool = True,
         retry_backoff_ms: float = 2.0,
         on_ack: Callable[[str, int, int, int], None] | None = None,
     ):
-        self.conn = Connection(bootstrap)
+        self.pool = Pool(bootstrap)
+        self.conn = self.pool.router
+        self.routes = Routes(self.pool, direct)
         self.acks = P.ACKS_BY_NAME[acks] if isinstance(acks, str) else P.Acks(acks)
         self.linger_s = linger_ms / 1000
         self.batch_records = batch_records
@@ -100,7 +105,6 @@ class Producer:
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.on_ack = on_ack
         self._header = P.encode(P.ProduceRequest(acks=int(self.acks), timeout_ms=request_timeout_ms))
-        self._partitions: dict[str, int] = {}  # topic -> partition count
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._ready: dict[tuple[str, int], deque] = {}  # (topic, p) -> deque of (frame, count)
         self._inflight: dict[int, _InFlight] = {}  # request id -> batch
@@ -114,11 +118,7 @@ class Producer:
 
     # --- metadata ------------------------------------------------------------------------
     def partitions_for(self, topic: str) -> int:
-        n = self._partitions.get(topic)
-        if n is None:
-            r = self.conn.request(P.Op.LIST_OFFSETS, topic)
-            n = self._partitions[topic] = len(P.decoder(P.ListOffsetsReply).decode(r.header).partitions)
-        return n
+        return self.routes.partitions(topic)
 
     def _choose(self, topic: str, key: bytes | None, partition: int | None) -> int:
         if partition is not None:
@@ -218,7 +218,8 @@ class Producer:
                 b = _InFlight(tp[0], tp[1], frame, count, now, now)
             else:
                 break
-            rid = self.conn.send(P.Op.PRODUCE, b.topic, b.partition, self._header, b.frame)
+            b.via = self.routes.endpoint(b.topic, b.partition)
+            rid = self.pool.send(b.via, P.Op.PRODUCE, b.topic, b.partition, self._header, b.frame)
             if self.acks == P.Acks.NONE:
                 self.acked_records += b.count
                 continue
@@ -230,7 +231,7 @@ class Producer:
     def _drain(self, timeout_ms: int) -> None:
         wait = timeout_ms
         while self._inflight:
-            r = self.conn.recv(wait)
+            r = self.pool.recv(wait)
             if r is None:
                 break
             wait = 0
@@ -239,6 +240,7 @@ class Producer:
                 continue
             tp = (b.topic, b.partition)
             self._inflight_per[tp] -= 1
+            self.routes.answered(b.topic, b.partition, r.via, r.code)
             if r.code == P.ErrorCode.OK:
                 self.acked_records += b.count
                 if self.on_ack is not None:
@@ -258,6 +260,8 @@ class Producer:
                 del self._inflight[rid]
                 tp = (b.topic, b.partition)
                 self._inflight_per[tp] -= 1
+                if b.via is not None:
+                    self.routes.demote(b.topic, b.partition)  # the worker may be gone: via the router
                 if self.producer_id >= 0 and now - b.first_sent < self.delivery_timeout_s:
                     # only an idempotent producer may resend a batch whose fate is unknown
                     self.retries += 1
@@ -292,7 +296,7 @@ class Producer:
         try:
             self.flush()
         finally:
-            self.conn.close()
+            self.pool.close()
 
     def __enter__(self):
         return self

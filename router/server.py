@@ -72,6 +72,7 @@ class Router:
         self.dealers: list[zmq.Socket] = []
         self.last_pong: dict[int, float] = {}
         self.started = time.time()
+        self.forwarded = 0  # produce and fetch requests forwarded to workers
         for name in sorted(self.catalog.data.topics, key=lambda n: self.catalog.data.topics[n].topic_id):
             self._place_topic(name)
 
@@ -93,12 +94,12 @@ class Router:
         try:
             version, op, _c, partition, request_id, topic = P.unpack_routing(routing)
         except struct.error:
-            self.front.send_multipart([ident, P.pack_routing(0, -1, 0, b"", P.ErrorCode.MALFORMED), P.encode(
+            P.send_frames(self.front, [ident, P.pack_routing(0, -1, 0, b"", P.ErrorCode.MALFORMED), P.encode(
                 P.ErrorReply(f"first frame must be a {P.ROUTING_BYTES}-byte routing header, got {len(routing)} bytes"))])
             return
 
         def reply(code, body=None):
-            self.front.send_multipart([ident, P.pack_routing(op, partition, request_id, topic, code),
+            P.send_frames(self.front, [ident, P.pack_routing(op, partition, request_id, topic, code),
                                        P.encode(body) if body is not None else P.EMPTY_MAP])
 
         if version != P.PROTOCOL_VERSION:
@@ -115,7 +116,8 @@ class Router:
                 code = P.ErrorCode.UNKNOWN_TOPIC if self.catalog.get(name) is None else P.ErrorCode.UNKNOWN_PARTITION
                 return reply(code, P.ErrorReply(f"unknown topic or partition: topic={name!r} partition={partition}"))
             worker, assign = route
-            self.dealers[worker].send_multipart([ident, assign, *frames[1:]])
+            self.forwarded += 1
+            P.send_frames(self.dealers[worker], [ident, assign, *frames[1:]])
             return
         try:
             if op == P.Op.CREATE_TOPIC:
@@ -177,7 +179,7 @@ class Router:
         rid = self._internal_id
         self.pending[rid] = (ident, routing, name)
         worker, _ = self.routes[(topic, 0)]
-        self.dealers[worker].send_multipart([b"", b"\0" * ASSIGN.size, P.pack_routing(P.Op.LIST_OFFSETS, -1, rid, topic), P.EMPTY_MAP])
+        P.send_frames(self.dealers[worker], [b"", b"\0" * ASSIGN.size, P.pack_routing(P.Op.LIST_OFFSETS, -1, rid, topic), P.EMPTY_MAP])
 
     def on_internal_reply(self, frames: list[bytes]) -> None:
         _v, op, code, _p, rid, topic = P.unpack_routing(frames[1])
@@ -192,7 +194,7 @@ class Router:
         _v, client_op, _c, partition, request_id, _t = P.unpack_routing(routing)
         head = P.pack_routing(client_op, partition, request_id, topic, code)
         if code != P.ErrorCode.OK or client_op == P.Op.LIST_OFFSETS:
-            self.front.send_multipart([ident, head, frames[2]])
+            P.send_frames(self.front, [ident, head, frames[2]])
             return
         offsets = _list_offsets_dec.decode(frames[2])
         t = self.catalog.get(name)
@@ -200,7 +202,7 @@ class Router:
         for po in offsets.partitions:
             w, _ = self.routes[(topic, po.partition)]
             parts.append(P.PartitionInfo(po.partition, w, self.s.worker_endpoint(w), po.log_start_offset, po.high_watermark, po.durable_watermark))
-        self.front.send_multipart([ident, head, P.encode(P.DescribeReply(_info(t), parts))])
+        P.send_frames(self.front, [ident, head, P.encode(P.DescribeReply(_info(t), parts))])
 
     def status(self) -> dict:
         now = time.monotonic()
@@ -210,6 +212,7 @@ class Router:
             "bind": self.s.bind,
             "data_dir": os.path.realpath(self.s.data_dir),
             "generation": self.generation,
+            "forwarded": self.forwarded,
             "topics": len(self.catalog.data.topics),
             "partitions": sum(t.partitions for t in self.catalog.data.topics.values()),
             "workers": [
@@ -221,7 +224,7 @@ class Router:
 
     def ping_workers(self) -> None:
         for w, d in enumerate(self.dealers):
-            d.send_multipart([b"", b"\0" * ASSIGN.size, P.pack_routing(P.Op.PING, -1, 0, b""), P.EMPTY_MAP])
+            P.send_frames(d, [b"", b"\0" * ASSIGN.size, P.pack_routing(P.Op.PING, -1, 0, b""), P.EMPTY_MAP])
 
 
 def _info(t) -> P.TopicInfo:
@@ -259,7 +262,7 @@ def main() -> int:
         if front in events:
             for _ in range(DRAIN_MAX):
                 try:
-                    frames = front.recv_multipart(zmq.NOBLOCK)
+                    frames = P.recv_frames(front, P.NOBLOCK)
                 except zmq.Again:
                     break
                 router.on_client(frames)
@@ -267,11 +270,11 @@ def main() -> int:
             if d in events:
                 for _ in range(DRAIN_MAX):
                     try:
-                        frames = d.recv_multipart(zmq.NOBLOCK)
+                        frames = P.recv_frames(d, P.NOBLOCK)
                     except zmq.Again:
                         break
                     if frames[0]:
-                        front.send_multipart(frames)
+                        P.send_frames(front, frames)
                     elif len(frames) >= 3:
                         router.on_internal_reply(frames)
         now = time.monotonic()

@@ -239,3 +239,35 @@ def test_producer_partitioners_and_consumer_records(broker):
     for r in sorted(recs, key=lambda r: (r.partition, r.offset)):
         per_key_order.setdefault(r.key, []).append(int(r.value[1:]))
     assert all(v == sorted(v) for v in per_key_order.values())
+
+
+def test_clients_address_the_owning_worker_directly_and_fall_back_to_the_router(broker):
+    Admin(broker.bootstrap).create_topic("direct", 2)
+
+    def forwarded():
+        with Admin(broker.bootstrap) as a:
+            return a.status()["forwarded"]
+
+    with Producer(broker.bootstrap, acks="memory") as prod:
+        prod.send_batch("direct", [b"warm"] * 10, partition=0)
+        prod.send_batch("direct", [b"warm"] * 10, partition=1)
+        prod.flush()
+        before = forwarded()
+        for i in range(50):
+            prod.send_batch("direct", [b"m%d" % i] * 20, partition=i % 2)
+        prod.flush()
+        assert forwarded() == before, "produce went through the router instead of the owner"
+        assert set(prod.pool.direct) == {broker.settings.worker_endpoint(0), broker.settings.worker_endpoint(1)}
+    with Consumer(broker.bootstrap, max_wait_ms=100) as cons:
+        cons.assign("direct", start="earliest")
+        got = 0
+        deadline = time.monotonic() + 10
+        while got < 1020 and time.monotonic() < deadline:
+            got += sum(len(c) for _t, _p, c in cons.poll_columns(200))
+        assert got == 1020
+    # A simple client without client-side addressing still works through the router.
+    with Producer(broker.bootstrap, acks="memory", direct=False) as prod:
+        prod.send("direct", b"via-router", partition=0)
+        before = forwarded()
+        prod.flush()
+        assert forwarded() == before + 1 and not prod.pool.direct

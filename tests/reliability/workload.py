@@ -65,7 +65,7 @@ def produce_until(bootstrap: str, topic: str, partitions: int, acks: str, stop: 
     except TailraceError as exc:
         out.errors.append(exc)
     finally:
-        prod.conn.close()
+        prod.pool.close()
     return out
 
 
