@@ -23,7 +23,7 @@ import zmq
 from crc32c import crc32c
 
 from client import protocol as P
-from client.connection import Connection
+from client.connection import Connection, Pool
 from client.consumer import Consumer
 from client.errors import TailraceError
 from client.producer import Producer
@@ -47,7 +47,7 @@ def produce(spec: dict, ctx) -> dict:
     def on_ack(_topic, partition, _base, count):
         by_partition[partition] += count
 
-    prod = Producer(spec["endpoint"], acks=spec["acks"], max_in_flight_per_partition=spec["in_flight"],
+    prod = Producer(spec["endpoint"], acks=spec["acks"], direct=spec.get("direct", True), max_in_flight_per_partition=spec["in_flight"],
                     request_timeout_ms=FLUSH_TIMEOUT_MS, on_ack=on_ack)
     values, offsets = batch_buffers(size, batch, seed=ctx.index)
     cap = min(spec["in_flight"] * len(parts), spec["max_outstanding"])
@@ -80,14 +80,31 @@ def produce(spec: dict, ctx) -> dict:
             "by_partition": dict(by_partition)}
 
 
+def owner_endpoints(spec: dict, partitions) -> dict[int, str]:
+    """Client-side addressing for raw-frame generators: have every owner adopt its partition
+    (one fetch through the router each), then map partition -> its worker's endpoint. Empty
+    when the spec says to go through the router."""
+    if not spec.get("direct", True):
+        return {}
+    c = Connection(spec["endpoint"])
+    try:
+        for p in sorted(set(partitions)):
+            c.request(P.Op.FETCH, spec["topic"], p, P.encode(P.FetchRequest(0, max_bytes=1)))
+        r = c.request(P.Op.DESCRIBE_TOPIC, spec["topic"])
+        return {pi.partition: pi.endpoint for pi in P.decoder(P.DescribeReply).decode(r.header).partitions}
+    finally:
+        c.close()
+
+
 def single(spec: dict, ctx) -> dict:
     """``producers`` independent producers, each one message then wait for its ack, repeat."""
     topic, partitions, k = spec["topic"], spec["partitions"], spec["producers"]
     quota = spec["messages"]
     header = P.encode(P.ProduceRequest(acks=P.ACKS_BY_NAME[spec["acks"]]))
     frame = encode_batch([bytes(spec["size"])])
-    conns = [Connection(spec["endpoint"]) for _ in range(k)]
     parts = [(spec["first_producer"] + j) % partitions for j in range(k)]
+    eps = owner_endpoints(spec, parts)
+    conns = [Connection(eps.get(parts[j], spec["endpoint"])) for j in range(k)]
     poller = zmq.Poller()
     by_sock = {}
     for j, c in enumerate(conns):
@@ -131,7 +148,7 @@ def single(spec: dict, ctx) -> dict:
 def consume(spec: dict, ctx) -> dict:
     """Read ``expected`` records from the start of ``partitions``; count by source (ring/disk)."""
     topic, parts, expected = spec["topic"], spec["partitions"], spec["expected"]
-    cons = Consumer(spec["endpoint"], max_bytes=spec["fetch_bytes"], max_wait_ms=200)
+    cons = Consumer(spec["endpoint"], max_bytes=spec["fetch_bytes"], max_wait_ms=200, direct=spec.get("direct", True))
     cons.assign(topic, parts, start="earliest")
     sources: Counter = Counter()
     got = 0
@@ -173,7 +190,8 @@ def e2e_produce(spec: dict, ctx) -> dict:
     between sends: the Producer class costs ~100-300 us per single-record send here (see
     docs/BENCHMARKS.md), which at 5,000 msg/s would make the client the bottleneck."""
     topic, partitions, rate, total = spec["topic"], spec["partitions"], spec["rate"], spec["messages"]
-    conn = Connection(spec["endpoint"])
+    pool = Pool(spec["endpoint"])
+    eps = owner_endpoints(spec, range(partitions))
     header = P.encode(P.ProduceRequest(acks=P.ACKS_BY_NAME[spec["acks"]]))
     frame = OneRecordFrame(spec["size"])
     acked = errors = sent = 0
@@ -183,24 +201,24 @@ def e2e_produce(spec: dict, ctx) -> dict:
         wait = t0 + sent / rate - time.monotonic()
         if wait > 0:
             time.sleep(wait)
-        conn.send(P.Op.PRODUCE, topic, sent % partitions, header, frame.stamp())
+        pool.send(eps.get(sent % partitions), P.Op.PRODUCE, topic, sent % partitions, header, frame.stamp())
         sent += 1
         ctx.add(1)
-        while (r := conn.recv(0)) is not None:
+        while (r := pool.recv(0)) is not None:
             acked, errors = acked + (r.code == P.ErrorCode.OK), errors + (r.code != P.ErrorCode.OK)
     rate_achieved = sent / max(time.monotonic() - t0, 1e-9)
     deadline = time.monotonic() + FLUSH_TIMEOUT_MS / 1000
     while acked + errors < sent and time.monotonic() < deadline:
-        r = conn.recv(1000)
+        r = pool.recv(1000)
         if r is not None:
             acked, errors = acked + (r.code == P.ErrorCode.OK), errors + (r.code != P.ErrorCode.OK)
-    conn.close()
+    pool.close()
     return {"sent": sent, "acked": acked, "errors": errors, "rate_achieved": rate_achieved}
 
 
 def e2e_consume(spec: dict, ctx) -> dict:
     """Tail every partition with long polls; latency = receive time - the value's stamp."""
-    cons = Consumer(spec["endpoint"], max_wait_ms=spec["max_wait_ms"])
+    cons = Consumer(spec["endpoint"], max_wait_ms=spec["max_wait_ms"], direct=spec.get("direct", True))
     cons.assign(spec["topic"], None, start="latest")
     expected = spec["expected"]
     lat = []

@@ -62,6 +62,8 @@ def add_workload_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-seconds", type=float, default=120.0, help="time bound of each measured phase")
     ap.add_argument("--repeat", type=int, default=1, help="runs per workload; the table shows the median")
     ap.add_argument("--json", action="store_true", help="print results as JSON on stdout (table goes to stderr)")
+    ap.add_argument("--via-router", action="store_true",
+                    help="tailrace clients send every request through the router (no client-side addressing)")
 
 
 def build_parser() -> argparse.ArgumentParser:

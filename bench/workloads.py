@@ -77,7 +77,7 @@ def _produce_case(system, o, case: str, *, acks: str, partitions: int, size: int
     system.warm(topic, partitions)
     groups = _split(list(range(partitions)), o.producers)
     jobs = [Job(f"{system.gen}:produce", {
-        "endpoint": system.endpoint, "topic": topic, "partitions": parts, "messages": q, "size": size,
+        "endpoint": system.endpoint, "direct": not o.via_router, "topic": topic, "partitions": parts, "messages": q, "size": size,
         "batch": batch, "acks": acks, "in_flight": o.in_flight, "max_outstanding": o.outstanding,
         "max_seconds": o.max_seconds})
         for parts, q in zip(groups, _quota(messages, o.producers))]
@@ -131,7 +131,7 @@ def durable_single(system, o) -> list[dict]:
         quotas = _quota(o.single_messages, procs)
         first = np.concatenate(([0], np.cumsum(per_proc)[:-1])).tolist()
         jobs = [Job(f"{system.gen}:single", {
-            "endpoint": system.endpoint, "topic": topic, "partitions": o.partitions, "producers": n,
+            "endpoint": system.endpoint, "direct": not o.via_router, "topic": topic, "partitions": o.partitions, "producers": n,
             "first_producer": f, "messages": q, "size": o.size, "acks": "durable", "max_seconds": o.single_seconds})
             for n, q, f in zip(per_proc, quotas, first)]
         run = run_jobs(jobs, label=f"{system.name} {case}", total=o.single_messages, timeout_s=o.single_seconds + 120,
@@ -151,7 +151,7 @@ def _consume_case(system, o, case: str, ring_bytes: int) -> dict:
     system.create_topic(topic, o.partitions, ring_bytes)
     groups = _split(list(range(o.partitions)), o.producers)
     prep = [Job(f"{system.gen}:produce", {
-        "endpoint": system.endpoint, "topic": topic, "partitions": parts, "messages": q, "size": o.size,
+        "endpoint": system.endpoint, "direct": not o.via_router, "topic": topic, "partitions": parts, "messages": q, "size": o.size,
         "batch": o.batch, "acks": "durable", "in_flight": o.in_flight, "max_outstanding": o.outstanding,
         "max_seconds": o.max_seconds})
         for parts, q in zip(groups, _quota(o.messages, o.producers))]
@@ -161,7 +161,7 @@ def _consume_case(system, o, case: str, ring_bytes: int) -> dict:
     if len(cgroups[0]) == o.partitions and o.consumers > 1:  # fewer partitions than consumers: one reads all
         cgroups = cgroups[:1]
     jobs = [Job(f"{system.gen}:consume", {
-        "endpoint": system.endpoint, "topic": topic, "partitions": parts,
+        "endpoint": system.endpoint, "direct": not o.via_router, "topic": topic, "partitions": parts,
         "expected": sum(per_partition[p] for p in parts), "fetch_bytes": o.fetch_bytes, "max_seconds": o.max_seconds})
         for parts in cgroups]
     total = sum(per_partition.values())
@@ -221,7 +221,7 @@ def e2e_latency(system, o) -> list[dict]:
     system.create_topic(topic, o.partitions, o.ring_bytes)
     system.warm(topic, o.partitions)
     total = int(o.rate * o.duration)
-    common = {"endpoint": system.endpoint, "topic": topic, "partitions": o.partitions, "size": max(o.size, 8),
+    common = {"endpoint": system.endpoint, "direct": not o.via_router, "topic": topic, "partitions": o.partitions, "size": max(o.size, 8),
               "max_seconds": o.duration * 3 + 10}
     jobs = [Job(f"{system.gen}:e2e_consume", {**common, "expected": total, "max_wait_ms": o.max_wait_ms}),
             Job(f"{system.gen}:e2e_produce", {**common, "rate": o.rate, "messages": total, "acks": "memory"})]
