@@ -62,6 +62,7 @@ class Worker:
         self.parked_slots: set[int] = set()  # slots with parked fetches
         self.waiting_slots: set[int] = set()  # slots with durable waiters
         self.boot_ns = time.time_ns()
+        self.appended_bytes: dict[int, int] = {}  # slot -> bytes appended since the last PING
 
     # --- dispatch ------------------------------------------------------------------------
     def handle(self, frames: list[bytes]) -> None:
@@ -90,7 +91,13 @@ class Worker:
             elif op == P.Op.LIST_OFFSETS:
                 self.list_offsets(topic, reply)
             elif op == P.Op.PING:
-                reply(P.ErrorCode.OK, {"worker": self.worker_id, "pid": os.getpid(), "boot_ns": self.boot_ns, "partitions": len(self.actors)})
+                busy = [slot for slot, a in self.actors.items() if a.parked or a.durable_waiters]
+                reply(P.ErrorCode.OK, {"worker": self.worker_id, "pid": os.getpid(), "boot_ns": self.boot_ns,
+                                       "partitions": len(self.actors), "bytes": self.appended_bytes, "busy": busy})
+                self.appended_bytes = {}
+            elif op == P.Op.ADOPT:
+                if assign is not None and self.actor_for(assign, topic, partition, reply) is not None:
+                    reply(P.ErrorCode.OK)
             else:
                 reply(P.ErrorCode.UNKNOWN_OP, P.ErrorReply(f"unknown op {op}"))
         except msgspec.DecodeError as exc:
@@ -158,6 +165,7 @@ class Worker:
         if code != P.ErrorCode.OK:
             return reply(code, P.ErrorReply(message))
         self.appended.add(actor.slot)
+        self.appended_bytes[actor.slot] = self.appended_bytes.get(actor.slot, 0) + len(rest[2])
         if req.acks == P.Acks.MEMORY:
             reply(P.ErrorCode.OK, P.ProduceReply(base, count, t))
         elif req.acks == P.Acks.DURABLE:

@@ -49,6 +49,7 @@ class Op(enum.IntEnum):
     STATUS = 13
     # internal: router <-> worker only
     PING = 30
+    ADOPT = 31  # take this partition now (assign frame carries slot and epoch)
 
 
 class Acks(enum.IntEnum):

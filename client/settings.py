@@ -31,6 +31,9 @@ class Settings(msgspec.Struct, kw_only=True):
     checkpoint_interval_ms: int = 10_000  # how often index files are synced and checkpointed
     direct_io: str = "auto"  # "auto": O_DIRECT where the filesystem allows it; "off"
     ipc_dir: str = ""  # where ipc:// sockets live (short path); default /tmp/tailrace-<id>
+    worker_timeout_ms: int = 3000  # a worker silent this long is declared dead...
+    reassign_grace_ms: int = 5000  # ...and its partitions move after this grace unless it returns
+    rebalance: int = 1  # 1: move idle partitions off overloaded workers (router/scheduler.py)
 
     @property
     def instance(self) -> str:

@@ -73,3 +73,83 @@ class StickyScheduler:
 
     def partitions_of(self, worker: int) -> list[int]:
         return sorted(s for s, w in self.owner.items() if w == worker)
+
+    def move(self, slot: int, to: int) -> None:
+        """Hand ``slot`` to worker ``to`` (a live one), keeping its weight."""
+        if to not in self.alive:
+            raise ValueError(f"cannot move slot={slot} to worker={to}: not alive")
+        weight = self.weight.get(slot, 1)
+        self.release(slot)
+        self.owner[slot] = to
+        self.weight[slot] = weight
+        self.load[to] += weight
+        self._push(to)
+
+    def mark_dead(self, worker: int) -> None:
+        self.alive.discard(worker)  # its heap entries become stale and are dropped lazily
+
+    def mark_alive(self, worker: int) -> None:
+        if worker not in self.alive:
+            self.alive.add(worker)
+            self._push(worker)
+
+    def evacuate(self, worker: int) -> list[tuple[int, int]]:
+        """Place every partition of a worker declared dead on live workers: [(slot, new owner)]."""
+        moved = []
+        for slot in self.partitions_of(worker):
+            weight = self.weight.get(slot, 1)
+            self.release(slot)
+            moved.append((slot, self.place(slot, weight)))
+        return moved
+
+
+class Rebalancer:
+    """When and what to move off an overloaded worker. Pure: the router feeds it loads and time.
+
+    Load of a partition: ``inflight + bytes_per_s / RATE_UNIT`` (requests the worker holds for
+    it, such as parked fetches and durable waiters, plus its decayed append rate in MiB/s);
+    a worker's load is the sum over its partitions. A move is proposed only when
+
+    - the most loaded live worker carries more than ``ratio`` x the least loaded one's load and
+      at least ``min_gap`` more (the hysteresis band: inside it nothing moves, so a balanced
+      cluster does not flap on noise);
+    - the partition is idle (nothing in flight: a partition with requests in flight never moves),
+      did not move in the last ``cooldown_s``, and carries at most half the gap (moving it narrows
+      the imbalance without reversing it);
+    - no move happened in the last ``interval_s`` (one move at a time, so loads settle).
+    """
+
+    RATE_UNIT = 1 << 20
+
+    def __init__(self, ratio: float = 1.5, min_gap: float = 1.0, cooldown_s: float = 30.0, interval_s: float = 2.0):
+        self.ratio, self.min_gap, self.cooldown_s, self.interval_s = ratio, min_gap, cooldown_s, interval_s
+        self.last_moved: dict[int, float] = {}  # slot -> when it last moved
+        self.last_move_at = float("-inf")
+
+    def plan(self, sched: StickyScheduler, load: dict[int, float], busy: set[int], now: float):
+        """(slot, from_worker, to_worker) to move now, or None."""
+        if now - self.last_move_at < self.interval_s or len(sched.alive) < 2:
+            return None
+        per = {w: 0.0 for w in sched.alive}
+        for slot, w in sched.owner.items():
+            if w in per:
+                per[w] += load.get(slot, 0.0)
+        src = max(per, key=lambda w: (per[w], -w))
+        dst = min(per, key=lambda w: (per[w], w))
+        gap = per[src] - per[dst]
+        if gap < self.min_gap or per[src] <= self.ratio * per[dst]:
+            return None
+        best = None
+        for slot in sched.partitions_of(src):
+            lo = load.get(slot, 0.0)
+            if slot in busy or now - self.last_moved.get(slot, float("-inf")) < self.cooldown_s:
+                continue
+            if 0 < lo <= gap / 2 and (best is None or lo > best[1]):
+                best = (slot, lo)
+        if best is None:
+            return None
+        return best[0], src, dst
+
+    def moved(self, slot: int, now: float) -> None:
+        self.last_moved[slot] = now
+        self.last_move_at = now

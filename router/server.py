@@ -31,7 +31,7 @@ from client import settings as settings_mod
 from client.catalog import Catalog, valid_topic_name, write_atomic
 from shm.layout import ring_region_bytes
 
-from .scheduler import StickyScheduler
+from .scheduler import Rebalancer, StickyScheduler
 
 log = logging.getLogger("tailrace.router")
 
@@ -40,6 +40,7 @@ ASSIGN = struct.Struct("<IQ")
 DRAIN_MAX = 512
 MAX_PARTITIONS = 1024
 MIN_RING_BYTES = 64 * 1024
+HEARTBEAT_S = 0.5
 EXIT_OK = 0
 
 _create_dec = P.decoder(P.CreateTopicRequest)
@@ -70,7 +71,14 @@ class Router:
         self._internal_id = 0
         self.front: zmq.Socket | None = None
         self.dealers: list[zmq.Socket] = []
-        self.last_pong: dict[int, float] = {}
+        now = time.monotonic()
+        self.last_pong: dict[int, float] = {w: now for w in range(s.workers)}  # worker -> last heartbeat
+        self.down_since: dict[int, float] = {}  # worker -> when it stopped answering
+        self.seen: set[int] = set()  # workers that answered at least one heartbeat
+        self.rebalancer = Rebalancer()
+        self.rate: dict[int, float] = {}  # slot -> decayed append rate, bytes/s (from heartbeats)
+        self.busy: set[int] = set()  # slots whose owner holds requests for them
+        self.moves: list[tuple[int, int, int]] = []  # (slot, from, to), for status and tests
         self.started = time.time()
         self.forwarded = 0  # produce and fetch requests forwarded to workers
         for name in sorted(self.catalog.data.topics, key=lambda n: self.catalog.data.topics[n].topic_id):
@@ -184,8 +192,9 @@ class Router:
     def on_internal_reply(self, frames: list[bytes]) -> None:
         _v, op, code, _p, rid, topic = P.unpack_routing(frames[1])
         if op == P.Op.PING:
-            info = msgspec.msgpack.decode(frames[2])
-            self.last_pong[info["worker"]] = time.monotonic()
+            self.on_heartbeat(msgspec.msgpack.decode(frames[2]))
+            return
+        if op == P.Op.ADOPT:
             return
         pending = self.pending.pop(rid, None)
         if pending is None:
@@ -213,14 +222,72 @@ class Router:
             "data_dir": os.path.realpath(self.s.data_dir),
             "generation": self.generation,
             "forwarded": self.forwarded,
+            "moves": [list(m) for m in self.moves],
             "topics": len(self.catalog.data.topics),
             "partitions": sum(t.partitions for t in self.catalog.data.topics.values()),
             "workers": [
                 {"worker": w, "endpoint": self.s.worker_endpoint(w), "partitions": len(self.scheduler.partitions_of(w)),
-                 "alive": now - self.last_pong.get(w, -1e9) < 5.0}
+                 "alive": w in self.seen and w not in self.down_since
+                 and now - self.last_pong[w] < self.s.worker_timeout_ms / 1000}
                 for w in range(self.s.workers)
             ],
         }
+
+    # --- placement over time: heartbeats, dead workers, rebalancing -------------------------
+    def on_heartbeat(self, info: dict) -> None:
+        w, now = info["worker"], time.monotonic()
+        dt = max(now - self.last_pong.get(w, now - 1.0), 0.1)
+        self.last_pong[w] = now
+        self.seen.add(w)
+        if self.down_since.pop(w, None) is not None:
+            log.info("worker %d answers again", w)
+        self.scheduler.mark_alive(w)
+        got = {int(k): v for k, v in info.get("bytes", {}).items()}
+        for slot in self.scheduler.partitions_of(w):
+            self.rate[slot] = 0.5 * self.rate.get(slot, 0.0) + 0.5 * got.get(slot, 0) / dt  # half-life: one beat
+        mine = set(self.scheduler.partitions_of(w))
+        self.busy = (self.busy - mine) | (set(info.get("busy", ())) & mine)
+
+    def check_workers(self) -> None:
+        """Declare silent workers dead; move their partitions after the grace (Talos' delay)."""
+        now = time.monotonic()
+        for w in range(self.s.workers):
+            silent = now - self.last_pong.get(w, now)
+            if silent > self.s.worker_timeout_ms / 1000 and w not in self.down_since:
+                self.down_since[w] = now
+                log.warning("worker %d silent for %.1f s: declared dead, reassigning in %.1f s unless it returns",
+                            w, silent, self.s.reassign_grace_ms / 1000)
+            since = self.down_since.get(w)
+            if since is not None and now - since > self.s.reassign_grace_ms / 1000 and w in self.scheduler.alive \
+                    and len(self.scheduler.alive) > 1:
+                self.scheduler.mark_dead(w)
+                for slot, to in self.scheduler.evacuate(w):
+                    self._moved(slot, w, to)
+
+    def maybe_rebalance(self) -> None:
+        if not self.s.rebalance:
+            return
+        load = {slot: r / Rebalancer.RATE_UNIT for slot, r in self.rate.items()}
+        for slot in self.busy:
+            load[slot] = load.get(slot, 0.0) + 1.0
+        plan = self.rebalancer.plan(self.scheduler, load, self.busy, time.monotonic())
+        if plan is not None:
+            slot, src, dst = plan
+            self.scheduler.move(slot, dst)
+            self.rebalancer.moved(slot, time.monotonic())
+            self._moved(slot, src, dst)
+
+    def _moved(self, slot: int, src: int, dst: int) -> None:
+        """Route ``slot`` to ``dst`` under a new epoch and have it adopt (which fences ``src``)."""
+        found = self.catalog.topic_of_slot(slot)
+        if found is None:
+            return
+        topic, p = found
+        assign = ASSIGN.pack(slot, self._epoch())
+        self.routes[(topic.name.encode(), p)] = (dst, assign)
+        self.moves.append((slot, src, dst))
+        log.info("partition %s/%d (slot %d) moved from worker %d to worker %d", topic.name, p, slot, src, dst)
+        P.send_frames(self.dealers[dst], [b"", assign, P.pack_routing(P.Op.ADOPT, p, 0, topic.name.encode()), P.EMPTY_MAP])
 
     def ping_workers(self) -> None:
         for w, d in enumerate(self.dealers):
@@ -278,8 +345,10 @@ def main() -> int:
                     elif len(frames) >= 3:
                         router.on_internal_reply(frames)
         now = time.monotonic()
-        if now - last_ping > 1.0:
+        if now - last_ping > HEARTBEAT_S:
             router.ping_workers()
+            router.check_workers()
+            router.maybe_rebalance()
             last_ping = now
     front.close(0)
     for d in router.dealers:

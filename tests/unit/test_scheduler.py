@@ -70,3 +70,97 @@ def test_every_partition_has_exactly_one_owner_and_loads_add_up(ops, workers):
         # placement only by least-loaded: with unit weights and no releases loads differ by <= 1
     if all(p for p, _ in ops):
         assert max(s.load.values()) - min(s.load.values()) <= 1
+
+
+from router.scheduler import Rebalancer
+
+
+def _two_workers_with(loads_w0, loads_w1):
+    s = StickyScheduler(2)
+    load = {}
+    slot = 0
+    for w, loads in ((0, loads_w0), (1, loads_w1)):
+        for lo in loads:
+            s.owner[slot] = w
+            s.weight[slot] = 1
+            s.load[w] += 1
+            load[slot] = lo
+            slot += 1
+    return s, load
+
+
+def test_rebalance_moves_an_idle_cool_partition_off_the_hot_worker():
+    s, load = _two_workers_with([8.0, 1.0, 1.0], [1.0])
+    plan = Rebalancer().plan(s, load, busy=set(), now=100.0)
+    assert plan is not None and plan[1:] == (0, 1)
+    assert load[plan[0]] == 1.0  # the hot partition (8.0) is more than half the gap: it stays
+
+
+def test_inside_the_hysteresis_band_nothing_moves():
+    s, load = _two_workers_with([2.0, 2.0], [3.0])  # 4 vs 3: under 1.5x
+    assert Rebalancer().plan(s, load, set(), now=100.0) is None
+    s, load = _two_workers_with([0.6, 0.6], [0.2])  # 1.2 vs 0.2 but a gap under min_gap
+    assert Rebalancer().plan(s, load, set(), now=100.0) is None
+
+
+def test_a_partition_with_requests_in_flight_never_moves_and_moves_cool_down():
+    s, load = _two_workers_with([8.0, 1.0, 1.0], [1.0])
+    r = Rebalancer(interval_s=0)
+    assert r.plan(s, load, busy={1, 2}, now=100.0) is None
+    slot, src, dst = r.plan(s, load, busy=set(), now=100.0)
+    s.move(slot, dst)
+    r.moved(slot, 100.0)
+    again = r.plan(s, load, busy=set(), now=101.0)
+    assert again is None or again[0] != slot  # cooled down: the same partition does not bounce
+
+
+def test_evacuating_a_dead_worker_moves_all_its_partitions_to_live_ones():
+    s = StickyScheduler(3)
+    for slot in range(9):
+        s.place(slot)
+    s.mark_dead(1)
+    moved = s.evacuate(1)
+    assert sorted(m[0] for m in moved) == [1, 4, 7]
+    assert all(w in (0, 2) for _slot, w in moved) and not s.partitions_of(1)
+    s.mark_alive(1)
+    assert s.place(100) == 1  # back and least loaded
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["place", "release", "dead", "alive", "rebalance"]), st.integers(0, 30)), max_size=150))
+def test_every_partition_has_exactly_one_owner_and_epochs_only_grow(ops):
+    s = StickyScheduler(3)
+    r = Rebalancer(interval_s=0, cooldown_s=0, min_gap=0.1)
+    epoch = {}  # slot -> last epoch handed out (the router bumps it on every placement change)
+    counter = 0
+    for i, (op, x) in enumerate(ops):
+        if op == "place" and s.alive:
+            if x not in s.owner:
+                s.place(x)
+                counter += 1
+                epoch[x] = counter
+        elif op == "release":
+            s.release(x)
+        elif op == "dead" and len(s.alive) > 1:
+            w = x % 3
+            s.mark_dead(w)
+            for slot, _to in s.evacuate(w):
+                counter += 1
+                assert counter > epoch.get(slot, 0)
+                epoch[slot] = counter
+        elif op == "alive":
+            s.mark_alive(x % 3)
+        elif op == "rebalance":
+            load = {slot: float((slot * 7) % 5) for slot in s.owner}
+            plan = r.plan(s, load, set(), now=float(i))
+            if plan:
+                slot, src, dst = plan
+                assert s.owner[slot] == src and dst in s.alive
+                s.move(slot, dst)
+                r.moved(slot, float(i))
+                counter += 1
+                assert counter > epoch.get(slot, 0)
+                epoch[slot] = counter
+        assert sum(s.load.values()) == len(s.owner)
+        assert sum(len(s.partitions_of(w)) for w in range(3)) == len(s.owner)  # one owner each
+        assert all(s.owner[slot] in s.alive for slot in s.owner), "a partition left on a dead worker"
