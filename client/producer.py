@@ -180,10 +180,13 @@ class Producer:
         return {"producer_id": self.producer_id, "base_sequence": seq}
 
     def send_buffers(self, topic: str, values: bytes | np.ndarray, value_offsets: np.ndarray,
-                     partition: int | None = None) -> None:
-        """Send one pre-joined batch: ``values`` back to back, ``value_offsets`` int32[n + 1]."""
+                     partition: int | None = None, keys: bytes | np.ndarray | None = None,
+                     key_offsets: np.ndarray | None = None) -> None:
+        """Send one pre-joined batch: ``values`` back to back, ``value_offsets`` int32[n + 1]
+        (and optionally ``keys`` with ``key_offsets`` the same way): no Python step per record."""
         p = self._choose(topic, None, partition)
-        frame = encode_batch_buffers(values, value_offsets, **self._ids((topic, p), len(value_offsets) - 1))
+        frame = encode_batch_buffers(values, value_offsets, keys, key_offsets,
+                                     **self._ids((topic, p), len(value_offsets) - 1))
         self._ready.setdefault((topic, p), deque()).append((frame, len(value_offsets) - 1))
         self._pump()
 

@@ -6,7 +6,6 @@ import threading
 import time
 
 import numpy as np
-import pytest
 
 from client import Admin, Consumer, Producer
 from client import protocol as P

@@ -1,0 +1,149 @@
+"""Offset planning: resolve offset options, cut ranges, split them, rate-limit them. Pure: no I/O.
+
+Vocabulary (as everywhere in tailrace): an *offset* is a record's logical number in its
+partition. A *position* here is not a byte location but where a reader stands: the next offset
+it will read, one per (topic, partition). A range ``[start, end)`` holds the offsets
+``start <= offset < end``.
+
+Streaming offsets, as Spark checkpoints them, are Kafka's JSON shape: topic -> partition (a
+string) -> next offset to read. Spark compares and stores them as JSON text, so we always emit
+the canonical form: keys in ``json.dumps(sort_keys=True)`` order (so partition "10" sorts before
+"2") and plain ints. Equal positions then give byte-identical JSON, and a restart from a
+checkpoint plans exactly the ranges the first run planned.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterable, NamedTuple
+
+from client.protocol import PartitionOffsets
+
+from .errors import DataLossError, OptionError
+from .options import EARLIEST, LATEST, SPECIAL, OffsetSpec
+
+log = logging.getLogger("tailrace.spark")
+
+TopicPartition = tuple[str, int]
+Positions = dict[TopicPartition, int]  # (topic, partition) -> next offset to read
+Logs = dict[str, list[PartitionOffsets]]  # topic -> per-partition log bounds, as the broker lists them
+
+
+class OffsetRange(NamedTuple):
+    topic: str
+    partition: int
+    start: int  # first offset to read
+    end: int  # one past the last offset to read
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+def watermark(po: PartitionOffsets, isolation: str) -> int:
+    """The end of what a reader may see: durable watermark, or high watermark for "memory"."""
+    return po.durable_watermark if isolation == "durable" else po.high_watermark
+
+
+def resolve(spec: OffsetSpec, default: int, logs: Logs, isolation: str, name: str) -> Positions:
+    """Positions for every partition of ``logs``: earliest/latest/explicit, per ``spec``.
+
+    A partition a JSON spec leaves out takes ``default`` (EARLIEST or LATEST); a partition it
+    names that the topic does not have is an OptionError naming the option.
+    """
+    out: Positions = {}
+    for topic, parts in logs.items():
+        explicit = spec.get(topic, {}) if isinstance(spec, dict) else {}
+        unknown = sorted(set(explicit) - {po.partition for po in parts})
+        if unknown:
+            raise OptionError(f"option {name} names partitions topic {topic!r} does not have: "
+                              f"partitions={unknown} topic has {len(parts)}")
+        for po in parts:
+            code = SPECIAL[spec] if isinstance(spec, str) else explicit.get(po.partition, default)
+            if code == EARLIEST:
+                out[(topic, po.partition)] = po.log_start_offset
+            elif code == LATEST:
+                out[(topic, po.partition)] = watermark(po, isolation)
+            else:
+                out[(topic, po.partition)] = code
+    return out
+
+
+def to_json(positions: Positions) -> dict:
+    """Canonical offsets dict: ``json.dumps(d) == json.dumps(d, sort_keys=True)``, plain ints."""
+    nested: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in positions.items():
+        nested.setdefault(topic, {})[str(int(partition))] = int(offset)
+    return {t: dict(sorted(nested[t].items())) for t in sorted(nested)}
+
+
+def from_json(doc: dict) -> Positions:
+    return {(topic, int(p)): int(off) for topic, parts in doc.items() for p, off in parts.items()}
+
+
+def check_ranges(ranges: Iterable[OffsetRange], logs: Logs, isolation: str, fail_on_data_loss: bool) -> list[OffsetRange]:
+    """Hold each range against what the log still has, ``[log start, watermark]``.
+
+    Offsets before the log start were deleted (retention); offsets past the watermark are not
+    there, or were lost with an unflushed tail. Either is data loss: raise DataLossError when
+    ``fail_on_data_loss``, else log a warning and read what is left.
+    """
+    bounds = {(t, po.partition): (po.log_start_offset, watermark(po, isolation)) for t, parts in logs.items() for po in parts}
+    out = []
+    for r in ranges:
+        if r.start > r.end:
+            raise OptionError(f"starting offset is after the ending offset: topic={r.topic!r} "
+                              f"partition={r.partition} start={r.start} end={r.end}")
+        lo, hi = bounds[(r.topic, r.partition)]
+        if r.start >= lo and r.end <= hi:
+            out.append(r)
+            continue
+        message = (f"offsets of topic={r.topic!r} partition={r.partition} range=[{r.start}, {r.end}) "
+                   f"are not all in the log, which holds [{lo}, {hi}) ({isolation} watermark)")
+        if fail_on_data_loss:
+            raise DataLossError(message + "; set failOnDataLoss=false to read what is left")
+        log.warning("%s; reading what is left (failOnDataLoss=false)", message)
+        start, end = min(max(r.start, lo), hi), min(max(r.end, lo), hi)
+        out.append(r._replace(start=start, end=max(start, end)))
+    return out
+
+
+def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:
+    """Kafka's minPartitions: with fewer ranges than asked, cut big ranges into equal pieces.
+
+    Each non-empty range gets ``max(1, round(size / total * min_partitions))`` pieces, so pieces
+    across partitions end up about the same size; order is kept, pieces stay adjacent.
+    """
+    if min_partitions is None or len(ranges) >= min_partitions:
+        return list(ranges)
+    total = sum(r.size for r in ranges)
+    if total == 0:
+        return list(ranges)
+    out = []
+    for r in ranges:
+        parts = max(1, round(r.size / total * min_partitions)) if r.size > 0 else 1
+        parts = min(parts, max(r.size, 1))
+        cuts = [r.start + r.size * i // parts for i in range(parts)] + [r.end]
+        out.extend(r._replace(start=a, end=b) for a, b in zip(cuts, cuts[1:]))
+    return out
+
+
+def rate_limit(start: Positions, latest: Positions, max_rows: int) -> Positions:
+    """End positions covering at most ``max_rows`` records, shared in proportion to backlog.
+
+    Partition i with backlog b_i of total B gets ``floor(max_rows * b_i / B)`` records, then the
+    rows still unassigned go one each to the largest remainders (ties: topic, partition order),
+    so the total is exactly ``min(max_rows, B)`` and nobody is given more than its backlog.
+    Integer arithmetic throughout: no float rounding can exceed the limit.
+    """
+    keys = sorted(latest)
+    backlog = {k: max(0, latest[k] - start.get(k, latest[k])) for k in keys}
+    total = sum(backlog.values())
+    if total <= max_rows:
+        return dict(latest)
+    share = {k: max_rows * backlog[k] // total for k in keys}
+    left = max_rows - sum(share.values())
+    by_remainder = sorted(keys, key=lambda k: -(max_rows * backlog[k] % total))
+    for k in by_remainder[:left]:
+        share[k] += 1
+    return {k: start.get(k, latest[k]) + share[k] for k in keys}

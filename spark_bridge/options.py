@@ -1,0 +1,180 @@
+"""Data source options: parsed once on the driver into frozen, picklable structs.
+
+The offset options' names and meanings follow Spark's Kafka source (``topic`` stands for its
+``subscribe``, ``bootstrap`` for ``kafka.bootstrap.servers``). Spark hands options over case-insensitively; we lower-case the
+keys ourselves as well, so the structs can also be built from a plain dict in tests.
+
+Offsets options take ``earliest``, ``latest`` or Kafka's JSON shape, one map per topic from
+partition (a string) to offset: ``{"events": {"0": 23, "1": -2}}`` where -2 means earliest and
+-1 latest. A partition the map leaves out takes the option's default (Kafka insists on every
+partition; we do not).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Mapping, Union
+
+from client.connection import DEFAULT_BOOTSTRAP
+from client.protocol import ACKS_BY_NAME
+
+from .errors import OptionError
+
+EARLIEST = -2  # in an offsets JSON map: the partition's log start offset
+LATEST = -1  # in an offsets JSON map: the partition's watermark (see ``isolation``)
+SPECIAL = {"earliest": EARLIEST, "latest": LATEST}
+
+# "earliest", "latest", or {topic: {partition: offset or EARLIEST or LATEST}}
+OffsetSpec = Union[str, dict[str, dict[int, int]]]
+
+MiB = 1 << 20
+ISOLATIONS = ("durable", "memory")
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    bootstrap: str
+    topics: tuple[str, ...]
+    starting: OffsetSpec
+    ending: OffsetSpec  # "latest" for streams: a stream has no end
+    fail_on_data_loss: bool
+    min_partitions: int | None
+    max_offsets_per_trigger: int | None
+    isolation: str  # "durable": read up to the durable watermark; "memory": the high watermark
+    fetch_max_bytes: int
+    fetch_timeout_ms: int
+    direct_fetch: bool  # fetch from the partition's worker endpoint when it is reachable here
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    bootstrap: str
+    topic: str | None  # overrides a ``topic`` column, as with Kafka
+    acks: str
+    max_batch_bytes: int  # one produce batch stays under this; the broker's limit is 1 MiB by default
+    request_timeout_ms: int
+    direct_produce: bool  # produce to the partition's worker endpoint when it is reachable here
+
+
+def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    return {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+
+
+def _bool(opts: dict, name: str, default: bool) -> bool:
+    raw = opts.get(name.lower())
+    if raw is None:
+        return default
+    if raw.strip().lower() in ("true", "1", "yes"):
+        return True
+    if raw.strip().lower() in ("false", "0", "no"):
+        return False
+    raise OptionError(f"option {name} must be true or false: {name}={raw!r}")
+
+
+def _int(opts: dict, name: str, default: int | None, minimum: int) -> int | None:
+    raw = opts.get(name.lower())
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise OptionError(f"option {name} must be an integer: {name}={raw!r}") from None
+    if value < minimum:
+        raise OptionError(f"option {name} must be >= {minimum}: {name}={value}")
+    return value
+
+
+def parse_topics(raw: str | None) -> tuple[str, ...]:
+    if raw is None:
+        raise OptionError("option topic is required: a topic name or a comma-separated list")
+    topics = tuple(dict.fromkeys(t.strip() for t in raw.split(",") if t.strip()))
+    if not topics:
+        raise OptionError(f"option topic names no topic: topic={raw!r}")
+    return topics
+
+
+def parse_offset_spec(raw: str | None, name: str, default: str, topics: tuple[str, ...]) -> OffsetSpec:
+    """``earliest``, ``latest`` or a JSON map per topic; raises OptionError naming the option."""
+    if raw is None or raw.strip() == "":
+        return default
+    text = raw.strip()
+    if text.lower() in SPECIAL:
+        return text.lower()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise OptionError(f"option {name} must be earliest, latest or a JSON map: {name}={raw!r}") from None
+    if not isinstance(doc, dict):
+        raise OptionError(f"option {name} JSON must map topic -> {{partition: offset}}: {name}={raw!r}")
+    spec: dict[str, dict[int, int]] = {}
+    for topic, parts in doc.items():
+        if topic not in topics:
+            raise OptionError(f"option {name} names topic {topic!r}, which option topic does not list: topics={list(topics)}")
+        if not isinstance(parts, dict):
+            raise OptionError(f"option {name}: topic {topic!r} must map to {{partition: offset}}, got {parts!r}")
+        spec[topic] = {}
+        for p, off in parts.items():
+            try:
+                partition = int(p)
+            except (TypeError, ValueError):
+                raise OptionError(f"option {name}: partition must be an integer: topic={topic!r} partition={p!r}") from None
+            if isinstance(off, bool) or not isinstance(off, int) or off < EARLIEST or partition < 0:
+                raise OptionError(
+                    f"option {name}: offset must be an integer >= -2 (-2 earliest, -1 latest): "
+                    f"topic={topic!r} partition={p} offset={off!r}")
+            spec[topic][partition] = off
+    return spec
+
+
+def _forbid(spec: OffsetSpec, name: str, word: str, code: int, why: str) -> None:
+    if spec == word or (isinstance(spec, dict) and any(code in parts.values() for parts in spec.values())):
+        raise OptionError(f"option {name} cannot be {word} ({code} in JSON): {why}")
+
+
+def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
+    opts = _lower(options)
+    topics = parse_topics(opts.get("topic"))
+    starting = parse_offset_spec(opts.get("startingoffsets"), "startingOffsets", "latest" if streaming else "earliest", topics)
+    if streaming:
+        if "endingoffsets" in opts:
+            raise OptionError("option endingOffsets is for batch queries; a stream has no end (use trigger(availableNow=True))")
+        ending: OffsetSpec = "latest"
+    else:
+        ending = parse_offset_spec(opts.get("endingoffsets"), "endingOffsets", "latest", topics)
+        _forbid(starting, "startingOffsets", "latest", LATEST, "a batch query would read nothing")
+        _forbid(ending, "endingOffsets", "earliest", EARLIEST, "a batch query would read nothing")
+    isolation = opts.get("isolation", "durable").lower()
+    if isolation not in ISOLATIONS:
+        raise OptionError(f"option isolation must be one of {ISOLATIONS}: isolation={isolation!r}")
+    return ReadOptions(
+        bootstrap=opts.get("bootstrap", DEFAULT_BOOTSTRAP),
+        topics=topics,
+        starting=starting,
+        ending=ending,
+        fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
+        min_partitions=_int(opts, "minPartitions", None, 1),
+        max_offsets_per_trigger=_int(opts, "maxOffsetsPerTrigger", None, 1) if streaming else None,
+        isolation=isolation,
+        fetch_max_bytes=_int(opts, "fetchMaxBytes", 4 * MiB, 64 * 1024),
+        fetch_timeout_ms=_int(opts, "fetchTimeoutMs", 30_000, 100),
+        direct_fetch=_bool(opts, "directFetch", True),
+    )
+
+
+def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
+    opts = _lower(options)
+    acks = opts.get("acks", "durable").lower()
+    if acks not in ACKS_BY_NAME:
+        raise OptionError(f"option acks must be one of {sorted(ACKS_BY_NAME)}: acks={acks!r}")
+    topic = opts.get("topic")
+    if topic is not None and ("," in topic or not topic.strip()):
+        raise OptionError(f"option topic names the one topic to write to: topic={topic!r}")
+    return WriteOptions(
+        bootstrap=opts.get("bootstrap", DEFAULT_BOOTSTRAP),
+        topic=topic.strip() if topic is not None else None,
+        acks=acks,
+        max_batch_bytes=_int(opts, "maxBatchBytes", 512 * 1024, 4096),
+        request_timeout_ms=_int(opts, "requestTimeoutMs", 30_000, 100),
+        direct_produce=_bool(opts, "directProduce", True),
+    )

@@ -1,0 +1,225 @@
+"""The ``tailrace`` Spark data source: batch reads, streaming reads and writes of topics.
+
+Where each piece runs (Spark's Python data source protocol):
+
+- ``TailraceDataSource`` and the readers' planning methods (``partitions()``, and every
+  ``DataSourceStreamReader`` method but ``read``) run in a Python process beside the driver. The
+  stream reader there lives as long as the query; it keeps one ``Admin`` connection.
+- ``read(partition)`` runs in executors' Python workers, on a *copy* of the reader that Spark
+  pickled after planning: it must not rely on state from the planning side beyond the options,
+  and opens its own connection (spark_bridge/fetch.py).
+- The writers (spark_bridge/sink.py) are pickled the same way; ``write`` runs on executors,
+  ``commit``/``abort`` on the driver.
+
+Offsets are planned once, on the driver, and carried to executors in ``RangePartition``s: a
+task reads exactly its ``[start, end)``, so a retried task, a re-run stage or a restarted
+streaming query reads the same records.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable, ReadLimit, ReadMaxRows, ReadMinRows, SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from client.admin import Admin
+from client.protocol import PartitionOffsets
+
+from .arrow import SCHEMA, to_record_batch
+from .errors import OptionError
+from .fetch import RangeFetcher, place
+from .offsets import (
+    EARLIEST, LATEST, Logs, OffsetRange, Positions, TopicPartition, check_ranges, from_json, rate_limit, resolve,
+    split_ranges, to_json, watermark,
+)
+from .options import ReadOptions, parse_read_options, parse_write_options
+from .sink import TailraceArrowWriter, TailraceStreamArrowWriter, check_input_schema
+
+NAME = "tailrace"
+
+
+class RangePartition(InputPartition):
+    """One Spark input partition: a range of one broker partition, and where to fetch it."""
+
+    def __init__(self, r: OffsetRange, endpoint: str | None):
+        super().__init__(tuple(r))
+        self.topic, self.partition, self.start, self.end = r
+        self.endpoint = endpoint  # the owning worker's endpoint at planning time, or None
+
+    @property
+    def range(self) -> OffsetRange:
+        return OffsetRange(self.topic, self.partition, self.start, self.end)
+
+
+def describe(admin: Admin, options: ReadOptions, endpoints_too: bool = True) -> tuple[Logs, dict[TopicPartition, str]]:
+    """Log bounds of every partition of the topics and, with ``endpoints_too``, the worker
+    endpoints tasks may fetch from directly (placed first: see fetch.place)."""
+    logs: Logs = {}
+    endpoints: dict[TopicPartition, str] = {}
+    for topic in options.topics:
+        parts = sorted(admin.describe_topic(topic).partitions, key=lambda pi: pi.partition)
+        logs[topic] = [PartitionOffsets(pi.partition, pi.log_start_offset, pi.high_watermark, pi.durable_watermark)
+                       for pi in parts]
+        if endpoints_too and options.direct_fetch:  # executors decide whether they can reach them
+            place(admin.conn, topic, [pi.partition for pi in parts])
+            endpoints.update({(topic, pi.partition): pi.endpoint for pi in parts})
+    return logs, endpoints
+
+
+def plan(options: ReadOptions, ranges: list[OffsetRange], logs: Logs, endpoints: dict) -> list[RangePartition]:
+    ranges = check_ranges(ranges, logs, options.isolation, options.fail_on_data_loss)
+    ranges = split_ranges(ranges, options.min_partitions)
+    return [RangePartition(r, endpoints.get((r.topic, r.partition))) for r in ranges]
+
+
+def read_partition(options: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Executor side: the records of one planned range, one Arrow batch per fetch."""
+    if not isinstance(partition, RangePartition):  # Spark's stand-in when a plan has no partitions
+        return
+    r = partition.range
+    fetcher = RangeFetcher(options.bootstrap, r, endpoint=partition.endpoint,
+                           max_bytes=options.fetch_max_bytes, isolation=options.isolation,
+                           timeout_ms=options.fetch_timeout_ms, fail_on_data_loss=options.fail_on_data_loss)
+    for cols in fetcher:
+        yield to_record_batch(r.topic, r.partition, cols)
+
+
+def _check_schema(schema: StructType) -> None:
+    if schema != SCHEMA:
+        raise OptionError(f"the tailrace source has a fixed schema (Kafka's); do not pass .schema(): got {schema.simpleString()}")
+
+
+class TailraceBatchReader(DataSourceReader):
+    """Batch read: one Spark partition per broker partition (more with minPartitions)."""
+
+    def __init__(self, options: ReadOptions):
+        self.options = options
+
+    def partitions(self) -> list[RangePartition]:
+        o = self.options
+        with Admin(o.bootstrap) as admin:
+            logs, endpoints = describe(admin, o)
+        start = resolve(o.starting, EARLIEST, logs, o.isolation, "startingOffsets")
+        end = resolve(o.ending, LATEST, logs, o.isolation, "endingOffsets")
+        ranges = [OffsetRange(t, p, start[(t, p)], end[(t, p)]) for (t, p) in start]
+        return plan(o, ranges, logs, endpoints)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_partition(self.options, partition)
+
+
+class TailraceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch read. Offsets: Kafka's JSON shape, topic -> partition -> next offset.
+
+    Not thread-safe; Spark calls it from one thread. ``_target`` is set once, by
+    ``prepareForTriggerAvailableNow``, and caps every later ``latestOffset``.
+    """
+
+    def __init__(self, options: ReadOptions):
+        self.options = options
+        self._admin: Admin | None = None
+        self._target: Positions | None = None  # (topic, partition) -> frozen end, for availableNow
+        self._latest: Positions | None = None  # last watermarks seen, for reportLatestOffset
+
+    def _describe(self, endpoints_too: bool = False) -> tuple[Logs, dict[TopicPartition, str]]:
+        if self._admin is None:
+            self._admin = Admin(self.options.bootstrap)
+        return describe(self._admin, self.options, endpoints_too)
+
+    def _watermarks(self, logs: Logs) -> Positions:
+        return {(t, po.partition): watermark(po, self.options.isolation) for t, parts in logs.items() for po in parts}
+
+    def initialOffset(self) -> dict:
+        logs, _ = self._describe()
+        return to_json(resolve(self.options.starting, EARLIEST, logs, self.options.isolation, "startingOffsets"))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.options.max_offsets_per_trigger
+        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        logs, _ = self._describe()
+        self._target = self._watermarks(logs)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        logs, _ = self._describe()
+        latest = self._latest = self._watermarks(logs)
+        begin = from_json(start)
+        for t, parts in logs.items():  # a partition the start does not know begins at its log start
+            for po in parts:
+                begin.setdefault((t, po.partition), po.log_start_offset)
+        end = {}
+        for k, b in begin.items():
+            cap = latest.get(k, b)
+            if self._target is not None:
+                cap = min(cap, self._target.get(k, b))  # nothing added after the freeze
+            end[k] = max(b, cap)
+        if isinstance(limit, ReadMaxRows):
+            end = rate_limit(begin, end, limit.max_rows)
+        elif isinstance(limit, ReadMinRows):
+            if sum(end[k] - begin[k] for k in end) < limit.min_rows:
+                end = begin
+        elif not isinstance(limit, ReadAllAvailable):
+            raise OptionError(f"the tailrace source supports ReadAllAvailable, ReadMaxRows and ReadMinRows limits, not {limit!r}")
+        return to_json(end)
+
+    def reportLatestOffset(self) -> dict | None:
+        return None if self._latest is None else to_json(self._latest)
+
+    def partitions(self, start: dict, end: dict) -> list[RangePartition]:
+        begin, stop = from_json(start), from_json(end)
+        logs, endpoints = self._describe(endpoints_too=True)
+        log_start = {(t, po.partition): po.log_start_offset for t, parts in logs.items() for po in parts}
+        ranges = [OffsetRange(t, p, begin.get((t, p), log_start.get((t, p), 0)), e) for (t, p), e in stop.items()]
+        ranges = [r for r in ranges if r.end > r.start]
+        return plan(self.options, ranges, logs, endpoints) if ranges else []
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_partition(self.options, partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: the broker keeps no consumer state; Spark's checkpoint is the truth."""
+
+    def stop(self) -> None:
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
+
+
+class TailraceDataSource(DataSource):
+    """``spark.read.format("tailrace")`` / ``df.write.format("tailrace")``; see docs/SPARK.md."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> TailraceBatchReader:
+        _check_schema(schema)
+        return TailraceBatchReader(parse_read_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> TailraceStreamReader:
+        _check_schema(schema)
+        return TailraceStreamReader(parse_read_options(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> TailraceArrowWriter:
+        _reject_overwrite(overwrite)
+        check_input_schema(schema, parse_write_options(self.options))
+        return TailraceArrowWriter(parse_write_options(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> TailraceStreamArrowWriter:
+        _reject_overwrite(overwrite)
+        check_input_schema(schema, parse_write_options(self.options))
+        return TailraceStreamArrowWriter(parse_write_options(self.options))
+
+
+def _reject_overwrite(overwrite: bool) -> None:
+    if overwrite:
+        raise OptionError("a topic is an append-only log: use mode('append') (streams: outputMode append or update)")

@@ -1,0 +1,98 @@
+"""The tailrace source in a real local Spark session against a real broker: batch and streaming."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pyspark.sql import functions as F
+
+from client import Admin, Producer
+from spark_bridge.offsets import to_json, from_json
+
+pytestmark = pytest.mark.spark
+
+
+def produce(bootstrap: str, topic: str, partitions: int, start: int, count: int, keyed_every: int = 0) -> dict:
+    """``count`` records per partition, numbered from ``start``; every ``keyed_every``-th batch of
+    100 carries keys. Returns {(partition, offset): (key, value)} as the broker will number them."""
+    expected = {}
+    with Producer(bootstrap, acks="durable") as prod:
+        for p in range(partitions):
+            for first in range(start, start + count, 100):
+                seq = range(first, min(first + 100, start + count))
+                values = [b"p%d-v%07d" % (p, i) for i in seq]
+                keyed = keyed_every and (first // 100) % keyed_every == 0
+                keys = [b"k%07d" % i for i in seq] if keyed else None
+                prod.send_batch(topic, values, keys, partition=p)
+                for j, i in enumerate(seq):
+                    expected[(p, i)] = (keys[j] if keys else None, values[j])
+        prod.flush()
+    return expected
+
+
+def reader(spark, broker, topic, **options):
+    r = spark.read.format("tailrace").option("bootstrap", broker.bootstrap).option("topic", topic)
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+def test_batch_read_returns_exactly_the_produced_rows(spark, spark_broker, topic_name):
+    Admin(spark_broker.bootstrap).create_topic(topic_name, 3)
+    expected = produce(spark_broker.bootstrap, topic_name, 3, 0, 2500, keyed_every=3)
+    df = reader(spark, spark_broker, topic_name, startingOffsets="earliest", endingOffsets="latest")
+    assert df.columns == ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
+    assert df.rdd.getNumPartitions() == 3
+    rows = df.collect()
+    got = {(r.partition, r.offset): (None if r.key is None else bytes(r.key), bytes(r.value)) for r in rows}
+    assert len(rows) == len(expected) == 7500
+    assert got == expected
+    assert {r.topic for r in rows} == {topic_name} and {r.timestampType for r in rows} == {0}
+
+
+def test_batch_read_honours_offset_maps_and_splits_ranges_for_min_partitions(spark, spark_broker, topic_name):
+    Admin(spark_broker.bootstrap).create_topic(topic_name, 2)
+    produce(spark_broker.bootstrap, topic_name, 2, 0, 1000)
+    starting = json.dumps({topic_name: {"0": 100, "1": -2}})
+    ending = json.dumps({topic_name: {"0": 900, "1": -1}})
+    df = reader(spark, spark_broker, topic_name, startingOffsets=starting, endingOffsets=ending, minPartitions=6)
+    assert df.rdd.getNumPartitions() == 6
+    per = {r.partition: (r["min(offset)"], r["max(offset)"], r["count"])
+           for r in df.groupBy("partition").agg(F.min("offset"), F.max("offset"), F.count("*").alias("count")).collect()}
+    assert per == {0: (100, 899, 800), 1: (0, 999, 1000)}
+
+
+def run_available_now(spark, broker, topic, out, checkpoint) -> list:
+    stream = (spark.readStream.format("tailrace").option("bootstrap", broker.bootstrap).option("topic", topic)
+              .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 700).load())
+    query = (stream.select("partition", "offset", "value").writeStream.format("parquet")
+             .option("path", str(out)).option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(180), "availableNow query did not terminate"
+    assert query.exception() is None, query.exception()
+    return query.recentProgress
+
+
+def test_available_now_stream_restarted_with_new_data_writes_every_message_exactly_once(
+        spark, spark_broker, topic_name, tmp_path):
+    Admin(spark_broker.bootstrap).create_topic(topic_name, 2)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    expected = produce(spark_broker.bootstrap, topic_name, 2, 0, 1000)
+    first = run_available_now(spark, spark_broker, topic_name, out, checkpoint)
+    batches = [p for p in first if p["numInputRows"] > 0]
+    assert len(batches) == 3, "2000 rows at maxOffsetsPerTrigger=700 take three micro-batches"
+    assert [p["numInputRows"] for p in batches] == [700, 700, 600]
+    end = batches[-1]["sources"][0]["endOffset"]
+    end = json.loads(end) if isinstance(end, str) else end
+    assert json.dumps(end) == json.dumps(to_json(from_json(end))), "offsets must be canonical JSON"
+    assert from_json(end) == {(topic_name, 0): 1000, (topic_name, 1): 1000}
+
+    expected.update(produce(spark_broker.bootstrap, topic_name, 2, 1000, 500))
+    second = run_available_now(spark, spark_broker, topic_name, out, checkpoint)
+    assert sum(p["numInputRows"] for p in second) == 1000
+
+    rows = spark.read.parquet(str(out)).collect()
+    got = [(r.partition, r.offset) for r in rows]
+    assert len(got) == len(set(got)) == 3000, "a message was written twice"
+    assert {(r.partition, r.offset): bytes(r.value) for r in rows} == {k: v for k, (_key, v) in expected.items()}
