@@ -292,6 +292,10 @@ class Worker:
         self.journal.close()
 
 
+def _ignore(_frames) -> None:
+    pass
+
+
 def _request_id(routing: bytes) -> int:
     return P.ROUTING.unpack_from(routing)[4]
 
@@ -358,19 +362,10 @@ def main(argv=None) -> int:
     while not stop:
         events = dict(poller.poll(timeout))
         if sock in events:
-            for _ in range(DRAIN_MAX):
-                try:
-                    frames = P.recv_frames(sock, P.NOBLOCK)
-                except zmq.Again:
-                    break
-                worker.handle(frames)
+            P.drain(sock, worker.handle, DRAIN_MAX)
         synced = sub in events
         if synced:
-            for _ in range(DRAIN_MAX):
-                try:
-                    P.recv_frames(sub, P.NOBLOCK)
-                except zmq.Again:
-                    break
+            P.drain(sub, _ignore, DRAIN_MAX)
         now = time.monotonic()
         # Kick the flusher at once for a durable waiter (its latency is the ack's latency); for
         # plain data at most every KICK_INTERVAL_S: the flusher drains on its own timer anyway,

@@ -189,6 +189,13 @@ class Router:
         worker, _ = self.routes[(topic, 0)]
         P.send_frames(self.dealers[worker], [b"", b"\0" * ASSIGN.size, P.pack_routing(P.Op.LIST_OFFSETS, -1, rid, topic), P.EMPTY_MAP])
 
+    def on_worker_reply(self, frames: list[bytes]) -> None:
+        """A reply from a worker: to its client as it is, or to the router itself (empty id)."""
+        if frames[0]:
+            P.send_frames(self.front, frames)
+        elif len(frames) >= 3:
+            self.on_internal_reply(frames)
+
     def on_internal_reply(self, frames: list[bytes]) -> None:
         _v, op, code, _p, rid, topic = P.unpack_routing(frames[1])
         if op == P.Op.PING:
@@ -327,23 +334,10 @@ def main() -> int:
     while not stop:
         events = dict(poller.poll(100))
         if front in events:
-            for _ in range(DRAIN_MAX):
-                try:
-                    frames = P.recv_frames(front, P.NOBLOCK)
-                except zmq.Again:
-                    break
-                router.on_client(frames)
+            P.drain(front, router.on_client, DRAIN_MAX)
         for d in router.dealers:
             if d in events:
-                for _ in range(DRAIN_MAX):
-                    try:
-                        frames = P.recv_frames(d, P.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    if frames[0]:
-                        P.send_frames(front, frames)
-                    elif len(frames) >= 3:
-                        router.on_internal_reply(frames)
+                P.drain(d, router.on_worker_reply, DRAIN_MAX)
         now = time.monotonic()
         if now - last_ping > HEARTBEAT_S:
             router.ping_workers()
