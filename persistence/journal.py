@@ -226,6 +226,13 @@ class JournalReader:
             self._fds[start] = fd
         return fd
 
+    def read_into(self, out: memoryview, position: int) -> None:
+        """Fill ``out`` with journal bytes from ``position`` (one copy, no new allocation)."""
+        start = position - position % self.segment_bytes
+        done = os.preadv(self._fd(start), [out], position - start)
+        if done != out.nbytes:
+            raise OSError(f"short journal read at position={position}: wanted {out.nbytes}, got {done}")
+
     def read(self, position: int, length: int) -> bytes:
         start = position - position % self.segment_bytes
         data = os.pread(self._fd(start), length, position - start)
