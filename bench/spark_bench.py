@@ -267,7 +267,7 @@ def main() -> int:
     ap.add_argument("--messages-per-partition", type=int, default=1_000_000)
     ap.add_argument("--message-bytes", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--fetch-max-bytes", type=int, default=4 << 20)
+    ap.add_argument("--fetch-max-bytes", type=int, default=16 << 20)
     ap.add_argument("--acks", default="durable", choices=["none", "memory", "durable"])
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--arrow-batch-rows", type=int, default=10_000,

@@ -156,7 +156,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         min_partitions=_int(opts, "minPartitions", None, 1),
         max_offsets_per_trigger=_int(opts, "maxOffsetsPerTrigger", None, 1) if streaming else None,
         isolation=isolation,
-        fetch_max_bytes=_int(opts, "fetchMaxBytes", 4 * MiB, 64 * 1024),
+        fetch_max_bytes=_int(opts, "fetchMaxBytes", 16 * MiB, 64 * 1024),
         fetch_timeout_ms=_int(opts, "fetchTimeoutMs", 30_000, 100),
         direct_fetch=_bool(opts, "directFetch", True),
     )
