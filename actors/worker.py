@@ -29,8 +29,9 @@ from client import settings as settings_mod
 from client.catalog import Catalog
 from shm import layout
 from shm.layout import COL
-from shm.ring import ControlTable
+from shm.ring import ControlTable, LayoutMismatch
 from persistence.journal import JournalReader
+from persistence.recovery import data_dir_id
 
 from .partition import Fenced, PartitionActor
 
@@ -100,7 +101,7 @@ class Worker:
                     reply(P.ErrorCode.OK)
             else:
                 reply(P.ErrorCode.UNKNOWN_OP, P.ErrorReply(f"unknown op {op}"))
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             reply(P.ErrorCode.MALFORMED, P.ErrorReply(f"undecodable header: {exc}"))
         except Exception as exc:  # a bug must not take the worker down with it
             log.exception("request op=%s failed", op)
@@ -113,6 +114,9 @@ class Worker:
                 reply(P.ErrorCode.MALFORMED, P.ErrorReply("bad assignment frame"))
                 return None
             slot, epoch = ASSIGN.unpack(assign)
+            if epoch >= 1 << 63:  # the control row holds epochs as int64
+                reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"owner epoch {epoch} out of range"))
+                return None
             actor = self.actors.get(slot)
             if actor is not None and actor.epoch == epoch:
                 return actor
@@ -310,10 +314,11 @@ def wait_for_table(s: settings_mod.Settings, timeout_s: float, stop: list) -> Co
     while time.monotonic() < deadline and not stop:
         try:
             table = ControlTable.attach(s.instance)
-            if table.state == layout.STATE_READY:
+            # READY, and made for this data directory (not left over from one wiped at this path)
+            if table.state == layout.STATE_READY and int(table.header["data_id"]) == data_dir_id(s.data_dir):
                 return table
             table.close()
-        except posix_ipc.ExistentialError:
+        except (posix_ipc.ExistentialError, LayoutMismatch):
             pass
         time.sleep(0.05)
     return None

@@ -36,7 +36,7 @@ from shm.ring import ControlTable, LayoutMismatch, Ring
 
 from .index import IndexFile, entries_for
 from .journal import BLOCK, Journal, StorageError
-from .recovery import recover, write_checkpoint
+from .recovery import data_dir_id, recover, write_checkpoint
 
 log = logging.getLogger("tailrace.flusher")
 
@@ -73,9 +73,17 @@ class Flusher:
     # --- boot ----------------------------------------------------------------------------
     def boot(self) -> None:
         instance = self.s.instance
+        data_id = data_dir_id(self.s.data_dir, create=True)
         fresh = False
         try:
             self.table = ControlTable.attach(instance)
+            if int(self.table.header["data_id"]) != data_id:
+                log.warning("shared memory belongs to another data directory at this path (data id %d, ours %d): "
+                            "discarding it", int(self.table.header["data_id"]), data_id)
+                self.table.close()
+                self.table = None
+                region.unlink(region.control_name(instance))
+                fresh = True
         except posix_ipc.ExistentialError:
             fresh = True
         except LayoutMismatch as exc:
@@ -87,6 +95,7 @@ class Flusher:
             if stale:
                 log.info("reclaimed %d stale ring regions", len(stale))
             self.table = ControlTable.create(instance, self.s.max_slots)
+            self.table.header["data_id"] = data_id
         rec = recover(self.s.data_dir, self.s.segment_bytes, self.s.max_batch_bytes, self.catalog)
         if rec.cut_bytes:
             log.warning("recovery cut %d bytes of torn journal tail", rec.cut_bytes)

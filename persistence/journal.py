@@ -73,6 +73,32 @@ def _open_direct(path: Path, want_direct: bool) -> tuple[int, bool]:
     return os.open(path, os.O_RDWR), False
 
 
+def check_segments(journal_dir: Path, segment_bytes: int) -> None:
+    """Refuse a journal written with another segment size; pad a short last segment.
+
+    Segment names are start positions, so a journal is only readable with the segment size it
+    was written with: a segment name that is not a multiple of ``segment_bytes``, or a segment
+    a whole multiple of it in size, means the setting changed (StorageError, nothing touched). A segment that is
+    merely short (cut by a crash or by hand) is grown back with zeros so positions stay where
+    they were; whatever it lost is then a torn tail for recovery to cut."""
+    segs = list_segments(journal_dir)
+    for start in segs:
+        path = journal_dir / segment_name(start)
+        size = path.stat().st_size
+        if size > segment_bytes and size % segment_bytes:
+            # bytes past the end are never addressed: garbage appended, not another segment size
+            log.warning("journal segment %s is %d bytes, past %d: trimming the excess", path, size, segment_bytes)
+            os.truncate(path, segment_bytes)
+            size = segment_bytes
+        if start % segment_bytes or size > segment_bytes:
+            raise StorageError(
+                f"journal segment {path} ({size} bytes) does not fit segment_bytes={segment_bytes}: "
+                f"was the journal written with another segment size? Start with the segment_bytes it was made with")
+        if size < segment_bytes:
+            log.warning("journal segment %s is %d bytes, short of %d: padding it with zeros", path, size, segment_bytes)
+            os.truncate(path, segment_bytes)
+
+
 class Journal:
     """The writer side of the journal (flusher only)."""
 
@@ -98,10 +124,15 @@ class Journal:
         return position - position % self.segment_bytes
 
     def _prewrite(self, start: int) -> None:
-        """Create a zero-filled, fsynced segment file at ``start`` if it does not exist yet."""
+        """Create a zero-filled, fsynced segment file at ``start`` if it does not exist yet.
+
+        Never replaces an existing segment: one of another size is an error (check_segments)."""
         with self._prewrite_lock:
             final = self.path(start)
-            if final.exists() and final.stat().st_size == self.segment_bytes:
+            if final.exists():
+                size = final.stat().st_size
+                if size != self.segment_bytes:
+                    raise StorageError(f"journal segment {final} is {size} bytes, segment_bytes={self.segment_bytes}")
                 return
             tmp = final.with_name(final.name + ".tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -36,10 +36,31 @@ from client.catalog import Catalog, write_atomic
 from client.records import HEADER_BYTES, BatchError, read_header, validate_frame
 
 from .index import ENTRY_DTYPE, IndexFile, entries_for, index_path
-from .journal import JOURNAL_DIR, list_segments, segment_name
+from .journal import JOURNAL_DIR, check_segments, list_segments, segment_name
 
 log = logging.getLogger("tailrace.recovery")
 CHECKPOINT_FILE = "checkpoint"
+
+
+INSTANCE_FILE = "instance.json"
+
+
+def data_dir_id(data_dir, create: bool = False) -> int | None:
+    """The data directory's random identity (None if it has none and ``create`` is False).
+
+    Shared memory outlives the processes, and even a deleted data directory: the control table
+    carries this id so that a directory wiped and recreated at the same path never inherits the
+    rings of the one it replaced."""
+    path = Path(data_dir) / INSTANCE_FILE
+    try:
+        return int(json.loads(path.read_text())["id"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        if not create:
+            return None
+    ident = int.from_bytes(os.urandom(8), "little") >> 2
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps({"id": ident}).encode())
+    return ident
 
 
 def read_checkpoint(data_dir) -> tuple[int, dict[int, int]]:
@@ -125,6 +146,31 @@ def scan(journal_dir: Path, segment_bytes: int, start: int, max_batch_bytes: int
     return res
 
 
+def _cut_at_first_inconsistent(res: ScanResult, catalog: Catalog, full: bool) -> None:
+    """Treat the first batch whose broker-stamped fields do not add up as the torn tail.
+
+    Base offset, partition and topic id are stamped outside the CRC (stamping needs no CRC
+    recompute), so the CRC cannot vouch for them: a batch must name a partition in the catalog
+    and continue that partition's offsets exactly (from 0 on a full rescan; from its previous
+    batch otherwise, the index tail being checked against the checkpoint separately)."""
+    known = {(t.topic_id, p) for t in catalog.data.topics.values() for p in range(t.partitions)}
+    expect: dict[tuple[int, int], int] = {}
+    for i, key in enumerate(zip(res.topic_id, res.partition)):
+        base = res.base_offset[i]
+        want = expect.get(key, 0 if full else base)
+        if key not in known or base != want or res.count[i] < 1:
+            bad = res.position[i]
+            log.warning("journal: batch at position %d names topic %d partition %d offset %d, expected %s: cut there",
+                        bad, key[0], key[1], base, want if key in known else "a known partition")
+            res.cut_bytes += sum((n + 7) & ~7 for n in res.length[i:])
+            for name in ("topic_id", "partition", "base_offset", "count", "position", "length"):
+                del getattr(res, name)[i:]
+            res.end = bad
+            res.torn_at = bad
+            return
+        expect[key] = base + res.count[i]
+
+
 def _nonzero_bytes(f) -> int:
     data = np.frombuffer(f.read(), dtype=np.uint8)
     nz = np.flatnonzero(data)
@@ -166,6 +212,7 @@ def recover(data_dir, segment_bytes: int, max_batch_bytes: int, catalog: Catalog
     journal_dir = data_dir / JOURNAL_DIR
     journal_dir.mkdir(parents=True, exist_ok=True)
     catalog = catalog or Catalog(data_dir)
+    check_segments(journal_dir, segment_bytes)
     checkpoint, expected = read_checkpoint(data_dir)
     segments = list_segments(journal_dir)
     full = not segments or checkpoint < segments[0] or checkpoint > segments[-1] + segment_bytes
@@ -175,6 +222,7 @@ def recover(data_dir, segment_bytes: int, max_batch_bytes: int, catalog: Catalog
     for attempt in (0, 1):
         start = segments[0] if (full and segments) else (0 if full else checkpoint)
         res = scan(journal_dir, segment_bytes, start, limit)
+        _cut_at_first_inconsistent(res, catalog, full)
         if res.torn_at is not None:
             _truncate_tail(journal_dir, segment_bytes, res)
         consistent, next_offsets = _rebuild_indexes(data_dir, catalog, res, full, {} if full else expected, segment_bytes)

@@ -43,9 +43,9 @@ from __future__ import annotations
 import numpy as np
 
 CACHE_LINE = 64
-CONTROL_MAGIC = 0x54524354_4C000001  # "TRCTL" + layout version in the low byte
-RING_MAGIC = 0x54524E47_00000001  # "TRNG" + layout version
-LAYOUT_VERSION = 1
+CONTROL_MAGIC = 0x54524354_4C000002  # "TRCTL" + layout version in the low byte
+RING_MAGIC = 0x54524E47_00000002  # "TRNG" + layout version
+LAYOUT_VERSION = 2
 
 # --- control table header ------------------------------------------------------------------
 TABLE_HEADER_DTYPE = np.dtype(
@@ -57,7 +57,8 @@ TABLE_HEADER_DTYPE = np.dtype(
         ("boot_id", "<i8"),  # changes at every full recovery
         ("flusher_pid", "<i8"),
         ("flusher_heartbeat_ns", "<i8"),
-        ("reserved", "<i8", (9,)),
+        ("data_id", "<i8"),  # the data directory's random id (data_dir/instance.json)
+        ("reserved", "<i8", (8,)),
     ]
 )
 TABLE_HEADER_BYTES = TABLE_HEADER_DTYPE.itemsize

@@ -1,0 +1,132 @@
+"""Process-level tools for reliability tests: supervisorctl, restarts, RSS, raw sockets.
+
+Some facts these tests depend on:
+
+- A worker's ROUTER socket ignores a second peer that presents an identity already in use
+  (libzmq's default, ``ZMQ_ROUTER_HANDOVER`` = 0). While the real router is connected, a test
+  socket with identity ``b"router"`` is therefore never heard: a test that speaks to a worker
+  *as* the router stops the router program first (``supervisorctl stop router``) and closes its
+  own sockets before starting it again.
+- The router's owner epochs are ``generation << 32 | n`` with the generation in
+  ``<data_dir>/router.json``, bumped at every router start. An epoch of ``generation << 32 |
+  HIGH`` therefore beats every assignment of the router generation that is running (or was
+  stopped), and loses to the next one.
+- ``kill -9`` of supervisord itself leaves its programs running; a "host crash" is simulated by
+  killing supervisord, then every program, then unlinking the instance's shared memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+import zmq
+
+from client import protocol as P
+from tests.harness import ROOT
+
+ASSIGN = struct.Struct("<IQ")  # slot, owner epoch: the router's assign frame (actors/worker.py)
+HIGH = 0x7FFF_0000  # low 32 bits of a test epoch: above any router counter of one generation
+
+
+def supervisorctl(broker, *args: str) -> str:
+    """Run supervisorctl against this broker's supervisord; return its stdout."""
+    env = {**broker.env(), "TAILRACE_PYTHON": sys.executable, "TAILRACE_LOG_DIR": str(broker.data_dir / "logs"),
+           "TAILRACE_RUN_DIR": broker.run_dir}
+    return subprocess.run([sys.executable, "-m", "supervisor.supervisorctl", "-c", str(ROOT / "supervisord.conf"), *args],
+                          env=env, capture_output=True, text=True, timeout=60).stdout
+
+
+def router_generation(broker) -> int:
+    return int(json.loads((broker.data_dir / "router.json").read_text())["generation"])
+
+
+def winning_epoch(broker, bump: int = 0) -> int:
+    """An owner epoch above every assignment of the current router generation."""
+    return (router_generation(broker) << 32) | (HIGH + bump)
+
+
+def wait_restarted(broker, old: dict, names, timeout_s: float = 30) -> dict:
+    """Wait until every program in ``names`` runs under a new pid; return the new pid map."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        now = broker.pids()
+        if all(n in now and now[n] != old.get(n) for n in names) and len(now) >= len(old):
+            broker.wait_ready(timeout_s)
+            return now
+        time.sleep(0.05)
+    raise AssertionError(f"{names} not restarted by supervisord within {timeout_s}s")
+
+
+def hard_kill_all(broker) -> None:
+    """kill -9 supervisord, then every program: nothing runs, nothing was told to stop."""
+    pids = broker.pids()
+    os.kill(broker.proc.pid, signal.SIGKILL)
+    broker.proc.wait(30)
+    for pid in pids.values():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in pids.values()):
+        time.sleep(0.02)
+    broker.proc = None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def broker_rss_kib(broker) -> dict[str, int]:
+    return {name: rss_kib(pid) for name, pid in broker.pids().items()}
+
+
+class Raw:
+    """One DEALER socket speaking raw frames; replies are matched by request id and op."""
+
+    def __init__(self, endpoint: str, identity: bytes | None = None, rcvhwm: int = 100_000):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVHWM, rcvhwm)
+        if identity is not None:
+            self.sock.setsockopt(zmq.IDENTITY, identity)
+        self.sock.connect(endpoint)
+        self.router_mode = identity == b"router"
+
+    def send(self, frames: list[bytes]) -> None:
+        self.sock.send_multipart(frames)
+
+    def recv(self, timeout_ms: int) -> list[bytes] | None:
+        if not self.sock.poll(timeout_ms):
+            return None
+        return self.sock.recv_multipart()
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def reply_code(frames: list[bytes], router_mode: bool) -> tuple[int, int, int]:
+    """(op, code, request_id) of a reply; router-mode replies start with the client id frame."""
+    routing = frames[1] if router_mode else frames[0]
+    _v, op, code, _p, rid, _t = P.unpack_routing(routing)
+    return op, code, rid

@@ -1,0 +1,261 @@
+"""Storage faults. A full disk: durable acks fail with STORAGE_UNAVAILABLE, reads go on, the
+broker heals itself once there is room. A journal segment of the wrong size at boot.
+
+The journal directory is a small tmpfs of its own (logs, indexes and the catalog stay on the
+ordinary disk, so the only thing that runs out of space is the journal), filled with a ballast
+file until the next journal segment cannot be pre-written. The producer here retries a batch
+that failed with the same bytes (same producer id and sequence) until it is acknowledged, so a
+partition's acknowledged records are always its records ``0 .. acked - 1`` and the workload
+audit applies. At the end every process is killed and the shared memory unlinked, as a host
+crash would: what was acknowledged durable must still be there, read from the journal alone.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client import Admin, Consumer, Producer
+from client import protocol as P
+from client import settings as settings_mod
+from client.connection import Connection
+from client.errors import StorageUnavailableError
+from client.records import BatchError, encode_batch, encode_batch_buffers, validate_frame
+from persistence.flusher import Flusher
+from persistence.index import ENTRY_DTYPE, index_path
+from persistence.journal import JOURNAL_DIR, segment_name
+from shm import region
+from tests.unit.storage import make_storage
+
+from .procs import hard_kill_all
+from .workload import Produced, audit, records
+
+SEGMENT_BYTES = 1 << 20
+JOURNAL_TMPFS_BYTES = 6 << 20
+PRODUCER_ID = 0x5EED_F011
+BATCH_RECORDS = 1500  # 54 KB frames: a segment's tail rarely fits one
+
+
+def _mount_tmpfs(path, size_bytes: int) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0700", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        if "permission denied" in r.stderr.lower() or "operation not permitted" in r.stderr.lower():
+            pytest.skip(f"cannot mount a tmpfs here (EPERM): {r.stderr.strip()}")
+        raise RuntimeError(f"mount failed: {r.stderr}")
+
+
+def _umount(path) -> None:
+    if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+class DurableSender:
+    """Per partition, one durable batch at a time; a failed batch is resent as is until acked."""
+
+    def __init__(self, bootstrap: str, partitions: int):
+        self.conn = Connection(bootstrap)
+        self.admin = Admin(bootstrap)
+        self.partitions = partitions
+        self.acked = dict.fromkeys(range(partitions), 0)
+        self.frames: dict[int, tuple[bytes, int]] = {}  # partition -> (batch frame, records) not acked yet
+        self.codes: dict[str, int] = {}
+        self.ack_beyond_durable = []  # (partition, end offset, durable watermark) seen right after an ack
+
+    def _frame(self, p: int) -> tuple[bytes, int]:
+        if p not in self.frames:
+            values, offsets = records(p, self.acked[p], BATCH_RECORDS)
+            self.frames[p] = (encode_batch_buffers(values, offsets, producer_id=PRODUCER_ID + p, base_sequence=self.acked[p]),
+                              BATCH_RECORDS)
+        return self.frames[p]
+
+    def round(self, timeout_ms: int = 3000) -> int:
+        """Send one batch to every partition and wait for the replies; return how many were acked."""
+        header = P.encode(P.ProduceRequest(acks=P.Acks.DURABLE))
+        rids = {self.conn.send(P.Op.PRODUCE, "full", p, header, self._frame(p)[0]): p for p in range(self.partitions)}
+        ok = 0
+        deadline = time.monotonic() + timeout_ms / 1000
+        while rids and time.monotonic() < deadline:
+            r = self.conn.recv(max(1, int((deadline - time.monotonic()) * 1000)))
+            if r is None or r.request_id not in rids:
+                continue
+            p = rids.pop(r.request_id)
+            name = P.ErrorCode(r.code).name
+            self.codes[name] = self.codes.get(name, 0) + 1
+            if r.code == P.ErrorCode.OK:
+                rep = P.decoder(P.ProduceReply).decode(r.header)
+                assert rep.base_offset == self.acked[p], (p, rep.base_offset, self.acked[p])
+                self.acked[p] += self.frames.pop(p)[1]
+                durable = self.admin.list_offsets("full")[p].durable_watermark
+                if durable < self.acked[p]:
+                    self.ack_beyond_durable.append((p, self.acked[p], durable))
+                ok += 1
+        self.codes["no reply"] = self.codes.get("no reply", 0) + len(rids)
+        return ok
+
+    def close(self) -> None:
+        self.conn.close()
+        self.admin.close()
+
+
+def test_full_disk_fails_durable_acks_keeps_reads_and_recovers_without_losing_acked_data(make_broker):
+    b = make_broker(workers=2, start=False, segment_bytes=SEGMENT_BYTES, max_batch_bytes=128 * 1024,
+                    ring_bytes=2 << 20)
+    journal = b.data_dir / "journal"
+    _mount_tmpfs(journal, JOURNAL_TMPFS_BYTES)
+    ballast = journal / "ballast"
+    sender = None
+    try:
+        b.start()
+        Admin(b.bootstrap).create_topic("full", 2)
+        Admin(b.bootstrap).create_topic("full-client", 1)
+        sender = DurableSender(b.bootstrap, 2)
+        for _ in range(3):
+            assert sender.round() == 2
+        st = os.statvfs(journal)
+        free = st.f_bavail * st.f_frsize
+        with open(ballast, "wb") as f:
+            f.write(b"\xba" * (free - SEGMENT_BYTES // 2))
+        acked_at_full = dict(sender.acked)
+        flusher_pid = b.pids()["flusher"]
+
+        # Fill what is left of the pre-written segments until a segment cannot be pre-written.
+        deadline = time.monotonic() + 60
+        while not sender.codes.get("STORAGE_UNAVAILABLE") and time.monotonic() < deadline:
+            sender.round()
+        failed_after = {p: sender.acked[p] - acked_at_full[p] for p in sender.acked}
+        assert sender.codes.get("STORAGE_UNAVAILABLE"), f"the disk never filled up: {sender.codes}"
+
+        # The ordinary producer raises StorageUnavailableError for a durable batch.
+        with Producer(b.bootstrap, acks="durable", request_timeout_ms=3000, delivery_timeout_ms=20_000) as prod:
+            prod.send_batch("full-client", [bytes(100)] * 900, partition=0)
+            with pytest.raises(StorageUnavailableError):
+                prod.flush(30_000)
+            prod.conn.close()
+
+        # Reads are still served, from disk and from the rings, while writes fail.
+        with Consumer(b.bootstrap, max_wait_ms=100) as cons:
+            hw = {po.partition: po.high_watermark for po in cons.list_offsets("full")}
+            cons.assign("full", start="earliest")
+            read = dict.fromkeys(hw, 0)
+            until = time.monotonic() + 20
+            while any(read[p] < hw[p] for p in hw) and time.monotonic() < until:
+                for _t, p, cols in cons.poll_columns(300):
+                    read[p] += len(cols)
+        assert all(read[p] >= sender.acked[p] for p in hw), (read, sender.acked)
+
+        # Still full for a while: the flusher is restarted by supervisord and fails again.
+        still_full_rounds = 0
+        until = time.monotonic() + 3
+        while time.monotonic() < until:
+            sender.round(1000)
+            still_full_rounds += 1
+        failures_while_full = sender.codes.get("STORAGE_UNAVAILABLE", 0)
+
+        ballast.unlink()
+        freed_at = time.monotonic()
+        while sender.round() < 2:
+            assert time.monotonic() - freed_at < 30, f"no durable ack 30 s after freeing space: {sender.codes}"
+        healed_s = time.monotonic() - freed_at
+        assert b.pids()["flusher"] != flusher_pid, "the flusher should have exited after the latched error"
+        log = (b.data_dir / "logs" / "supervisord.log").read_text()
+        flusher_exits = log.count("exited: flusher (exit status 3")  # EXIT_STORAGE
+        for _ in range(5):
+            assert sender.round() == 2
+        produced = Produced(acked=dict(sender.acked))
+        live = audit(b.bootstrap, "full", produced, isolation="durable")
+        assert live.ok and sum(live.lost.values()) == 0, live
+
+        codes, beyond = dict(sender.codes), list(sender.ack_beyond_durable)
+        assert not beyond, f"acked durable beyond the durable watermark: {beyond[:3]}"
+        # Host crash: every process killed, shared memory gone; the journal alone must hold it all.
+        sender.close()
+        sender = None
+        hard_kill_all(b)
+        b.cleanup_shm()
+        b.start()
+        after_crash = audit(b.bootstrap, "full", produced, isolation="durable")
+        print(f"\nfull disk: journal tmpfs {JOURNAL_TMPFS_BYTES >> 20} MiB, segments {SEGMENT_BYTES >> 20} MiB; "
+              f"{sum(failed_after.values())} records acked after the ballast before the first STORAGE_UNAVAILABLE; "
+              f"reply codes {codes}; STORAGE_UNAVAILABLE {failures_while_full}x over "
+              f"{still_full_rounds} rounds while full, flusher exited with EXIT_STORAGE and was restarted {flusher_exits}x; reads while full {sum(read.values())} records; durable produce "
+              f"healed {healed_s:.1f} s after the ballast went; acked {sum(produced.acked.values())}, found "
+              f"{sum(live.found.values())} live / {sum(after_crash.found.values())} after a simulated host crash, "
+              f"lost {sum(after_crash.lost.values())}, duplicated {sum(after_crash.duplicated.values())}")
+        assert after_crash.ok and sum(after_crash.lost.values()) == 0, after_crash
+        assert flusher_exits >= 1
+    finally:
+        if sender is not None:
+            sender.close()
+        if ballast.exists():
+            ballast.unlink()
+        b.stop()
+        _umount(journal)
+
+
+# --- a journal segment of the wrong size at boot -------------------------------------------------
+
+SMALL_SEGMENT = 256 * 1024
+
+
+def _boot_flusher(data_dir, segment_bytes: int) -> None:
+    """Boot a real Flusher on ``data_dir`` (recovery, journal open) and close it again."""
+    s = settings_mod.from_env(env={}, data_dir=str(data_dir), segment_bytes=segment_bytes,
+                              max_batch_bytes=32 * 1024, write_buffer_bytes=128 * 1024)
+    for name in region.list_instance_regions(s.instance):
+        region.unlink(name)
+    fl = Flusher(s)
+    try:
+        fl.boot()
+    finally:
+        fl.journal.close()
+        if fl.table is not None:
+            fl.table.close()
+        for name in region.list_instance_regions(s.instance):
+            region.unlink(name)
+
+
+def _batches(data_dir) -> list[tuple[str, int]]:
+    """(segment file name, byte in it) of every indexed batch, with the segment size it was written with."""
+    ent = np.fromfile(index_path(data_dir, 0), dtype=ENTRY_DTYPE)
+    pos = np.unique(ent["position"][ent["rel"] == 0]).tolist()
+    return [(segment_name(p - p % SMALL_SEGMENT), p % SMALL_SEGMENT) for p in pos]
+
+
+@pytest.mark.parametrize("case", ["segment cut short", "segment_bytes changed"])
+def test_flusher_boot_never_destroys_journal_batches_that_recovery_indexed(tmp_path, case):
+    st_ = make_storage(tmp_path / "data", partitions=1, ring_bytes=256 * 1024, segment_bytes=SMALL_SEGMENT,
+                       write_buffer_bytes=128 * 1024, max_batch_bytes=32 * 1024)
+    for i in range(60):
+        assert st_.actors[0].append(encode_batch([bytes([i]) * 1000] * 10), 32 * 1024)[0] == 0
+        st_.flusher.do_work()
+    st_.flusher.sync()
+    st_.flusher.checkpoint()
+    data = Path(st_.s.data_dir)
+    st_.close()
+    batches = _batches(data)
+    last_seg = data / JOURNAL_DIR / batches[-1][0]
+    if case == "segment cut short":  # cut after the last batch: no data removed
+        os.truncate(last_seg, batches[-1][1] + 16 * 1024)
+        segment_bytes = SMALL_SEGMENT
+    else:
+        segment_bytes = 2 * SMALL_SEGMENT
+    try:
+        _boot_flusher(data, segment_bytes)
+    except Exception as exc:  # refusing to boot, with a reason, keeps the data
+        print(f"\n{case}: boot refused: {exc}")
+    bad = []
+    for name, at in batches:
+        raw = (data / JOURNAL_DIR / name).read_bytes()
+        try:
+            validate_frame(raw, at, len(raw), 32 * 1024)
+        except BatchError:
+            bad.append((name, at))
+    print(f"\n{case}: {len(bad)} of {len(batches)} indexed batches unreadable after the flusher booted")
+    assert not bad, bad[:3]
