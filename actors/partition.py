@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from client.protocol import ErrorCode
-from client.records import BatchError, align8, now_us, validate_frame
+from client.records import BatchError, now_us, validate_frame
 from shm import layout
 from shm.layout import COL
 from shm.ring import ControlTable, Ring, RingFull, RingWriter
@@ -288,6 +288,3 @@ class PartitionActor:
         self.lock.close()
         self.ring.close()
 
-
-def frame_size(n: int) -> int:
-    return align8(n)

@@ -11,6 +11,9 @@ What recovery does, every time the flusher starts:
 2. Scan the journal from there: each batch is self-describing (length, CRC, topic id, partition,
    base offset, count), so the scan needs nothing else. The scan stops at the first zero length
    at the end of the data or the first batch that fails its checks (the torn tail).
+   Base offset, partition and topic id are stamped outside the CRC, so a batch must also name a
+   partition of the catalog and continue its offsets exactly; the first that does not is cut
+   like a torn tail.
 3. Truncate the torn tail: zero its bytes in place (segments are pre-written, their size never
    changes) and drop later segments, logging how many non-zero bytes were cut.
 4. Rewrite the index entries of every scanned batch and truncate each index to its journal's

@@ -255,6 +255,3 @@ class RingWriter:
             row[COL["ring_start_offset"]] = start
             row[COL["desc_tail"]] = floor
 
-
-def frame_size(length: int) -> int:
-    return align8(length)
