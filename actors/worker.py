@@ -57,6 +57,7 @@ class Worker:
         self.journal = JournalReader(s.data_dir, s.segment_bytes)
         self.actors: dict[int, PartitionActor] = {}  # slot -> actor
         self.sock: zmq.Socket | None = None
+        self.port: P.ReplyPort | None = None
         self.kick: zmq.Socket | None = None
         self.appended: set[int] = set()  # slots appended to in this loop turn
         self.durable_added = False
@@ -74,12 +75,12 @@ class Worker:
         try:
             version, op, _code, partition, request_id, topic = P.unpack_routing(rest[0] if rest else b"")
         except struct.error:
-            P.send_frames(self.sock, [*ident, P.pack_routing(0, -1, 0, b"", P.ErrorCode.MALFORMED), P.encode(
+            self.port.send([*ident, P.pack_routing(0, -1, 0, b"", P.ErrorCode.MALFORMED), P.encode(
                 P.ErrorReply(f"first frame must be a {P.ROUTING_BYTES}-byte routing header"))])
             return
         def reply(code, body=None, extra=()):
             head = P.encode(body) if body is not None else P.EMPTY_MAP
-            P.send_frames(self.sock, [*ident, P.pack_routing(op, partition, request_id, topic, code), head, *extra])
+            self.port.send([*ident, P.pack_routing(op, partition, request_id, topic, code), head, *extra])
         try:
             if version != P.PROTOCOL_VERSION:
                 return reply(P.ErrorCode.UNSUPPORTED_VERSION, P.ErrorReply(f"protocol version {version} unsupported; this broker speaks {P.PROTOCOL_VERSION}"))
@@ -201,10 +202,10 @@ class Worker:
         if res.code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
             body = P.ErrorReply(f"offset {req.offset} out of range [{int(row[COL['log_start_offset']])}, {actor.watermark(req.isolation)}]",
                                 log_start_offset=int(row[COL["log_start_offset"]]), high_watermark=actor.watermark(req.isolation))
-            P.send_frames(self.sock, [*ident, head, P.encode(body)])
+            self.port.send([*ident, head, P.encode(body)])
             return True
         if res.code != P.ErrorCode.OK:
-            P.send_frames(self.sock, [*ident, head, P.encode(P.ErrorReply("fetch failed"))])
+            self.port.send([*ident, head, P.encode(P.ErrorReply("fetch failed"))])
             return True
         info = P.FetchReply(
             high_watermark=int(row[COL["next_offset"]]),
@@ -214,7 +215,7 @@ class Worker:
             source=res.source,
         )
         body = res.parts[0] if len(res.parts) == 1 else b"".join(res.parts)
-        P.send_frames(self.sock, [*ident, head, P.encode(info), body])
+        self.port.send([*ident, head, P.encode(info), body])
         return True
 
     def list_offsets(self, topic: bytes, reply) -> None:
@@ -249,7 +250,7 @@ class Worker:
                 if end > durable:  # storage failed before this batch was synced
                     frames = frames[:-2] + [_with_code(frames[-2], P.ErrorCode.STORAGE_UNAVAILABLE),
                                             P.encode(P.ErrorReply("journal cannot be written; batch not durable"))]
-                P.send_frames(self.sock, frames)
+                self.port.send(frames)
             if not q:
                 done.append(slot)
         self.waiting_slots.difference_update(done)
@@ -347,8 +348,7 @@ def main(argv=None) -> int:
     worker = Worker(s, args.id, table)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-    sock.setsockopt(zmq.SNDHWM, 100_000)
+    P.ReplyPort.configure(sock)
     sock.setsockopt(zmq.RCVHWM, 100_000)
     sock.bind(s.worker_endpoint(args.id))
     kick = ctx.socket(zmq.PUSH)
@@ -358,6 +358,7 @@ def main(argv=None) -> int:
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(s.flusher_pub_endpoint())
     worker.sock = sock
+    worker.port = P.ReplyPort(sock, log, f"worker {args.id}")
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     poller.register(sub, zmq.POLLIN)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from time import monotonic as _monotonic
 
 import msgspec
 import zmq
@@ -198,6 +199,51 @@ def send_frames(sock, frames, flags: int = 0) -> None:
     last = len(frames) - 1
     for i, f in enumerate(frames):
         _send(sock, f, (SNDMORE | flags) if i < last else flags, len(f) < COPY_THRESHOLD)
+
+
+PEER_SNDHWM = 64  # unread replies queued per ROUTER peer before further ones are dropped
+
+
+class ReplyPort:
+    """Replies out of a ROUTER socket that never block the loop and never queue without bound.
+
+    The socket is set up with ROUTER_MANDATORY and a per-peer send HWM of ``PEER_SNDHWM``
+    messages (``configure``). A peer's queue only grows once its own receive queue and the
+    kernel buffers are full, i.e. when it does not read: a client that pipelines requests and
+    never reads its replies would otherwise make the broker hold every reply (400 unread 1 MiB
+    fetches = 400 MiB). A reply to such a peer, or to one that is gone, is dropped and counted,
+    with a log line at most every 5 s. A dropped reply is never a lost message: produce is
+    idempotent and a fetch is a read; the client times out and retries.
+    """
+
+    def __init__(self, sock, log, what: str):
+        self.sock, self.log, self.what = sock, log, what
+        self.dropped = 0
+        self._logged_at = float("-inf")
+        self._logged_count = 0
+
+    @staticmethod
+    def configure(sock) -> None:
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.SNDHWM, PEER_SNDHWM)
+
+    def send(self, frames) -> bool:
+        try:
+            send_frames(self.sock, frames, NOBLOCK)  # MANDATORY fails on the first frame or not at all
+            return True
+        except zmq.Again:
+            why = "not reading"
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            why = "gone"
+        self.dropped += 1
+        now = _monotonic()
+        if now - self._logged_at >= 5.0:
+            self.log.warning("%s: dropped %d replies to peers that are gone or not reading (latest: peer %r, %s)",
+                             self.what, self.dropped - self._logged_count, bytes(frames[0])[:16], why)
+            self._logged_at, self._logged_count = now, self.dropped
+        return False
 
 
 def recv_frames(sock, flags: int = 0) -> list:

@@ -70,6 +70,7 @@ class Router:
         self.pending: dict[int, tuple[bytes, bytes, str]] = {}  # internal request id -> (client id, routing, topic)
         self._internal_id = 0
         self.front: zmq.Socket | None = None
+        self.port: P.ReplyPort | None = None
         self.dealers: list[zmq.Socket] = []
         now = time.monotonic()
         self.last_pong: dict[int, float] = {w: now for w in range(s.workers)}  # worker -> last heartbeat
@@ -102,12 +103,12 @@ class Router:
         try:
             version, op, _c, partition, request_id, topic = P.unpack_routing(routing)
         except struct.error:
-            P.send_frames(self.front, [ident, P.pack_routing(0, -1, 0, b"", P.ErrorCode.MALFORMED), P.encode(
+            self.port.send([ident, P.pack_routing(0, -1, 0, b"", P.ErrorCode.MALFORMED), P.encode(
                 P.ErrorReply(f"first frame must be a {P.ROUTING_BYTES}-byte routing header, got {len(routing)} bytes"))])
             return
 
         def reply(code, body=None):
-            P.send_frames(self.front, [ident, P.pack_routing(op, partition, request_id, topic, code),
+            self.port.send([ident, P.pack_routing(op, partition, request_id, topic, code),
                                        P.encode(body) if body is not None else P.EMPTY_MAP])
 
         if version != P.PROTOCOL_VERSION:
@@ -192,7 +193,7 @@ class Router:
     def on_worker_reply(self, frames: list[bytes]) -> None:
         """A reply from a worker: to its client as it is, or to the router itself (empty id)."""
         if frames[0]:
-            P.send_frames(self.front, frames)
+            self.port.send(frames)
         elif len(frames) >= 3:
             self.on_internal_reply(frames)
 
@@ -210,7 +211,7 @@ class Router:
         _v, client_op, _c, partition, request_id, _t = P.unpack_routing(routing)
         head = P.pack_routing(client_op, partition, request_id, topic, code)
         if code != P.ErrorCode.OK or client_op == P.Op.LIST_OFFSETS:
-            P.send_frames(self.front, [ident, head, frames[2]])
+            self.port.send([ident, head, frames[2]])
             return
         offsets = _list_offsets_dec.decode(frames[2])
         t = self.catalog.get(name)
@@ -218,7 +219,7 @@ class Router:
         for po in offsets.partitions:
             w, _ = self.routes[(topic, po.partition)]
             parts.append(P.PartitionInfo(po.partition, w, self.s.worker_endpoint(w), po.log_start_offset, po.high_watermark, po.durable_watermark))
-        P.send_frames(self.front, [ident, head, P.encode(P.DescribeReply(_info(t), parts))])
+        self.port.send([ident, head, P.encode(P.DescribeReply(_info(t), parts))])
 
     def status(self) -> dict:
         now = time.monotonic()
@@ -315,10 +316,11 @@ def main() -> int:
     router = Router(s)
     ctx = zmq.Context()
     front = ctx.socket(zmq.ROUTER)
-    front.setsockopt(zmq.SNDHWM, 100_000)
+    P.ReplyPort.configure(front)
     front.setsockopt(zmq.RCVHWM, 100_000)
     front.bind(s.bind)
     router.front = front
+    router.port = P.ReplyPort(front, log, "router")
     poller = zmq.Poller()
     poller.register(front, zmq.POLLIN)
     for w in range(s.workers):
