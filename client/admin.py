@@ -35,6 +35,12 @@ class Admin:
         r = self.conn.request(P.Op.STATUS, timeout_ms=self.timeout_ms)
         return msgspec.msgpack.decode(r.header)
 
+    def set_workers(self, workers: int) -> dict:
+        """Tell the router to place partitions on workers 0..workers-1 (it does not start or stop
+        processes: ``tailrace workers set`` does both). Returns the router's status."""
+        r = self.conn.request(P.Op.SET_WORKERS, "", -1, P.encode(P.SetWorkersRequest(workers)), timeout_ms=self.timeout_ms)
+        return msgspec.msgpack.decode(r.header)
+
     def close(self) -> None:
         self.conn.close()
 

@@ -56,6 +56,23 @@ def write_atomic(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+WORKERS_FILE = "workers.json"
+
+
+def stored_worker_count(data_dir) -> int | None:
+    """The worker count last set (``tailrace serve --workers`` or ``tailrace workers set``)."""
+    try:
+        n = int(msgspec.json.decode((Path(data_dir) / WORKERS_FILE).read_bytes())["workers"])
+    except (FileNotFoundError, msgspec.DecodeError, KeyError, TypeError, ValueError):
+        return None
+    return n if n >= 1 else None
+
+
+def store_worker_count(data_dir, n: int) -> None:
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    write_atomic(Path(data_dir) / WORKERS_FILE, msgspec.json.encode({"workers": n}))
+
+
 def valid_topic_name(name: str) -> bool:
     b = name.encode("utf-8", "replace")
     return 0 < len(b) <= MAX_TOPIC_NAME_BYTES and all(c.isalnum() or c in "._-" for c in name)

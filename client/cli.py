@@ -9,7 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+from . import scaling
 from . import settings as settings_mod
+from .catalog import store_worker_count, stored_worker_count
 from .admin import Admin
 from .connection import DEFAULT_BOOTSTRAP
 from .consumer import Consumer
@@ -39,11 +41,17 @@ def serve_env(s: settings_mod.Settings) -> dict[str, str]:
     return env
 
 
+def _data_dir(args) -> str:
+    return os.path.realpath(args.data_dir) if args.data_dir else os.path.realpath(os.environ.get("TAILRACE_DATA_DIR", "./data"))
+
+
 def cmd_serve(args) -> int:
+    data_dir = _data_dir(args)
     s = settings_mod.from_env(
-        data_dir=os.path.realpath(args.data_dir) if args.data_dir else os.path.realpath(os.environ.get("TAILRACE_DATA_DIR", "./data")),
+        data_dir=data_dir,
         bind=args.bind,
-        workers=args.workers,
+        # --workers, else the count `tailrace workers set` left, else TAILRACE_WORKERS / cores
+        workers=args.workers or stored_worker_count(data_dir),
         ring_bytes=args.ring_bytes,
         shm_budget_bytes=args.shm_budget_bytes,
         segment_bytes=args.segment_bytes,
@@ -57,6 +65,8 @@ def cmd_serve(args) -> int:
     for d in (s.data_dir, env["TAILRACE_LOG_DIR"]):
         os.makedirs(d, exist_ok=True)
     os.makedirs(env["TAILRACE_RUN_DIR"], mode=0o700, exist_ok=True)
+    store_worker_count(s.data_dir, s.workers)
+    scaling.clear_extra_workers(env["TAILRACE_RUN_DIR"])
     conf = str(find_supervisord_conf())
     argv = [sys.executable, "-m", "supervisor.supervisord", "-n", "-c", conf]
     sys.stdout.flush()
@@ -110,6 +120,21 @@ def cmd_consume(args) -> int:
                 seen += len(records)
             elif args.timeout_ms is not None and (time.monotonic() - last_new) * 1000 >= args.timeout_ms:
                 break
+    return EXIT_OK
+
+
+def cmd_workers(args) -> int:
+    s = settings_mod.from_env(data_dir=_data_dir(args))
+    if args.workers_cmd == "set":
+        status = scaling.set_workers(s, args.bootstrap, args.count, args.timeout_s,
+                                     log=lambda m: print(m, file=sys.stderr))
+    else:
+        with Admin(args.bootstrap) as admin:
+            status = admin.status()
+    print(f"{status['worker_count']} workers")
+    print("worker\tpartitions\talive\tendpoint")
+    for w in status["workers"]:
+        print(f"{w['worker']}\t{w['partitions']}\t{'yes' if w['alive'] else 'no'}\t{w['endpoint']}")
     return EXIT_OK
 
 
@@ -174,6 +199,17 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--timeout-ms", type=int, default=None, help="stop after T ms with no new message")
     co.add_argument("--isolation", default="memory", choices=["memory", "durable"])
     co.set_defaults(func=cmd_consume)
+
+    wk = sub.add_parser("workers", help="show or change the number of workers of a running broker")
+    wsub = wk.add_subparsers(dest="workers_cmd", required=True)
+    ws = wsub.add_parser("set", help="grow or shrink to N workers (starts/stops them through supervisord)")
+    ws.add_argument("count", type=int)
+    ws.add_argument("--timeout-s", type=float, default=120.0, help="give up if partitions have not settled by then")
+    wl = wsub.add_parser("list", help="workers, their partitions and whether they answer")
+    for p in (ws, wl):
+        with_bootstrap(p)
+        p.add_argument("--data-dir", default=None, help="the broker's data directory (default ./data)")
+    wk.set_defaults(func=cmd_workers)
 
     st = with_bootstrap(sub.add_parser("status", help="broker status as JSON"))
     st.set_defaults(func=cmd_status)

@@ -48,9 +48,14 @@ class Op(enum.IntEnum):
     LIST_TOPICS = 11
     DESCRIBE_TOPIC = 12
     STATUS = 13
+    SET_WORKERS = 14  # change the number of workers the router places partitions on
     # internal: router <-> worker only
     PING = 30
     ADOPT = 31  # take this partition now (assign frame carries slot and epoch)
+
+
+class SetWorkersRequest(msgspec.Struct):
+    workers: int
 
 
 class Acks(enum.IntEnum):

@@ -93,6 +93,39 @@ class StickyScheduler:
             self.alive.add(worker)
             self._push(worker)
 
+    # --- growing and shrinking the worker set ---------------------------------------------
+    def add_worker(self, worker: int, alive: bool = False) -> None:
+        """A new worker id; it takes partitions once ``mark_alive`` (its first heartbeat)."""
+        self.load.setdefault(worker, 0)
+        if alive:
+            self.mark_alive(worker)
+
+    def forget(self, worker: int) -> None:
+        """Drop a retired worker that owns nothing any more."""
+        if self.partitions_of(worker):
+            raise ValueError(f"worker {worker} still owns {self.partitions_of(worker)}")
+        self.alive.discard(worker)
+        self.load.pop(worker, None)
+
+    def least_loaded(self) -> int:
+        return self._least_loaded()
+
+    def spread(self, busy: set[int] = frozenset()) -> tuple[list[tuple[int, int, int]], bool]:
+        """Even out partition counts over live workers, moving only partitions not in ``busy``.
+
+        Returns ([(slot, from, to)], balanced): moves until no live worker carries more than one
+        partition's weight above another, or until the most loaded one has nothing idle left."""
+        moves = []
+        while len(self.alive) > 1:
+            src = max(self.alive, key=lambda w: (self.load[w], -w))
+            dst = min(self.alive, key=lambda w: (self.load[w], w))
+            idle = [slot for slot in self.partitions_of(src) if slot not in busy]
+            if not idle or self.load[src] - self.load[dst] <= self.weight.get(idle[-1], 1):
+                return moves, self.load[src] - self.load[dst] <= 1
+            self.move(idle[-1], dst)
+            moves.append((idle[-1], src, dst))
+        return moves, True
+
     def evacuate(self, worker: int) -> list[tuple[int, int]]:
         """Place every partition of a worker declared dead on live workers: [(slot, new owner)]."""
         moved = []

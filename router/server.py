@@ -28,7 +28,7 @@ import zmq
 
 from client import protocol as P
 from client import settings as settings_mod
-from client.catalog import Catalog, valid_topic_name, write_atomic
+from client.catalog import Catalog, store_worker_count, stored_worker_count, valid_topic_name, write_atomic
 from shm.layout import ring_region_bytes
 
 from .scheduler import Rebalancer, StickyScheduler
@@ -41,9 +41,12 @@ DRAIN_MAX = 512
 MAX_PARTITIONS = 1024
 MIN_RING_BYTES = 64 * 1024
 HEARTBEAT_S = 0.5
+MAX_WORKERS = 256
+RETIRE_FORCE_S = 5.0  # a retiring worker's partitions with requests in flight move anyway after this
 EXIT_OK = 0
 
 _create_dec = P.decoder(P.CreateTopicRequest)
+_set_workers_dec = P.decoder(P.SetWorkersRequest)
 _list_offsets_dec = P.decoder(P.ListOffsetsReply)
 
 
@@ -63,7 +66,8 @@ class Router:
     def __init__(self, s: settings_mod.Settings):
         self.s = s
         self.catalog = Catalog(s.data_dir)
-        self.scheduler = StickyScheduler(s.workers)
+        self.count = stored_worker_count(s.data_dir) or s.workers  # workers 0..count-1 take partitions
+        self.scheduler = StickyScheduler(self.count)
         self.generation = next_generation(s.data_dir)
         self._epoch_counter = 0
         self.routes: dict[tuple[bytes, int], tuple[int, bytes]] = {}  # (topic, partition) -> (worker, assign frame)
@@ -71,9 +75,13 @@ class Router:
         self._internal_id = 0
         self.front: zmq.Socket | None = None
         self.port: P.ReplyPort | None = None
-        self.dealers: list[zmq.Socket] = []
+        self.ctx: zmq.Context | None = None
+        self.poller: zmq.Poller | None = None
+        self.dealers: dict[int, zmq.Socket] = {}  # worker -> DEALER connected to its endpoint
         now = time.monotonic()
-        self.last_pong: dict[int, float] = {w: now for w in range(s.workers)}  # worker -> last heartbeat
+        self.last_pong: dict[int, float] = {w: now for w in range(self.count)}  # worker -> last heartbeat
+        self.retiring: dict[int, float] = {}  # worker -> when it was told to retire (workers >= count)
+        self.spread_pending = False  # new workers joined: even out partitions once they answer
         self.down_since: dict[int, float] = {}  # worker -> when it stopped answering
         self.seen: set[int] = set()  # workers that answered at least one heartbeat
         self.rebalancer = Rebalancer()
@@ -136,6 +144,14 @@ class Router:
             elif op == P.Op.DESCRIBE_TOPIC or op == P.Op.LIST_OFFSETS:
                 self.ask_offsets(ident, routing, topic, op, reply)
             elif op == P.Op.STATUS:
+                reply(P.ErrorCode.OK, self.status())
+            elif op == P.Op.SET_WORKERS:
+                if len(frames) < 3:
+                    return reply(P.ErrorCode.MALFORMED, P.ErrorReply("set workers needs a header frame"))
+                n = _set_workers_dec.decode(frames[2]).workers
+                if not 1 <= n <= MAX_WORKERS:
+                    return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"workers={n} must be 1..{MAX_WORKERS}"))
+                self.set_workers(n)
                 reply(P.ErrorCode.OK, self.status())
             else:
                 reply(P.ErrorCode.UNKNOWN_OP, P.ErrorReply(f"unknown op {op}"))
@@ -233,23 +249,109 @@ class Router:
             "moves": [list(m) for m in self.moves],
             "topics": len(self.catalog.data.topics),
             "partitions": sum(t.partitions for t in self.catalog.data.topics.values()),
+            "worker_count": self.count,
+            "spread_pending": self.spread_pending,
             "workers": [
                 {"worker": w, "endpoint": self.s.worker_endpoint(w), "partitions": len(self.scheduler.partitions_of(w)),
-                 "alive": w in self.seen and w not in self.down_since
-                 and now - self.last_pong[w] < self.s.worker_timeout_ms / 1000}
-                for w in range(self.s.workers)
+                 "alive": self._answering(w, now), "retiring": w in self.retiring}
+                for w in sorted(set(range(self.count)) | set(self.retiring))
             ],
         }
+
+    def _answering(self, w: int, now: float) -> bool:
+        return w in self.seen and w not in self.down_since and now - self.last_pong.get(w, 0.0) < self.s.worker_timeout_ms / 1000
+
+    # --- growing and shrinking the worker set ------------------------------------------------
+    def set_workers(self, n: int) -> None:
+        """Place partitions on workers 0..n-1 from now on (``tailrace workers set``).
+
+        Growing: new workers get a DEALER now and partitions once they answer a heartbeat (then
+        ``spread`` evens partition counts out, moving only idle partitions). Shrinking: workers
+        n.. take no new partitions and are drained by ``drain_retiring``; the command stops
+        their processes once the status shows them empty. Every move is a new owner epoch plus
+        ADOPT, as for rebalancing: the old owner is fenced before the new one appends."""
+        now = time.monotonic()
+        for w in range(n):
+            if w in self.retiring:  # retiring, wanted again
+                del self.retiring[w]
+                if w in self.seen and w not in self.down_since:
+                    self.scheduler.mark_alive(w)
+            elif w >= self.count:
+                self._connect(w)
+                self.scheduler.add_worker(w)
+                self.last_pong[w] = now
+                self.seen.discard(w)
+                self.down_since.pop(w, None)
+        for w in range(n, self.count):
+            self.retiring[w] = now
+            self.scheduler.mark_dead(w)  # takes nothing new; its partitions move in drain_retiring
+        if n > self.count:
+            self.spread_pending = True
+        log.info("worker count %d -> %d (retiring %s)", self.count, n, sorted(self.retiring))
+        self.count = n
+        store_worker_count(self.s.data_dir, n)
+        self.drain_retiring()
+
+    def _connect(self, w: int) -> None:
+        if w in self.dealers or self.ctx is None:
+            return
+        d = self.ctx.socket(zmq.DEALER)
+        d.setsockopt(zmq.IDENTITY, ROUTER_IDENTITY)
+        d.setsockopt(zmq.SNDHWM, 100_000)
+        d.setsockopt(zmq.RCVHWM, 100_000)
+        d.setsockopt(zmq.LINGER, 0)
+        d.connect(self.s.worker_endpoint(w))
+        self.dealers[w] = d
+        self.poller.register(d, zmq.POLLIN)
+
+    def _disconnect(self, w: int) -> None:
+        d = self.dealers.pop(w, None)
+        if d is not None:
+            self.poller.unregister(d)
+            d.close(0)
+
+    def drain_retiring(self) -> None:
+        now = time.monotonic()
+        for w, since in list(self.retiring.items()):
+            force = now - since > RETIRE_FORCE_S
+            for slot in self.scheduler.partitions_of(w):
+                if slot in self.busy and not force:
+                    continue
+                to = self.scheduler.least_loaded()
+                self.scheduler.move(slot, to)
+                self._moved(slot, w, to)
+            if not self.scheduler.partitions_of(w):
+                del self.retiring[w]
+                self.scheduler.forget(w)
+                self._disconnect(w)
+                self.last_pong.pop(w, None)
+                self.down_since.pop(w, None)
+                self.seen.discard(w)
+                log.info("worker %d retired: it owns no partitions", w)
+
+    def maybe_spread(self) -> None:
+        if not self.spread_pending:
+            return
+        now = time.monotonic()
+        if not all(self._answering(w, now) for w in range(self.count)):
+            return  # wait for every new worker's first heartbeat
+        moves, balanced = self.scheduler.spread(self.busy)
+        for slot, src, dst in moves:
+            self._moved(slot, src, dst)
+        self.spread_pending = not balanced
 
     # --- placement over time: heartbeats, dead workers, rebalancing -------------------------
     def on_heartbeat(self, info: dict) -> None:
         w, now = info["worker"], time.monotonic()
+        if w >= self.count and w not in self.retiring:
+            return  # a worker outside the set (retired, or left over): it gets nothing
         dt = max(now - self.last_pong.get(w, now - 1.0), 0.1)
         self.last_pong[w] = now
         self.seen.add(w)
         if self.down_since.pop(w, None) is not None:
             log.info("worker %d answers again", w)
-        self.scheduler.mark_alive(w)
+        if w not in self.retiring:
+            self.scheduler.mark_alive(w)
         got = {int(k): v for k, v in info.get("bytes", {}).items()}
         for slot in self.scheduler.partitions_of(w):
             self.rate[slot] = 0.5 * self.rate.get(slot, 0.0) + 0.5 * got.get(slot, 0) / dt  # half-life: one beat
@@ -259,7 +361,7 @@ class Router:
     def check_workers(self) -> None:
         """Declare silent workers dead; move their partitions after the grace (Talos' delay)."""
         now = time.monotonic()
-        for w in range(self.s.workers):
+        for w in range(self.count):
             silent = now - self.last_pong.get(w, now)
             if silent > self.s.worker_timeout_ms / 1000 and w not in self.down_since:
                 self.down_since[w] = now
@@ -298,8 +400,11 @@ class Router:
         P.send_frames(self.dealers[dst], [b"", assign, P.pack_routing(P.Op.ADOPT, p, 0, topic.name.encode()), P.EMPTY_MAP])
 
     def ping_workers(self) -> None:
-        for w, d in enumerate(self.dealers):
-            P.send_frames(d, [b"", b"\0" * ASSIGN.size, P.pack_routing(P.Op.PING, -1, 0, b""), P.EMPTY_MAP])
+        for d in self.dealers.values():
+            try:  # a worker that is down queues pings up to the HWM; never block the loop on it
+                P.send_frames(d, [b"", b"\0" * ASSIGN.size, P.pack_routing(P.Op.PING, -1, 0, b""), P.EMPTY_MAP], P.NOBLOCK)
+            except zmq.Again:
+                pass
 
 
 def _info(t) -> P.TopicInfo:
@@ -323,31 +428,28 @@ def main() -> int:
     router.port = P.ReplyPort(front, log, "router")
     poller = zmq.Poller()
     poller.register(front, zmq.POLLIN)
-    for w in range(s.workers):
-        d = ctx.socket(zmq.DEALER)
-        d.setsockopt(zmq.IDENTITY, ROUTER_IDENTITY)
-        d.setsockopt(zmq.SNDHWM, 100_000)
-        d.setsockopt(zmq.RCVHWM, 100_000)
-        d.connect(s.worker_endpoint(w))
-        router.dealers.append(d)
-        poller.register(d, zmq.POLLIN)
-    log.info("router serving on %s with %d workers (generation %d)", s.bind, s.workers, router.generation)
+    router.ctx, router.poller = ctx, poller
+    for w in range(router.count):
+        router._connect(w)
+    log.info("router serving on %s with %d workers (generation %d)", s.bind, router.count, router.generation)
     last_ping = 0.0
     while not stop:
         events = dict(poller.poll(100))
         if front in events:
             P.drain(front, router.on_client, DRAIN_MAX)
-        for d in router.dealers:
+        for d in list(router.dealers.values()):
             if d in events:
                 P.drain(d, router.on_worker_reply, DRAIN_MAX)
         now = time.monotonic()
         if now - last_ping > HEARTBEAT_S:
             router.ping_workers()
             router.check_workers()
+            router.drain_retiring()
+            router.maybe_spread()
             router.maybe_rebalance()
             last_ping = now
     front.close(0)
-    for d in router.dealers:
+    for d in router.dealers.values():
         d.close(0)
     ctx.term()
     return EXIT_OK

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 from client import Admin
-from tests.reliability.workload import Produced, audit, produce_until
+from client.catalog import stored_worker_count
+from tests.reliability.workload import Produced, audit, check, produce_until, tail_until
 
 
 def _status(b):
@@ -66,3 +69,62 @@ def test_a_hung_worker_loses_its_partitions_after_the_grace_and_nothing_acked_is
     assert result.ok
     alive = {w["worker"] for w in _status(b)["workers"] if w["alive"]}
     assert alive == {0, 1} and {p.worker for p in Admin(b.bootstrap).describe_topic("hang").partitions} <= alive
+
+
+def _workers_set(b, n: int) -> str:
+    """`tailrace workers set n` exactly as a user runs it, against this broker."""
+    out = subprocess.run([sys.executable, "-m", "client.cli", "workers", "set", str(n), "--bootstrap", b.bootstrap,
+                          "--data-dir", str(b.data_dir), "--timeout-s", "90"],
+                         env=b.env(), capture_output=True, text=True, timeout=150)
+    assert out.returncode == 0, out.stderr + out.stdout
+    return out.stdout + out.stderr
+
+
+def test_grow_from_one_to_two_workers_and_shrink_back_under_load(make_broker):
+    b = make_broker(workers=1, worker_timeout_ms=2000, reassign_grace_ms=2000)
+    Admin(b.bootstrap).create_topic("scale", 8)
+    stop_prod, stop_cons = threading.Event(), threading.Event()
+    produced, chunks, cons_errors = Produced(), {}, []
+    prod = threading.Thread(target=produce_until, args=(b.bootstrap, "scale", 8, "memory", stop_prod), kwargs={"out": produced})
+    cons = threading.Thread(target=tail_until, args=(b.bootstrap, "scale", stop_cons, chunks, cons_errors))
+    prod.start()
+    cons.start()
+    try:
+        time.sleep(1.0)
+        acked_before_grow = sum(produced.acked.values())
+        t0 = time.monotonic()
+        grow_log = _workers_set(b, 2)
+        grow_s = time.monotonic() - t0
+        grown = _status(b)
+        owners = [p.worker for p in Admin(b.bootstrap).describe_topic("scale").partitions]
+        assert grown["worker_count"] == 2 and "worker-1" in b.pids()
+        assert sorted(owners.count(w) for w in (0, 1)) == [4, 4], owners
+        time.sleep(1.0)
+        acked_before_shrink = sum(produced.acked.values())
+        t0 = time.monotonic()
+        shrink_log = _workers_set(b, 1)
+        shrink_s = time.monotonic() - t0
+        shrunk = _status(b)
+        owners_after = [p.worker for p in Admin(b.bootstrap).describe_topic("scale").partitions]
+        assert shrunk["worker_count"] == 1 and [w["worker"] for w in shrunk["workers"]] == [0]
+        assert owners_after == [0] * 8
+        assert "worker-1" not in b.pids(), "the retired worker's process still runs"
+        time.sleep(1.0)
+    finally:
+        stop_prod.set()
+        prod.join(180)
+    stop_cons.set()
+    cons.join(120)
+    result = check(chunks, range(8), produced)
+    acked = sum(produced.acked.values())
+    print(f"\ngrow 1->2 took {grow_s:.1f} s ({acked_before_grow} acked before), shrink 2->1 took {shrink_s:.1f} s "
+          f"({acked_before_shrink} acked before); moves {len(shrunk['moves'])}; acked {acked}, "
+          f"live consumer saw {sum(result.found.values())}, lost {sum(result.lost.values())}, "
+          f"duplicated {sum(result.duplicated.values())}, out of order {sum(result.out_of_order.values())}\n"
+          f"{grow_log}{shrink_log}")
+    assert not produced.errors and not cons_errors
+    assert acked > acked_before_shrink > acked_before_grow > 0, "production stalled across the moves"
+    assert result.ok
+    assert sum(result.found.values()) >= acked
+    # the broker remembers the count for its next start
+    assert stored_worker_count(b.data_dir) == 1

@@ -81,21 +81,33 @@ class Audit:
         return not any(self.lost.values()) and not any(self.duplicated.values()) and not any(self.out_of_order.values())
 
 
-def audit(bootstrap: str, topic: str, produced: Produced, isolation: str = "memory", timeout_s: float = 60) -> Audit:
+def tail_until(bootstrap: str, topic: str, stop: threading.Event, out: dict, errors: list) -> None:
+    """A live consumer from offset 0: fills ``out[p]`` with column chunks until ``stop`` is set
+    and it has caught up with the high watermarks at that moment."""
+    try:
+        with Consumer(bootstrap, max_wait_ms=100) as cons:
+            cons.assign(topic, start="earliest")
+            ends = None
+            counts: dict[int, int] = {}
+            while True:
+                for _t, p, cols in cons.poll_columns(200):
+                    out.setdefault(p, []).append(cols)
+                    counts[p] = counts.get(p, 0) + len(cols)
+                if stop.is_set():
+                    if ends is None:
+                        ends = {po.partition: po.high_watermark for po in cons.list_offsets(topic)}
+                        give_up = time.monotonic() + 60
+                    if all(counts.get(p, 0) >= e for p, e in ends.items()) or time.monotonic() > give_up:
+                        return
+    except TailraceError as exc:
+        errors.append(exc)
+
+
+def check(chunks: dict[int, list], partitions, produced: Produced) -> Audit:
+    """The audit's verdict on what a consumer read: chunks[p] = its column chunks of partition p."""
     found, lost, dup, ooo = {}, {}, {}, {}
-    with Consumer(bootstrap, max_wait_ms=100, isolation=isolation) as cons:
-        ends = {po.partition: (po.durable_watermark if isolation == "durable" else po.high_watermark)
-                for po in cons.list_offsets(topic)}
-        cons.assign(topic, start="earliest")
-        chunks: dict[int, list] = {p: [] for p in ends}
-        counts = dict.fromkeys(ends, 0)
-        deadline = time.monotonic() + timeout_s
-        while any(counts[p] < ends[p] for p in ends) and time.monotonic() < deadline:
-            for _t, p, cols in cons.poll_columns(300):
-                chunks[p].append(cols)
-                counts[p] += len(cols)
-    for p, end in ends.items():
-        if chunks[p]:
+    for p in partitions:
+        if chunks.get(p):
             offsets = np.concatenate([c.offsets for c in chunks[p]])
             vals = np.concatenate([c.values for c in chunks[p]]).reshape(-1, REC)
         else:
@@ -109,3 +121,18 @@ def audit(bootstrap: str, topic: str, produced: Produced, isolation: str = "memo
             int(not np.array_equal(vals.reshape(-1), expect))
         lost[p] = max(0, produced.acked.get(p, 0) - len(np.unique(seqs[seqs < produced.acked.get(p, 0)])))
     return Audit(found, lost, dup, ooo)
+
+
+def audit(bootstrap: str, topic: str, produced: Produced, isolation: str = "memory", timeout_s: float = 60) -> Audit:
+    with Consumer(bootstrap, max_wait_ms=100, isolation=isolation) as cons:
+        ends = {po.partition: (po.durable_watermark if isolation == "durable" else po.high_watermark)
+                for po in cons.list_offsets(topic)}
+        cons.assign(topic, start="earliest")
+        chunks: dict[int, list] = {p: [] for p in ends}
+        counts = dict.fromkeys(ends, 0)
+        deadline = time.monotonic() + timeout_s
+        while any(counts[p] < ends[p] for p in ends) and time.monotonic() < deadline:
+            for _t, p, cols in cons.poll_columns(300):
+                chunks[p].append(cols)
+                counts[p] += len(cols)
+    return check(chunks, ends, produced)

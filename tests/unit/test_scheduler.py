@@ -162,3 +162,32 @@ def test_every_partition_has_exactly_one_owner_and_epochs_only_grow(ops):
         assert sum(s.load.values()) == len(s.owner)
         assert sum(len(s.partitions_of(w)) for w in range(3)) == len(s.owner)  # one owner each
         assert all(s.owner[slot] in s.alive for slot in s.owner), "a partition left on a dead worker"
+
+
+def test_a_new_worker_takes_partitions_only_once_alive_and_spread_evens_counts_moving_only_idle_ones():
+    s = StickyScheduler(1)
+    for slot in range(8):
+        s.place(slot)
+    s.add_worker(1)
+    assert s.place(8) == 0, "a worker that has not answered yet got a partition"
+    assert s.spread() == ([], True)  # only one live worker: nothing to spread to
+    s.mark_alive(1)
+    moves, balanced = s.spread(busy={8, 7, 6, 5, 4, 3})
+    assert balanced is False and [m[0] for m in moves] == [2, 1, 0]  # busy ones stay; the idle ones go
+    assert all(src == 0 and dst == 1 for _slot, src, dst in moves)
+    moves, balanced = s.spread(busy=set())
+    assert balanced and sorted(len(s.partitions_of(w)) for w in (0, 1)) == [4, 5]
+
+
+def test_a_retired_worker_is_forgotten_only_once_it_owns_nothing():
+    s = StickyScheduler(3)
+    for slot in range(6):
+        s.place(slot)
+    s.mark_dead(2)  # retiring: takes nothing new
+    with pytest.raises(ValueError):
+        s.forget(2)
+    for slot in s.partitions_of(2):
+        s.move(slot, s.least_loaded())
+    s.forget(2)
+    assert 2 not in s.load and sorted(s.owner.values()).count(2) == 0
+    assert sum(s.load.values()) == 6 and sorted(len(s.partitions_of(w)) for w in (0, 1)) == [3, 3]
