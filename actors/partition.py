@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ _IDEMPOTENCE_OFFSET = 40
 DEDUP_LOAD_BATCHES = 4096  # batch headers read from the ring at takeover
 DEDUP_DISK_BATCHES = 64  # ... and from disk when the ring holds fewer
 DESC_WINDOW = 4096  # descriptors looked at per fetch
+READ_DELAY_S = 0.0  # fault injection for tests (settings.debug_read_delay_ms): a slow disk
 log = logging.getLogger("tailrace.partition")
 
 
@@ -187,6 +189,24 @@ class PartitionActor:
         return int(self.row[COL["durable_offset"]]) if isolation == "durable" else int(self.row[COL["next_offset"]])
 
     def read(self, offset: int, max_bytes: int, max_records: int, isolation: str) -> FetchResult:
+        """Serve a fetch here and now, from the ring or (below it) the journal."""
+        res = self.read_cached(offset, max_bytes, max_records, isolation)
+        if isinstance(res, DiskRead):
+            return self._read_disk(res.offset, res.max_bytes, res.max_records, res.limit)
+        return res
+
+    def _read_disk(self, offset, max_bytes, max_records, hw) -> FetchResult:
+        """The journal read on this thread (``read``; tests)."""
+        limit = min(hw, int(self.row[COL["flushed_offset"]]))
+        if offset >= limit:
+            return FetchResult(ErrorCode.OK, [], offset, "disk")
+        if self.index is None:
+            self.index = IndexFile(self.data_dir, self.slot)
+        return read_disk(self.index, self.journal, DiskRead(self.slot, offset, max_bytes, max_records, limit))
+
+    def read_cached(self, offset: int, max_bytes: int, max_records: int, isolation: str) -> FetchResult | DiskRead:
+        """A fetch's answer if it is in memory (the ring, or nothing to read), else the
+        ``DiskRead`` to hand to a reader thread: the worker's loop never waits on a disk."""
         row = self.row
         hw = self.watermark(isolation)
         log_start = int(row[COL["log_start_offset"]])
@@ -199,7 +219,10 @@ class PartitionActor:
             res = self._read_ring(offset, max_bytes, max_records, hw)
             if res is not None:
                 return res
-        return self._read_disk(offset, max_bytes, max_records, hw)
+        limit = min(hw, int(row[COL["flushed_offset"]]))
+        if offset >= limit:
+            return FetchResult(ErrorCode.OK, [], offset, "disk")
+        return DiskRead(self.slot, offset, max_bytes, max_records, limit)
 
     def _find_seq(self, tail: int, head: int, offset: int) -> int:
         """Sequence number of the descriptor holding ``offset`` (numpy search, no copy)."""
@@ -247,44 +270,54 @@ class PartitionActor:
         k = min(k, int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")))
         return max(k, 1)
 
-    def _read_disk(self, offset, max_bytes, max_records, hw) -> FetchResult:
-        flushed = int(self.row[COL["flushed_offset"]])
-        limit = min(hw, flushed)
-        if offset >= limit:
-            return FetchResult(ErrorCode.OK, [], offset, "disk")
-        if self.index is None:
-            self.index = IndexFile(self.data_dir, self.slot)
-        entries = self.index.read(offset, min(limit - offset, max(max_records, 1), 1 << 16))
-        if len(entries) == 0:
-            return FetchResult(ErrorCode.INTERNAL, [], offset, "disk")
-        starts = entries["rel"] == 0
-        starts[0] = True
-        idx = np.flatnonzero(starts)
-        bpos = entries["position"][idx]
-        sizes = (entries["length"][idx].astype(np.int64) + 7) & ~7
-        bases = offset + idx - entries["rel"][idx]
-        k = max(1, int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")))
-        bpos, sizes = bpos[:k], sizes[:k]
-        ends = bpos + sizes
-        seg = self.journal.segment_bytes
-        breaks = np.flatnonzero((bpos[1:] != ends[:-1]) | (bpos[1:] // seg != bpos[:-1] // seg)) + 1
-        run_starts = np.concatenate(([0], breaks)).tolist()
-        run_stops = np.concatenate((breaks, [k])).tolist()
-        # Every run straight into one reply buffer: one copy from the page cache, one allocation.
-        out = bytearray(int(sizes.sum()))
-        mv = memoryview(out)
-        at = 0
-        for a, b in zip(run_starts, run_stops):
-            n = int(ends[b - 1] - bpos[a])
-            self.journal.read_into(mv[at : at + n], int(bpos[a]))
-            at += n
-        mv.release()
-        last_count = _COUNT_AT.unpack_from(out, len(out) - int(sizes[k - 1]) + _COUNT_OFFSET)[0]
-        return FetchResult(ErrorCode.OK, [out], int(bases[k - 1]) + last_count, "disk")
-
     def close(self) -> None:
         if self.index is not None:
             self.index.close()
         self.lock.close()
         self.ring.close()
 
+
+@dataclass
+class DiskRead:
+    """A fetch that must read the journal: offsets ``offset..limit`` are flushed and indexed."""
+
+    slot: int
+    offset: int
+    max_bytes: int
+    max_records: int
+    limit: int  # min(watermark, flushed_offset) when the fetch arrived
+
+
+def read_disk(index: IndexFile, journal: JournalReader, r: DiskRead) -> FetchResult:
+    """Batches from ``r.offset`` out of the journal through the dense index (any thread: it
+    touches only the two files it is given)."""
+    offset, max_bytes, max_records, limit = r.offset, r.max_bytes, r.max_records, r.limit
+    if READ_DELAY_S:
+        time.sleep(READ_DELAY_S)
+    entries = index.read(offset, min(limit - offset, max(max_records, 1), 1 << 16))
+    if len(entries) == 0:
+        return FetchResult(ErrorCode.INTERNAL, [], offset, "disk")
+    starts = entries["rel"] == 0
+    starts[0] = True
+    idx = np.flatnonzero(starts)
+    bpos = entries["position"][idx]
+    sizes = (entries["length"][idx].astype(np.int64) + 7) & ~7
+    bases = offset + idx - entries["rel"][idx]
+    k = max(1, int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")))
+    bpos, sizes = bpos[:k], sizes[:k]
+    ends = bpos + sizes
+    seg = journal.segment_bytes
+    breaks = np.flatnonzero((bpos[1:] != ends[:-1]) | (bpos[1:] // seg != bpos[:-1] // seg)) + 1
+    run_starts = np.concatenate(([0], breaks)).tolist()
+    run_stops = np.concatenate((breaks, [k])).tolist()
+    # Every run straight into one reply buffer: one copy from the page cache, one allocation.
+    out = bytearray(int(sizes.sum()))
+    mv = memoryview(out)
+    at = 0
+    for a, b in zip(run_starts, run_stops):
+        n = int(ends[b - 1] - bpos[a])
+        journal.read_into(mv[at : at + n], int(bpos[a]))
+        at += n
+    mv.release()
+    last_count = _COUNT_AT.unpack_from(out, len(out) - int(sizes[k - 1]) + _COUNT_OFFSET)[0]
+    return FetchResult(ErrorCode.OK, [out], int(bases[k - 1]) + last_count, "disk")

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
 import struct
+import threading
 import time
 
 import msgspec
@@ -30,10 +32,12 @@ from client.catalog import Catalog
 from shm import layout
 from shm.layout import COL
 from shm.ring import ControlTable, LayoutMismatch
+from persistence.index import IndexFile
 from persistence.journal import JournalReader
 from persistence.recovery import data_dir_id
 
-from .partition import Fenced, PartitionActor
+from . import partition as partition_mod
+from .partition import DiskRead, Fenced, FetchResult, PartitionActor, read_disk
 
 log = logging.getLogger("tailrace.worker")
 
@@ -43,6 +47,75 @@ EXIT_OK = 0
 EXIT_NO_BROKER = 4
 DRAIN_MAX = 512
 KICK_INTERVAL_S = 0.002
+READS_ENDPOINT = "inproc://tailrace-disk-reads"
+
+
+class DiskReader(threading.Thread):
+    """The worker's reader thread: every fetch that must read the journal runs here, so a
+    consumer far behind (cold reads, page-cache misses) never stalls produce or hot fetches on
+    the worker's loop. The loop hands over a ``DiskRead`` and a callback; the thread does the
+    index lookup and the preads (which release the GIL) with its own file handles, puts
+    ``(callback, result)`` on a queue and pokes the loop over an inproc socket; the loop sends
+    the reply (ZeroMQ sockets stay on the loop's thread). One thread: cold reads of a worker
+    queue behind each other, not behind produce.
+    """
+
+    def __init__(self, ctx: zmq.Context, data_dir: str, segment_bytes: int):
+        super().__init__(name="disk-reader", daemon=True)
+        self.ctx = ctx
+        self.data_dir = data_dir
+        self.journal = JournalReader(data_dir, segment_bytes)
+        self.indexes: dict[int, IndexFile] = {}
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.done: queue.SimpleQueue = queue.SimpleQueue()
+        self.pending = 0  # reads handed over and not yet answered (loop thread only)
+
+    def submit(self, job: DiskRead, callback) -> None:
+        self.pending += 1
+        self.jobs.put((job, callback))
+
+    def run(self) -> None:
+        poke = self.ctx.socket(zmq.PUSH)
+        poke.setsockopt(zmq.SNDHWM, 1)
+        poke.connect(READS_ENDPOINT)
+        try:
+            while True:
+                item = self.jobs.get()
+                if item is None:
+                    return
+                job, callback = item
+                try:
+                    index = self.indexes.get(job.slot)
+                    if index is None:
+                        index = self.indexes[job.slot] = IndexFile(self.data_dir, job.slot)
+                    res = read_disk(index, self.journal, job)
+                except Exception as exc:  # a failed read is an error reply, not a dead thread
+                    log.exception("disk read slot=%d offset=%d failed", job.slot, job.offset)
+                    res = FetchResult(P.ErrorCode.INTERNAL, [], job.offset, f"disk: {type(exc).__name__}")
+                self.done.put((callback, res))
+                try:
+                    poke.send(b"", zmq.NOBLOCK)  # one poke pending is enough: the loop drains all
+                except zmq.Again:
+                    pass
+        finally:
+            poke.close(0)
+            self.journal.close()
+            for index in self.indexes.values():
+                index.close()
+
+    def finish(self) -> None:
+        """Loop thread: send the replies of every read that completed."""
+        while True:
+            try:
+                callback, res = self.done.get_nowait()
+            except queue.Empty:
+                return
+            self.pending -= 1
+            callback(res)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.jobs.put(None)
+        self.join(timeout_s)
 
 _produce_dec = P.decoder(P.ProduceRequest)
 _fetch_dec = P.decoder(P.FetchRequest)
@@ -64,6 +137,7 @@ class Worker:
         self.parked_slots: set[int] = set()  # slots with parked fetches
         self.waiting_slots: set[int] = set()  # slots with durable waiters
         self.boot_ns = time.time_ns()
+        self.reader: DiskReader | None = None  # cold reads off the loop (None: read inline)
         self.appended_bytes: dict[int, int] = {}  # slot -> bytes appended since the last PING
 
     # --- dispatch ------------------------------------------------------------------------
@@ -192,10 +266,21 @@ class Worker:
             self.parked_slots.add(actor.slot)
 
     def answer_fetch(self, actor: PartitionActor, ident, routing: bytes, req: P.FetchRequest, final: bool) -> bool:
-        """Reply if there is data (or ``final``); return whether a reply was sent."""
-        res = actor.read(req.offset, req.max_bytes, req.max_records, req.isolation)
+        """Reply if there is data (or ``final``); return whether a reply was sent (or, for a
+        read that needs the journal, will be sent by the reader thread's callback)."""
+        res = actor.read_cached(req.offset, req.max_bytes, req.max_records, req.isolation)
+        if isinstance(res, DiskRead):
+            if self.reader is None:
+                res = actor._read_disk(res.offset, res.max_bytes, res.max_records, res.limit)
+            else:
+                self.reader.submit(res, lambda r: self.send_fetch(actor, ident, routing, req, r))
+                return True
         if res.code == P.ErrorCode.OK and not res.parts and not final:
             return False
+        self.send_fetch(actor, ident, routing, req, res)
+        return True
+
+    def send_fetch(self, actor: PartitionActor, ident, routing: bytes, req: P.FetchRequest, res: FetchResult) -> None:
         _v, op, _c, partition, request_id, topic = P.unpack_routing(routing)
         head = P.pack_routing(op, partition, request_id, topic, res.code)
         row = actor.row
@@ -203,10 +288,10 @@ class Worker:
             body = P.ErrorReply(f"offset {req.offset} out of range [{int(row[COL['log_start_offset']])}, {actor.watermark(req.isolation)}]",
                                 log_start_offset=int(row[COL["log_start_offset"]]), high_watermark=actor.watermark(req.isolation))
             self.port.send([*ident, head, P.encode(body)])
-            return True
+            return
         if res.code != P.ErrorCode.OK:
-            self.port.send([*ident, head, P.encode(P.ErrorReply("fetch failed"))])
-            return True
+            self.port.send([*ident, head, P.encode(P.ErrorReply(f"fetch failed ({res.source})"))])
+            return
         info = P.FetchReply(
             high_watermark=int(row[COL["next_offset"]]),
             durable_watermark=int(row[COL["durable_offset"]]),
@@ -216,7 +301,6 @@ class Worker:
         )
         body = res.parts[0] if len(res.parts) == 1 else b"".join(res.parts)
         self.port.send([*ident, head, P.encode(info), body])
-        return True
 
     def list_offsets(self, topic: bytes, reply) -> None:
         name = topic.decode("utf-8", "replace")
@@ -358,10 +442,16 @@ def main(argv=None) -> int:
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(s.flusher_pub_endpoint())
     worker.sock = sock
+    reads = ctx.socket(zmq.PULL)
+    reads.bind(READS_ENDPOINT)
+    partition_mod.READ_DELAY_S = s.debug_read_delay_ms / 1000
+    worker.reader = DiskReader(ctx, s.data_dir, s.segment_bytes)
+    worker.reader.start()
     worker.port = P.ReplyPort(sock, log, f"worker {args.id}")
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     poller.register(sub, zmq.POLLIN)
+    poller.register(reads, zmq.POLLIN)
     log.info("worker %d serving on %s", args.id, s.worker_endpoint(args.id))
     timeout = 100
     last_fence_check = last_kick = 0.0
@@ -369,6 +459,9 @@ def main(argv=None) -> int:
         events = dict(poller.poll(timeout))
         if sock in events:
             P.drain(sock, worker.handle, DRAIN_MAX)
+        if reads in events:
+            P.drain(reads, _ignore, DRAIN_MAX)
+            worker.reader.finish()
         synced = sub in events
         if synced:
             P.drain(sub, _ignore, DRAIN_MAX)
@@ -404,8 +497,14 @@ def main(argv=None) -> int:
         if sub.poll(50):
             sub.recv()
         worker.release_durable()
+    deadline = time.monotonic() + 2.0
+    while worker.reader.pending and time.monotonic() < deadline:
+        if reads.poll(50):
+            P.drain(reads, _ignore, DRAIN_MAX)
+        worker.reader.finish()
+    worker.reader.stop()
     worker.close()
-    for s_ in (sock, kick, sub):
+    for s_ in (sock, kick, sub, reads):
         s_.close(0)
     ctx.term()
     try:

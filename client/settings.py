@@ -34,6 +34,7 @@ class Settings(msgspec.Struct, kw_only=True):
     worker_timeout_ms: int = 3000  # a worker silent this long is declared dead...
     reassign_grace_ms: int = 5000  # ...and its partitions move after this grace unless it returns
     rebalance: int = 1  # 1: move idle partitions off overloaded workers (router/scheduler.py)
+    debug_read_delay_ms: int = 0  # fault injection for tests: each journal read on a worker waits this long
 
     @property
     def instance(self) -> str:

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from client import Admin
+from client import Admin, Consumer, Producer
 from client.catalog import stored_worker_count
 from tests.reliability.workload import Produced, audit, check, produce_until, tail_until
 
@@ -128,3 +128,44 @@ def test_grow_from_one_to_two_workers_and_shrink_back_under_load(make_broker):
     assert sum(result.found.values()) >= acked
     # the broker remembers the count for its next start
     assert stored_worker_count(b.data_dir) == 1
+
+
+def test_a_slow_cold_read_does_not_stall_produce_or_hot_fetches_on_the_same_worker(make_broker):
+    # One worker; every journal read takes 2 s (fault injection). A consumer far behind on
+    # "cold" reads from disk while a producer and a tailing consumer use "hot" on the same worker.
+    b = make_broker(workers=1, debug_read_delay_ms=2000, max_batch_bytes=32 * 1024, segment_bytes=1 << 20)
+    with Admin(b.bootstrap) as a:
+        a.create_topic("cold", 1, ring_bytes=64 * 1024)
+        a.create_topic("hot", 1)
+    with Producer(b.bootstrap, acks="durable") as prod:
+        for i in range(40):
+            prod.send_batch("cold", [b"c%05d" % i + bytes(4000)] * 4, partition=0)  # 640 KiB through a 64 KiB ring
+    cold_result = {}
+
+    def read_cold():
+        with Consumer(b.bootstrap, max_wait_ms=100) as c:
+            c.assign("cold", [0], start="earliest")
+            t0 = time.monotonic()
+            recs = c.poll(10_000)
+            cold_result.update(took=time.monotonic() - t0, first=recs[0].value[:6] if recs else None, n=len(recs))
+
+    lat = []
+    with Producer(b.bootstrap, acks="memory") as prod, Consumer(b.bootstrap, max_wait_ms=1000) as hot:
+        hot.assign("hot", [0], start="earliest")
+        th = threading.Thread(target=read_cold)
+        th.start()
+        i = 0
+        while th.is_alive() or i < 20:  # round trips on "hot" for as long as the cold read lasts
+            t0 = time.monotonic()
+            prod.send("hot", b"h%d" % i, partition=0)
+            prod.flush(5000)
+            got = hot.poll(3000)
+            lat.append(time.monotonic() - t0)
+            assert [r.value for r in got] == [b"h%d" % i]
+            i += 1
+    th.join(30)
+    print(f"\n{len(lat)} hot produce+fetch round trips while a 2 s cold read ran on the same worker: max "
+          f"{max(lat) * 1000:.1f} ms, median {sorted(lat)[len(lat) // 2] * 1000:.1f} ms; the cold fetch answered in "
+          f"{cold_result.get('took', 0):.2f} s with {cold_result.get('n')} records from {cold_result.get('first')}")
+    assert cold_result["first"] == b"c00000" and cold_result["took"] >= 1.9  # it did wait on the "disk"
+    assert max(lat) < 1.0, "hot produce/fetch waited behind the cold read"
