@@ -236,3 +236,40 @@ def e2e_consume(spec: dict, ctx) -> dict:
     lat_ns = np.concatenate(lat) if lat else np.zeros(0, np.int64)
     return {"consumed": got, "latency_ns": lat_ns}
 
+
+
+def paced(spec: dict, ctx) -> dict:
+    """One message at a time at ``rate`` per second, round robin over ``partitions``, each
+    waited for (acks ``spec["acks"]``); per-message latency. Uses the Producer, so it follows
+    partitions that move (NOT_OWNER -> metadata refresh -> the new owner)."""
+    topic, parts, rate = spec["topic"], spec["partitions"], spec["rate"]
+    prod = Producer(spec["endpoint"], acks=spec["acks"], direct=spec.get("direct", True), request_timeout_ms=5000)
+    value = bytes(spec["size"])
+    prod.partitions_for(topic)
+    ctx.ready()
+    deadline = ctx.t_start + spec["seconds"]
+    lat_ns, at = [], []
+    errors = i = 0
+    period = 1.0 / rate
+    next_t = time.monotonic()
+    while True:
+        now = time.monotonic()
+        if now >= deadline:
+            break
+        if now < next_t:
+            time.sleep(next_t - now)
+        next_t += period
+        t0 = time.perf_counter_ns()
+        try:
+            prod.send(topic, value, partition=parts[i % len(parts)])
+            prod.flush(10_000)
+            lat_ns.append(time.perf_counter_ns() - t0)
+            at.append(time.monotonic() - ctx.t_start)
+            ctx.add(1)
+        except TailraceError:
+            errors += 1
+        i += 1
+    errors += len(prod.errors)
+    prod.conn.close()
+    return {"sent": i, "acked": len(lat_ns), "errors": errors, "latency_ns": np.asarray(lat_ns, dtype=np.int64),
+            "at_s": np.asarray(at)}

@@ -34,6 +34,8 @@ class Settings(msgspec.Struct, kw_only=True):
     worker_timeout_ms: int = 3000  # a worker silent this long is declared dead...
     reassign_grace_ms: int = 5000  # ...and its partitions move after this grace unless it returns
     rebalance: int = 1  # 1: move idle partitions off overloaded workers (router/scheduler.py)
+    rebalance_interval_ms: int = 2000  # ... at most one move per this long
+    rebalance_cooldown_ms: int = 30_000  # ... and the same partition not again within this
     debug_read_delay_ms: int = 0  # fault injection for tests: each journal read on a worker waits this long
 
     @property

@@ -84,7 +84,7 @@ class Router:
         self.spread_pending = False  # new workers joined: even out partitions once they answer
         self.down_since: dict[int, float] = {}  # worker -> when it stopped answering
         self.seen: set[int] = set()  # workers that answered at least one heartbeat
-        self.rebalancer = Rebalancer()
+        self.rebalancer = Rebalancer(interval_s=s.rebalance_interval_ms / 1000, cooldown_s=s.rebalance_cooldown_ms / 1000)
         self.rate: dict[int, float] = {}  # slot -> decayed append rate, bytes/s (from heartbeats)
         self.busy: set[int] = set()  # slots whose owner holds requests for them
         self.moves: list[tuple[int, int, int]] = []  # (slot, from, to), for status and tests
