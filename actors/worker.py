@@ -483,7 +483,11 @@ def main(argv=None) -> int:
         if now - last_fence_check > 0.05:
             worker.check_fences()
             last_fence_check = now
+        if worker.port.backlog:
+            worker.port.flush()
         timeout = 20 if worker.waiting_slots else 100  # a lost PUB must not strand a waiter
+        if worker.port.backlog:
+            timeout = 2  # replies wait for room in a peer's queue
         if next_ms >= 0:
             timeout = min(timeout, max(next_ms, 1))
     # Stop: answer what is parked, give durable waiters a last chance, then close.

@@ -248,7 +248,7 @@ def paced(spec: dict, ctx) -> dict:
     prod.partitions_for(topic)
     ctx.ready()
     deadline = ctx.t_start + spec["seconds"]
-    lat_ns, at = [], []
+    lat_ns, at, sent_to = [], [], []
     errors = i = 0
     period = 1.0 / rate
     next_t = time.monotonic()
@@ -265,6 +265,7 @@ def paced(spec: dict, ctx) -> dict:
             prod.flush(10_000)
             lat_ns.append(time.perf_counter_ns() - t0)
             at.append(time.monotonic() - ctx.t_start)
+            sent_to.append(parts[i % len(parts)])
             ctx.add(1)
         except TailraceError:
             errors += 1
@@ -272,4 +273,4 @@ def paced(spec: dict, ctx) -> dict:
     errors += len(prod.errors)
     prod.conn.close()
     return {"sent": i, "acked": len(lat_ns), "errors": errors, "latency_ns": np.asarray(lat_ns, dtype=np.int64),
-            "at_s": np.asarray(at)}
+            "at_s": np.asarray(at), "partition": np.asarray(sent_to, dtype=np.int64)}

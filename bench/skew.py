@@ -52,9 +52,13 @@ def one_run(rebalance: int, o) -> dict:
         h, p = run.results
         keep = p["at_s"] >= o.warmup
         lat = latency_summary(p["latency_ns"][keep])
+        # where each cool partition was at the end: with the hot one (worker of partition 0) or not
+        with_hot = np.array([owners[int(x)] == owners[0] for x in p["partition"]], dtype=bool)
         return {
             "rebalance": rebalance,
             "cool_latency": lat,
+            "cool_latency_with_hot": latency_summary(p["latency_ns"][keep & with_hot]),
+            "cool_latency_apart": latency_summary(p["latency_ns"][keep & ~with_hot]),
             "cool_errors": p["errors"],
             "hot_msgs_per_s": round(h["acked"] / run.wall_s, 1),
             "moves": len(status["moves"]),
@@ -63,6 +67,11 @@ def one_run(rebalance: int, o) -> dict:
         }
     finally:
         system.stop()
+
+
+def _med(rs: list[dict], key: str) -> str:
+    vals = [x[key]["p99_us"] for x in rs if x[key].get("count")]
+    return f"{statistics.median(vals):.0f}" if vals else "-"
 
 
 def main(argv=None) -> int:
@@ -82,7 +91,8 @@ def main(argv=None) -> int:
             rows.append(one_run(rebalance, o))
     print(f"\nskewed load, 1 hot + {PARTITIONS - 1} cool partitions, 2 workers; cool probe {o.rate:.0f} msg/s; "
           f"figures after a {o.warmup:.0f} s warm-up over {o.seconds:.0f} s; {o.repeats} run(s), medians")
-    print(f"{'rebalance':>9} {'cool p50 us':>11} {'cool p99 us':>11} {'cool p99.9':>10} {'hot msg/s':>11} {'moves':>5} {'cool left on hot worker':>23}")
+    print(f"{'rebalance':>9} {'cool p50 us':>11} {'cool p99 us':>11} {'cool p99.9':>10} {'hot msg/s':>11} {'moves':>5} "
+          f"{'cool left on hot worker':>23} {'p99 with hot / apart':>21}")
     summary = {}
     for rebalance in (0, 1):
         rs = [x for x in rows if x["rebalance"] == rebalance]
@@ -91,7 +101,8 @@ def main(argv=None) -> int:
         summary[rebalance] = {**med, "hot_msgs_per_s": hot}
         print(f"{'on' if rebalance else 'off':>9} {med['p50_us']:>11.0f} {med['p99_us']:>11.0f} {med['p999_us']:>10.0f} "
               f"{hot:>11.0f} {statistics.median(x['moves'] for x in rs):>5.0f} "
-              f"{statistics.median(x['cool_on_hot_worker_at_end'] for x in rs):>23.0f}")
+              f"{statistics.median(x['cool_on_hot_worker_at_end'] for x in rs):>23.0f} "
+              f"{_med(rs, 'cool_latency_with_hot'):>10} / {_med(rs, 'cool_latency_apart'):<8}")
     if summary[1]["p99_us"]:
         print(f"cool P99 off/on: {summary[0]['p99_us'] / summary[1]['p99_us']:.2f}x")
     if o.json:

@@ -434,12 +434,14 @@ def main() -> int:
     log.info("router serving on %s with %d workers (generation %d)", s.bind, router.count, router.generation)
     last_ping = 0.0
     while not stop:
-        events = dict(poller.poll(100))
+        events = dict(poller.poll(2 if router.port.backlog else 100))
         if front in events:
             P.drain(front, router.on_client, DRAIN_MAX)
         for d in list(router.dealers.values()):
             if d in events:
                 P.drain(d, router.on_worker_reply, DRAIN_MAX)
+        if router.port.backlog:
+            router.port.flush()
         now = time.monotonic()
         if now - last_ping > HEARTBEAT_S:
             router.ping_workers()
