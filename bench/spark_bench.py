@@ -208,6 +208,7 @@ def run(args) -> dict:
     # Registered through its module name (not __main__) so workers import it and keep _CACHE.
     import bench.spark_bench as this
 
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, from the JVM's first lookup on
     spark = (
         SparkSession.builder.master(args.master).appName("tailrace-spark-bench")
         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")

@@ -311,6 +311,8 @@ class Router:
             d.close(0)
 
     def drain_retiring(self) -> None:
+        if not self.scheduler.alive:
+            return  # nowhere to move to yet (every remaining worker silent): wait
         now = time.monotonic()
         for w, since in list(self.retiring.items()):
             force = now - since > RETIRE_FORCE_S

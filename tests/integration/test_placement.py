@@ -80,6 +80,17 @@ def _workers_set(b, n: int) -> str:
     return out.stdout + out.stderr
 
 
+def _scale_under_load(b, n: int, produced: Produced):
+    """Let load run 1 s, then `workers set n`: (acked before, seconds, its output, status, owners)."""
+    time.sleep(1.0)
+    acked_before = sum(produced.acked.values())
+    t0 = time.monotonic()
+    out = _workers_set(b, n)
+    took = time.monotonic() - t0
+    owners = [p.worker for p in Admin(b.bootstrap).describe_topic("scale").partitions]
+    return acked_before, took, out, _status(b), owners
+
+
 def test_grow_from_one_to_two_workers_and_shrink_back_under_load(make_broker):
     b = make_broker(workers=1, worker_timeout_ms=2000, reassign_grace_ms=2000)
     Admin(b.bootstrap).create_topic("scale", 8)
@@ -90,23 +101,11 @@ def test_grow_from_one_to_two_workers_and_shrink_back_under_load(make_broker):
     prod.start()
     cons.start()
     try:
-        time.sleep(1.0)
-        acked_before_grow = sum(produced.acked.values())
-        t0 = time.monotonic()
-        grow_log = _workers_set(b, 2)
-        grow_s = time.monotonic() - t0
-        grown = _status(b)
-        owners = [p.worker for p in Admin(b.bootstrap).describe_topic("scale").partitions]
+        acked_before_grow, grow_s, grow_log, grown, owners = _scale_under_load(b, 2, produced)
         assert grown["worker_count"] == 2 and "worker-1" in b.pids()
         # spread evens counts out (4/4); the load rebalancer may have moved one more since
         assert min(owners.count(w) for w in (0, 1)) >= 3, owners
-        time.sleep(1.0)
-        acked_before_shrink = sum(produced.acked.values())
-        t0 = time.monotonic()
-        shrink_log = _workers_set(b, 1)
-        shrink_s = time.monotonic() - t0
-        shrunk = _status(b)
-        owners_after = [p.worker for p in Admin(b.bootstrap).describe_topic("scale").partitions]
+        acked_before_shrink, shrink_s, shrink_log, shrunk, owners_after = _scale_under_load(b, 1, produced)
         assert shrunk["worker_count"] == 1 and [w["worker"] for w in shrunk["workers"]] == [0]
         assert owners_after == [0] * 8
         assert "worker-1" not in b.pids(), "the retired worker's process still runs"

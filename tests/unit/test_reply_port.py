@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 
+import pytest
 import zmq
 
 from client import protocol as P
@@ -14,26 +15,35 @@ from client import protocol as P
 log = logging.getLogger("test")
 
 
-def _pair(tmp_path, rcvhwm: int):
+@pytest.fixture
+def pair(tmp_path):
+    """make(rcvhwm) -> (ReplyPort on a ROUTER configured as the broker's, DEALER peer b"peer")."""
     ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    P.ReplyPort.configure(router)
-    router.setsockopt(zmq.RCVHWM, 100_000)
-    ep = f"ipc://{tmp_path}/r.ipc"
-    router.bind(ep)
-    peer = ctx.socket(zmq.DEALER)
-    peer.setsockopt(zmq.IDENTITY, b"peer")
-    peer.setsockopt(zmq.RCVHWM, rcvhwm)
-    peer.connect(ep)
-    peer.send(b"hello")
-    assert router.poll(5000)
-    router.recv_multipart()
-    return ctx, router, peer
+    socks = []
+
+    def make(rcvhwm: int):
+        router = ctx.socket(zmq.ROUTER)
+        P.ReplyPort.configure(router)
+        ep = f"ipc://{tmp_path}/r.ipc"
+        router.bind(ep)
+        peer = ctx.socket(zmq.DEALER)
+        peer.setsockopt(zmq.IDENTITY, b"peer")
+        peer.setsockopt(zmq.RCVHWM, rcvhwm)
+        peer.connect(ep)
+        socks.extend((router, peer))
+        peer.send(b"hello")  # the ROUTER knows a peer once it has heard from it
+        assert router.poll(5000)
+        router.recv_multipart()
+        return P.ReplyPort(router, log, "test"), peer
+
+    yield make
+    for s in socks:
+        s.close(0)
+    ctx.term()
 
 
-def test_a_burst_past_the_hwm_waits_in_the_backlog_and_arrives_complete_and_in_order(tmp_path):
-    ctx, router, peer = _pair(tmp_path, rcvhwm=10)  # the peer reads, but only after the burst
-    port = P.ReplyPort(router, log, "test")
+def test_a_burst_past_the_hwm_waits_in_the_backlog_and_arrives_complete_and_in_order(pair):
+    port, peer = pair(rcvhwm=10)  # the peer reads, but only after the burst
     for i in range(2000):
         assert port.send([b"peer", b"%d" % i])
     assert port.backlog, "2,000 replies to a peer holding 10 fit in 64 + kernel buffers?"
@@ -44,14 +54,10 @@ def test_a_burst_past_the_hwm_waits_in_the_backlog_and_arrives_complete_and_in_o
         while peer.poll(1):
             got.append(int(peer.recv()))
     assert got == list(range(2000)) and port.dropped == 0 and not port.backlog and port.total_backlog == 0
-    peer.close(0)
-    router.close(0)
-    ctx.term()
 
 
-def test_a_peer_that_never_reads_costs_at_most_the_byte_budget_then_replies_drop(tmp_path):
-    ctx, router, peer = _pair(tmp_path, rcvhwm=1)
-    port = P.ReplyPort(router, log, "test")
+def test_a_peer_that_never_reads_costs_at_most_the_byte_budget_then_replies_drop(pair):
+    port, _peer = pair(rcvhwm=1)
     big = bytes(1 << 20)
     sent = [port.send([b"peer", big]) for _ in range(200)]
     held = port.backlog_bytes.get(b"peer", 0)
@@ -61,15 +67,8 @@ def test_a_peer_that_never_reads_costs_at_most_the_byte_budget_then_replies_drop
     port.moved_at[b"peer"] -= P.BACKLOG_STALL_S + 1  # as if it had not read for the stall time
     port.flush()
     assert not port.backlog and port.total_backlog == 0
-    peer.close(0)
-    router.close(0)
-    ctx.term()
 
 
-def test_replies_to_a_peer_that_is_gone_are_dropped_not_raised(tmp_path):
-    ctx, router, peer = _pair(tmp_path, rcvhwm=1000)
-    port = P.ReplyPort(router, log, "test")
+def test_replies_to_a_peer_that_is_gone_are_dropped_not_raised(pair):
+    port, _peer = pair(rcvhwm=1000)
     assert not port.send([b"ghost", b"reply"]) and port.dropped == 1
-    peer.close(0)
-    router.close(0)
-    ctx.term()
