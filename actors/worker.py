@@ -167,9 +167,11 @@ class Worker:
             elif op == P.Op.LIST_OFFSETS:
                 self.list_offsets(topic, reply)
             elif op == P.Op.PING:
-                busy = [slot for slot, a in self.actors.items() if a.parked or a.durable_waiters]
+                held = {slot: len(a.parked) + len(a.durable_waiters) for slot, a in self.actors.items()
+                        if a.parked or a.durable_waiters}
                 reply(P.ErrorCode.OK, {"worker": self.worker_id, "pid": os.getpid(), "boot_ns": self.boot_ns,
-                                       "partitions": len(self.actors), "bytes": self.appended_bytes, "busy": busy})
+                                       "partitions": len(self.actors), "bytes": self.appended_bytes,
+                                       "busy": list(held), "held": held})
                 self.appended_bytes = {}
             elif op == P.Op.ADOPT:
                 if assign is not None and self.actor_for(assign, topic, partition, reply) is not None:

@@ -12,7 +12,11 @@ Pure: no I/O, no clock of its own; the router feeds it and asks it. Rules:
   load, or whose worker is not alive, is stale and dropped when it reaches the top. The heap is
   rebuilt when stale entries outnumber live ones, so it stays O(workers).
 
-Load here is the number of partitions owned, weighted (``weight`` per partition, default 1).
+A worker's heap key is ``total(w) = load[w] + traffic[w]``: ``load`` is the number of
+partitions it owns, weighted (``weight`` per partition, default 1); ``traffic`` is what its last
+heartbeat reported (requests it holds plus its decayed append rate in MiB/s, fed in by the
+router through ``set_traffic``), so a new partition goes to the worker that is least busy, not
+merely the one with the fewest partitions.
 """
 
 from __future__ import annotations
@@ -27,26 +31,39 @@ class StickyScheduler:
             raise ValueError(f"workers={workers} must be >= 1")
         self.owner: dict[int, int] = {}  # slot -> worker
         self.weight: dict[int, int] = {}  # slot -> weight counted in its owner's load
-        self.load: dict[int, int] = {w: 0 for w in range(workers)}  # worker -> load
+        self.load: dict[int, int] = {w: 0 for w in range(workers)}  # worker -> owned weight
+        self.traffic: dict[int, float] = {}  # worker -> held requests + MiB/s, from heartbeats
         self.alive: set[int] = set(range(workers))
         self._seq = itertools.count()
-        self._heap: list[tuple[int, int, int]] = []  # heap of (load, worker, seq)
+        self._heap: list[tuple[float, int, int]] = []  # heap of (total, worker, seq)
         for w in range(workers):
             self._push(w)
 
+    def total(self, worker: int) -> float:
+        """The heap key: owned partition weight plus the traffic last reported."""
+        return self.load[worker] + self.traffic.get(worker, 0.0)
+
+    def set_traffic(self, worker: int, traffic: float) -> None:
+        """Requests held + MiB/s appended, as of the worker's last heartbeat."""
+        if worker not in self.load or self.traffic.get(worker, 0.0) == traffic:
+            return
+        self.traffic[worker] = traffic
+        if worker in self.alive:
+            self._push(worker)
+
     def _push(self, worker: int) -> None:
-        heapq.heappush(self._heap, (self.load[worker], worker, next(self._seq)))
+        heapq.heappush(self._heap, (self.total(worker), worker, next(self._seq)))
         if len(self._heap) > 4 * max(len(self.alive), 1) + 16:
             self._rebuild()
 
     def _rebuild(self) -> None:
-        self._heap = [(self.load[w], w, next(self._seq)) for w in self.alive]
+        self._heap = [(self.total(w), w, next(self._seq)) for w in self.alive]
         heapq.heapify(self._heap)
 
     def _least_loaded(self) -> int:
         while self._heap:
-            load, worker, _ = self._heap[0]
-            if worker in self.alive and self.load[worker] == load:
+            total, worker, _ = self._heap[0]
+            if worker in self.alive and self.total(worker) == total:
                 return worker
             heapq.heappop(self._heap)  # stale: load changed or worker gone
         raise RuntimeError("no live worker to place a partition on")
@@ -106,6 +123,7 @@ class StickyScheduler:
             raise ValueError(f"worker {worker} still owns {self.partitions_of(worker)}")
         self.alive.discard(worker)
         self.load.pop(worker, None)
+        self.traffic.pop(worker, None)
 
     def least_loaded(self) -> int:
         return self._least_loaded()

@@ -359,6 +359,8 @@ class Router:
             self.rate[slot] = 0.5 * self.rate.get(slot, 0.0) + 0.5 * got.get(slot, 0) / dt  # half-life: one beat
         mine = set(self.scheduler.partitions_of(w))
         self.busy = (self.busy - mine) | (set(info.get("busy", ())) & mine)
+        held = sum(info.get("held", {}).values())  # requests the worker holds (parked + durable waiters)
+        self.scheduler.set_traffic(w, held + sum(self.rate.get(slot, 0.0) for slot in mine) / Rebalancer.RATE_UNIT)
 
     def check_workers(self) -> None:
         """Declare silent workers dead; move their partitions after the grace (Talos' delay)."""

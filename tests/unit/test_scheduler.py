@@ -38,6 +38,17 @@ def test_weights_count_in_the_load():
     assert s.place(6) == 0 and s.load == {0: 6, 1: 5}  # a tie goes to the lower id
 
 
+def test_traffic_from_heartbeats_steers_new_partitions_to_the_less_busy_worker():
+    s = StickyScheduler(2)
+    assert [s.place(slot) for slot in range(4)] == [0, 1, 0, 1]
+    s.set_traffic(0, 5.0)  # worker 0 holds requests / appends MiB/s: its key is 2 + 5
+    assert s.total(0) == 7.0 and s.total(1) == 2.0
+    assert [s.place(slot) for slot in range(4, 9)] == [1, 1, 1, 1, 1]  # until worker 1 reaches 7
+    assert s.place(9) == 0  # a tie (7 vs 7) goes to the lower id
+    s.set_traffic(0, 0.0)  # traffic gone: only partition counts (3 vs 7) are left
+    assert s.place(10) == 0 and s.load == {0: 4, 1: 7}
+
+
 def test_heap_stays_bounded_under_churn():
     s = StickyScheduler(4)
     for i in range(10_000):
@@ -125,7 +136,7 @@ def test_evacuating_a_dead_worker_moves_all_its_partitions_to_live_ones():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["place", "release", "dead", "alive", "rebalance"]), st.integers(0, 30)), max_size=150))
+@given(st.lists(st.tuples(st.sampled_from(["place", "release", "dead", "alive", "rebalance", "traffic"]), st.integers(0, 30)), max_size=150))
 def test_every_partition_has_exactly_one_owner_and_epochs_only_grow(ops):
     s = StickyScheduler(3)
     r = Rebalancer(interval_s=0, cooldown_s=0, min_gap=0.1)
@@ -134,7 +145,8 @@ def test_every_partition_has_exactly_one_owner_and_epochs_only_grow(ops):
     for i, (op, x) in enumerate(ops):
         if op == "place" and s.alive:
             if x not in s.owner:
-                s.place(x)
+                lowest = min(s.total(w) for w in s.alive)
+                assert s.total(s.place(x)) - 1 == lowest, "a new partition went to a busier worker"
                 counter += 1
                 epoch[x] = counter
         elif op == "release":
@@ -148,6 +160,8 @@ def test_every_partition_has_exactly_one_owner_and_epochs_only_grow(ops):
                 epoch[slot] = counter
         elif op == "alive":
             s.mark_alive(x % 3)
+        elif op == "traffic":
+            s.set_traffic(x % 3, (x % 7) * 0.75)
         elif op == "rebalance":
             load = {slot: float((slot * 7) % 5) for slot in s.owner}
             plan = r.plan(s, load, set(), now=float(i))
