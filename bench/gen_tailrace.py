@@ -32,6 +32,7 @@ from client.records import CRC_START, HEADER_BYTES, HEADER_DTYPE, OFFSETS_DTYPE,
 from .payload import STAMP, batch_buffers, value_stamps
 
 FLUSH_TIMEOUT_MS = 120_000
+RETRY_S = 0.005  # pause before resending after NOT_READY (a partition between owners)
 STAMP_LENGTH = struct.Struct("<i")
 STAMP_CRC = struct.Struct("<I")
 _CRC_AT = HEADER_DTYPE.fields["crc"][1]
@@ -96,6 +97,14 @@ def owner_endpoints(spec: dict, partitions) -> dict[int, str]:
         c.close()
 
 
+def current_owner(spec: dict, partition: int) -> str:
+    """The endpoint that owns ``partition`` now (after a NOT_OWNER: the partition moved), or the
+    router's endpoint when going through the router."""
+    if not spec.get("direct", True):
+        return spec["endpoint"]
+    return owner_endpoints(spec, [partition]).get(partition, spec["endpoint"])
+
+
 def single(spec: dict, ctx) -> dict:
     """``producers`` independent producers, each one message then wait for its ack, repeat."""
     topic, partitions, k = spec["topic"], spec["partitions"], spec["producers"]
@@ -112,7 +121,7 @@ def single(spec: dict, ctx) -> dict:
         by_sock[c.sock] = j
     sent_at = [0] * k
     lat_ns = np.zeros(quota, dtype=np.int64)
-    done = sent = errors = 0
+    done = sent = errors = redirected = 0
     ctx.ready()
     deadline = ctx.t_start + spec["max_seconds"]
     for j in range(min(k, quota)):
@@ -120,14 +129,35 @@ def single(spec: dict, ctx) -> dict:
         conns[j].send(P.Op.PRODUCE, topic, parts[j], header, frame)
         sent += 1
     outstanding = min(k, quota)
+    retry: list[tuple[float, int]] = []  # (when, producer) to resend after NOT_READY
     # Sends stop at the deadline; replies still owed are waited for, so sent == acked + errors.
     while outstanding and time.monotonic() < deadline + FLUSH_TIMEOUT_MS / 1000:
-        for sock, _ev in poller.poll(1000):
+        now_s = time.monotonic()
+        while retry and retry[0][0] <= now_s:
+            j = retry.pop(0)[1]
+            conns[j].send(P.Op.PRODUCE, topic, parts[j], header, frame)
+        for sock, _ev in poller.poll(int(RETRY_S * 1000) if retry else 1000):
             j = by_sock[sock]
             r = conns[j].recv(0)
             if r is None:
                 continue
             now = time.perf_counter_ns()
+            if r.code == P.ErrorCode.NOT_OWNER:
+                # The partition moved (a rebalance): nothing was stored, so send the same message
+                # to the new owner; its latency keeps counting from the first send.
+                poller.unregister(sock)
+                del by_sock[sock]
+                conns[j].close()
+                conns[j] = Connection(current_owner(spec, parts[j]))
+                poller.register(conns[j].sock, zmq.POLLIN)
+                by_sock[conns[j].sock] = j
+                conns[j].send(P.Op.PRODUCE, topic, parts[j], header, frame)
+                redirected += 1
+                continue
+            if r.code == P.ErrorCode.NOT_READY:  # the old owner is letting go: same message, soon
+                retry.append((time.monotonic() + RETRY_S, j))
+                redirected += 1
+                continue
             outstanding -= 1
             if r.code == P.ErrorCode.OK:
                 lat_ns[done] = now - sent_at[j]
@@ -142,7 +172,7 @@ def single(spec: dict, ctx) -> dict:
                 outstanding += 1
     for c in conns:
         c.close()
-    return {"sent": sent, "acked": done, "errors": errors, "latency_ns": lat_ns[:done]}
+    return {"sent": sent, "acked": done, "errors": errors, "redirected": redirected, "latency_ns": lat_ns[:done]}
 
 
 def consume(spec: dict, ctx) -> dict:
@@ -183,6 +213,13 @@ class OneRecordFrame:
         return bytes(buf)
 
 
+def resend_due(pool: Pool, retry: list, pending: dict, eps: dict, topic: str, header: bytes) -> None:
+    now = time.monotonic()
+    while retry and retry[0][0] <= now:
+        _t, p, body = retry.pop(0)
+        pending[pool.send(eps.get(p), P.Op.PRODUCE, topic, p, header, body)] = (p, body)
+
+
 def e2e_produce(spec: dict, ctx) -> dict:
     """One message at a time at a fixed rate, each stamped with CLOCK_MONOTONIC at send.
 
@@ -194,26 +231,50 @@ def e2e_produce(spec: dict, ctx) -> dict:
     eps = owner_endpoints(spec, range(partitions))
     header = P.encode(P.ProduceRequest(acks=P.ACKS_BY_NAME[spec["acks"]]))
     frame = OneRecordFrame(spec["size"])
-    acked = errors = sent = 0
+    pending: dict[int, tuple[int, bytes]] = {}  # request id -> (partition, frame), for NOT_OWNER
+    counts = Counter()
+
+    retry: list[tuple[float, int, bytes]] = []  # (when, partition, frame) after NOT_READY
+
+    def take(r) -> None:
+        p, body = pending.pop(r.request_id, (None, None))
+        if r.code == P.ErrorCode.NOT_OWNER and p is not None:
+            # The partition moved (a rebalance): nothing was stored; resend to the new owner.
+            eps[p] = current_owner(spec, p) if spec.get("direct", True) else None
+            pending[pool.send(eps[p], P.Op.PRODUCE, topic, p, header, body)] = (p, body)
+            counts["redirected"] += 1
+        elif r.code == P.ErrorCode.NOT_READY and p is not None:
+            retry.append((time.monotonic() + RETRY_S, p, body))  # the old owner is letting go
+            counts["retried"] += 1
+        else:
+            counts["acked" if r.code == P.ErrorCode.OK else "errors"] += 1
+            if r.code != P.ErrorCode.OK:
+                counts[f"error_{P.ErrorCode(r.code).name}"] += 1
+
     ctx.ready()
+    sent = 0
     t0 = time.monotonic()
     while sent < total and time.monotonic() - t0 < spec["max_seconds"]:
         wait = t0 + sent / rate - time.monotonic()
         if wait > 0:
             time.sleep(wait)
-        pool.send(eps.get(sent % partitions), P.Op.PRODUCE, topic, sent % partitions, header, frame.stamp())
+        p, body = sent % partitions, frame.stamp()
+        pending[pool.send(eps.get(p), P.Op.PRODUCE, topic, p, header, body)] = (p, body)
         sent += 1
         ctx.add(1)
         while (r := pool.recv(0)) is not None:
-            acked, errors = acked + (r.code == P.ErrorCode.OK), errors + (r.code != P.ErrorCode.OK)
+            take(r)
+        resend_due(pool, retry, pending, eps, topic, header)
     rate_achieved = sent / max(time.monotonic() - t0, 1e-9)
     deadline = time.monotonic() + FLUSH_TIMEOUT_MS / 1000
-    while acked + errors < sent and time.monotonic() < deadline:
-        r = pool.recv(1000)
+    while (pending or retry) and time.monotonic() < deadline:
+        r = pool.recv(int(RETRY_S * 1000) if retry else 1000)
         if r is not None:
-            acked, errors = acked + (r.code == P.ErrorCode.OK), errors + (r.code != P.ErrorCode.OK)
+            take(r)
+        resend_due(pool, retry, pending, eps, topic, header)
     pool.close()
-    return {"sent": sent, "acked": acked, "errors": errors, "rate_achieved": rate_achieved}
+    return {**counts, "sent": sent, "acked": counts["acked"], "errors": counts["errors"], "redirected": counts["redirected"],
+            "rate_achieved": rate_achieved}
 
 
 def e2e_consume(spec: dict, ctx) -> dict:

@@ -140,7 +140,8 @@ def durable_single(system, o) -> list[dict]:
         lat = np.concatenate([r["latency_ns"] for r in run.results])
         rows.append(_row(case, system, run, messages=acked, size=o.size, latency=latency_summary(lat),
                          counts={"expected": sum(r["sent"] for r in run.results), "sent": sum(r["sent"] for r in run.results),
-                                 "acked": acked, "errors": sum(r["errors"] for r in run.results)},
+                                 "acked": acked, "errors": sum(r["errors"] for r in run.results),
+                                 "redirected": sum(r.get("redirected", 0) for r in run.results)},
                          params={"producers": k, "processes": procs, "partitions": o.partitions, "size": o.size,
                                  "max_seconds": o.single_seconds}))
     return rows
@@ -229,7 +230,8 @@ def e2e_latency(system, o) -> list[dict]:
                    broker_pids=system.pids(), on_go=_profiler(o, system, case))
     cons, prod = run.results
     return [_row(case, system, run, messages=cons["consumed"], size=o.size, latency=latency_summary(cons["latency_ns"]),
-                 counts={"expected": total, "sent": prod["sent"], "acked": prod["acked"], "consumed": cons["consumed"]},
+                 counts={"expected": total, "sent": prod["sent"], "acked": prod["acked"], "consumed": cons["consumed"],
+                         "errors": prod.get("errors", 0), "redirected": prod.get("redirected", 0)},
                  params={"rate": o.rate, "duration_s": o.duration, "partitions": o.partitions, "acks": "memory",
                          "max_wait_ms": o.max_wait_ms, "rate_achieved": round(prod["rate_achieved"], 1)})]
 

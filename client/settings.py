@@ -36,6 +36,7 @@ class Settings(msgspec.Struct, kw_only=True):
     rebalance: int = 1  # 1: move idle partitions off overloaded workers (router/scheduler.py)
     rebalance_interval_ms: int = 2000  # ... at most one move per this long
     rebalance_cooldown_ms: int = 30_000  # ... and the same partition not again within this
+    rebalance_persist_ms: int = 3000  # ... and only once an imbalance has lasted this long
     debug_read_delay_ms: int = 0  # fault injection for tests: each journal read on a worker waits this long
 
     @property

@@ -167,13 +167,19 @@ class Rebalancer:
     - the partition is idle (nothing in flight: a partition with requests in flight never moves),
       did not move in the last ``cooldown_s``, and carries at most half the gap (moving it narrows
       the imbalance without reversing it);
-    - no move happened in the last ``interval_s`` (one move at a time, so loads settle).
+    - no move happened in the last ``interval_s`` (one move at a time, so loads settle);
+    - the imbalance has lasted ``persist_s`` without a break (hysteresis in time: the loads are
+      decayed averages of heartbeat snapshots, and an evenly loaded broker's averages cross the
+      band now and then for a beat or two; a real hot spot stays).
     """
 
     RATE_UNIT = 1 << 20
 
-    def __init__(self, ratio: float = 1.5, min_gap: float = 1.0, cooldown_s: float = 30.0, interval_s: float = 2.0):
+    def __init__(self, ratio: float = 1.5, min_gap: float = 1.0, cooldown_s: float = 30.0, interval_s: float = 2.0,
+                 persist_s: float = 0.0):
         self.ratio, self.min_gap, self.cooldown_s, self.interval_s = ratio, min_gap, cooldown_s, interval_s
+        self.persist_s = persist_s
+        self.imbalanced_since: float | None = None  # when the current imbalance began
         self.last_moved: dict[int, float] = {}  # slot -> when it last moved
         self.last_move_at = float("-inf")
 
@@ -189,6 +195,11 @@ class Rebalancer:
         dst = min(per, key=lambda w: (per[w], w))
         gap = per[src] - per[dst]
         if gap < self.min_gap or per[src] <= self.ratio * per[dst]:
+            self.imbalanced_since = None
+            return None
+        if self.imbalanced_since is None:
+            self.imbalanced_since = now
+        if now - self.imbalanced_since < self.persist_s:
             return None
         best = None
         for slot in sched.partitions_of(src):

@@ -33,6 +33,8 @@ from shm.layout import ring_region_bytes
 
 from .scheduler import Rebalancer, StickyScheduler
 
+HELD_DECAY = 0.5 ** (1 / 4)  # per heartbeat: requests held decay with a half-life of 4 beats
+
 log = logging.getLogger("tailrace.router")
 
 ROUTER_IDENTITY = b"router"
@@ -84,9 +86,11 @@ class Router:
         self.spread_pending = False  # new workers joined: even out partitions once they answer
         self.down_since: dict[int, float] = {}  # worker -> when it stopped answering
         self.seen: set[int] = set()  # workers that answered at least one heartbeat
-        self.rebalancer = Rebalancer(interval_s=s.rebalance_interval_ms / 1000, cooldown_s=s.rebalance_cooldown_ms / 1000)
+        self.rebalancer = Rebalancer(interval_s=s.rebalance_interval_ms / 1000, cooldown_s=s.rebalance_cooldown_ms / 1000,
+                                     persist_s=s.rebalance_persist_ms / 1000)
         self.rate: dict[int, float] = {}  # slot -> decayed append rate, bytes/s (from heartbeats)
         self.busy: set[int] = set()  # slots whose owner holds requests for them
+        self.held: dict[int, float] = {}  # slot -> decayed count of requests its owner holds
         self.moves: list[tuple[int, int, int]] = []  # (slot, from, to), for status and tests
         self.started = time.time()
         self.forwarded = 0  # produce and fetch requests forwarded to workers
@@ -359,8 +363,18 @@ class Router:
             self.rate[slot] = 0.5 * self.rate.get(slot, 0.0) + 0.5 * got.get(slot, 0) / dt  # half-life: one beat
         mine = set(self.scheduler.partitions_of(w))
         self.busy = (self.busy - mine) | (set(info.get("busy", ())) & mine)
-        held = sum(info.get("held", {}).values())  # requests the worker holds (parked + durable waiters)
-        self.scheduler.set_traffic(w, held + sum(self.rate.get(slot, 0.0) for slot in mine) / Rebalancer.RATE_UNIT)
+        # Requests the worker holds per partition (parked fetches + durable waiters), decayed like
+        # the rate: one heartbeat's snapshot flickers (a tailing consumer's fetch is parked at one
+        # beat and in flight at the next), and load built on snapshots moved partitions of an
+        # evenly loaded broker.
+        held = {int(k): v for k, v in info.get("held", {}).items()}
+        for slot in mine:  # half-life: four beats (2 s)
+            self.held[slot] = HELD_DECAY * self.held.get(slot, 0.0) + (1 - HELD_DECAY) * held.get(slot, 0)
+        self.scheduler.set_traffic(w, sum(self.slot_load(slot) for slot in mine))
+
+    def slot_load(self, slot: int) -> float:
+        """A partition's load: requests held (decayed) + its decayed append rate in MiB/s."""
+        return self.held.get(slot, 0.0) + self.rate.get(slot, 0.0) / Rebalancer.RATE_UNIT
 
     def check_workers(self) -> None:
         """Declare silent workers dead; move their partitions after the grace (Talos' delay)."""
@@ -381,9 +395,7 @@ class Router:
     def maybe_rebalance(self) -> None:
         if not self.s.rebalance:
             return
-        load = {slot: r / Rebalancer.RATE_UNIT for slot, r in self.rate.items()}
-        for slot in self.busy:
-            load[slot] = load.get(slot, 0.0) + 1.0
+        load = {slot: self.slot_load(slot) for slot in self.scheduler.owner}
         plan = self.rebalancer.plan(self.scheduler, load, self.busy, time.monotonic())
         if plan is not None:
             slot, src, dst = plan

@@ -169,3 +169,34 @@ def test_a_slow_cold_read_does_not_stall_produce_or_hot_fetches_on_the_same_work
           f"{cold_result.get('took', 0):.2f} s with {cold_result.get('n')} records from {cold_result.get('first')}")
     assert cold_result["first"] == b"c00000" and cold_result["took"] >= 1.9  # it did wait on the "disk"
     assert max(lat) < 1.0, "hot produce/fetch waited behind the cold read"
+
+
+def test_an_evenly_loaded_broker_with_tailing_consumers_moves_nothing(make_broker):
+    """Single-record produce at 5,000/s round robin over 8 partitions (the e2e benchmark's load)
+    and a consumer long-polling every one: each heartbeat sees some fetches parked and some in
+    flight. Loads built on those snapshots crossed the rebalancing band every few seconds and
+    moved partitions of this evenly loaded broker (the raw producer then got NOT_OWNER)."""
+    from bench.gen_tailrace import e2e_consume, e2e_produce
+
+    class Ctx:
+        t_start = time.monotonic()
+
+        def ready(self):
+            pass
+
+        def add(self, n):
+            pass
+
+    b = make_broker(workers=2)
+    Admin(b.bootstrap).create_topic("even", 8)
+    spec = {"endpoint": b.bootstrap, "topic": "even", "partitions": 8, "size": 100, "max_seconds": 30}
+    got = {}
+    th = threading.Thread(target=lambda: got.update(e2e_consume({**spec, "expected": 50_000, "max_wait_ms": 500}, Ctx())))
+    th.start()
+    time.sleep(0.5)
+    prod = e2e_produce({**spec, "rate": 5000, "messages": 50_000, "acks": "memory"}, Ctx())
+    th.join()
+    moves = _status(b)["moves"]
+    print(f"\neven load: {prod} consumed {got['consumed']}, moves {moves}")
+    assert prod["acked"] == prod["sent"] == got["consumed"] == 50_000
+    assert moves == [] and prod["redirected"] == 0, "partitions moved on an evenly loaded broker"

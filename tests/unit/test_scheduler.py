@@ -105,6 +105,19 @@ def test_rebalance_moves_an_idle_cool_partition_off_the_hot_worker():
     assert load[plan[0]] == 1.0  # the hot partition (8.0) is more than half the gap: it stays
 
 
+def test_an_imbalance_must_last_persist_s_before_anything_moves():
+    s, load = _two_workers_with([8.0, 1.0, 1.0], [1.0])
+    r = Rebalancer(persist_s=3.0)
+    assert r.plan(s, load, busy=set(), now=100.0) is None  # imbalance begins
+    assert r.plan(s, load, busy=set(), now=102.0) is None  # 2 s: not yet
+    even = {0: 0.5, 1: 0.25, 2: 0.25, 3: 1.0}  # a beat where the loads even out (1 vs 1) resets the clock
+    assert r.plan(s, even, busy=set(), now=102.5) is None
+    assert r.plan(s, load, busy=set(), now=104.0) is None  # begins again at 104
+    assert r.plan(s, load, busy=set(), now=106.5) is None
+    plan = r.plan(s, load, busy=set(), now=107.0)
+    assert plan is not None and plan[1:] == (0, 1)
+
+
 def test_inside_the_hysteresis_band_nothing_moves():
     s, load = _two_workers_with([2.0, 2.0], [3.0])  # 4 vs 3: under 1.5x
     assert Rebalancer().plan(s, load, set(), now=100.0) is None
