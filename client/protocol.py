@@ -163,6 +163,7 @@ class PartitionInfo(msgspec.Struct):
     log_start_offset: int = 0
     high_watermark: int = 0
     durable_watermark: int = 0
+    adopted: bool = False  # the owner has taken the partition on: clients may address it directly
 
 
 class DescribeReply(msgspec.Struct):

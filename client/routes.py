@@ -1,8 +1,10 @@
 """Client-side addressing: which worker endpoint serves each partition, and when to use it.
 
 The router tells (DESCRIBE_TOPIC) which worker owns each partition and that worker's endpoint.
-A partition is sent to directly only once one request for it went through the router and was
-answered OK: the router's forwarded request is what makes a worker adopt a partition. A
+A partition is sent to directly once the owner has adopted it: DESCRIBE says so (``adopted``,
+when the router has already forwarded a request for it to that owner or told it to ADOPT), or one
+request of this client's went through the router and was answered OK (the router's forwarded
+request is what makes a worker adopt a partition). A
 ``NOT_OWNER`` reply, or a direct request lost with a worker, sends the partition back to the
 router path and schedules a fresh DESCRIBE: the router path always works, for any client.
 """
@@ -34,6 +36,8 @@ class Routes:
             old = self.endpoints.get((topic, pi.partition))
             if old is not None and old != pi.endpoint:
                 self.confirmed.discard((topic, pi.partition))
+            if pi.adopted:
+                self.confirmed.add((topic, pi.partition))
             self.endpoints[(topic, pi.partition)] = pi.endpoint
         self.refresh_at.pop(topic, None)
         return d.topic.partitions

@@ -94,6 +94,10 @@ class Router:
         self.moves: list[tuple[int, int, int]] = []  # (slot, from, to), for status and tests
         self.started = time.time()
         self.forwarded = 0  # produce and fetch requests forwarded to workers
+        # (topic, partition) -> the assignment its owner was last sent (a forwarded request or an
+        # ADOPT): equal to the route's means the owner has adopted it, or will with the request
+        # already on its way; DESCRIBE says so, and clients then go to the owner from the start.
+        self.told: dict[tuple[bytes, int], bytes] = {}
         for name in sorted(self.catalog.data.topics, key=lambda n: self.catalog.data.topics[n].topic_id):
             self._place_topic(name)
 
@@ -138,6 +142,7 @@ class Router:
                 return reply(code, P.ErrorReply(f"unknown topic or partition: topic={name!r} partition={partition}"))
             worker, assign = route
             self.forwarded += 1
+            self.told[(topic, partition)] = assign
             P.send_frames(self.dealers[worker], [ident, assign, *frames[1:]])
             return
         try:
@@ -237,8 +242,9 @@ class Router:
         t = self.catalog.get(name)
         parts = []
         for po in offsets.partitions:
-            w, _ = self.routes[(topic, po.partition)]
-            parts.append(P.PartitionInfo(po.partition, w, self.s.worker_endpoint(w), po.log_start_offset, po.high_watermark, po.durable_watermark))
+            w, assign = self.routes[(topic, po.partition)]
+            parts.append(P.PartitionInfo(po.partition, w, self.s.worker_endpoint(w), po.log_start_offset, po.high_watermark,
+                                         po.durable_watermark, adopted=self.told.get((topic, po.partition)) == assign))
         self.port.send([ident, head, P.encode(P.DescribeReply(_info(t), parts))])
 
     def status(self) -> dict:
@@ -414,6 +420,7 @@ class Router:
         self.moves.append((slot, src, dst))
         log.info("partition %s/%d (slot %d) moved from worker %d to worker %d", topic.name, p, slot, src, dst)
         P.send_frames(self.dealers[dst], [b"", assign, P.pack_routing(P.Op.ADOPT, p, 0, topic.name.encode()), P.EMPTY_MAP])
+        self.told[(topic.name.encode(), p)] = assign
 
     def ping_workers(self) -> None:
         for d in self.dealers.values():

@@ -270,3 +270,34 @@ def test_clients_address_the_owning_worker_directly_and_fall_back_to_the_router(
         before = forwarded()
         prod.flush()
         assert forwarded() == before + 1 and not prod.pool.direct
+
+
+def test_describe_says_which_partitions_are_adopted_and_new_clients_go_direct_from_the_first_request(broker):
+    Admin(broker.bootstrap).create_topic("adopt", 2)
+
+    def forwarded():
+        with Admin(broker.bootstrap) as a:
+            return a.status()["forwarded"]
+
+    with Admin(broker.bootstrap) as a:
+        assert [p.adopted for p in a.describe_topic("adopt").partitions] == [False, False]
+    with Producer(broker.bootstrap, acks="memory") as prod:  # first use: through the router
+        prod.send("adopt", b"warm", partition=0)
+        prod.flush()
+    with Admin(broker.bootstrap) as a:
+        assert [p.adopted for p in a.describe_topic("adopt").partitions] == [True, False]
+    before = forwarded()
+    with Producer(broker.bootstrap, acks="memory") as prod:  # a new client: straight to the owner
+        prod.send("adopt", b"direct", partition=0)
+        prod.flush()
+        assert forwarded() == before, "a new client's first request for an adopted partition went through the router"
+        prod.send("adopt", b"first use", partition=1)  # not adopted yet: the router makes the owner adopt it
+        prod.flush()
+        assert forwarded() == before + 1
+    with Consumer(broker.bootstrap, max_wait_ms=100) as cons:
+        cons.assign("adopt", [0], start="earliest")
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += [r.value for r in cons.poll(200)]
+        assert got == [b"warm", b"direct"]
