@@ -46,6 +46,10 @@ EXIT_STORAGE = 3
 # supervisord starts a fresh one: recovery then re-reads the journal's truth and the rings
 # (which still hold every unflushed batch) are drained again once the disk takes writes.
 STORAGE_RETRY_S = 2.0
+# Between kicks for durable acks, stage only once this many bytes wait in the rings (or every
+# idle tick): at a trickle of single records, staging on every worker kick rewrote the same
+# 4 KiB tail block thousands of times a second and kept a core a third busy for 0.5 MB/s.
+STAGE_MIN_BYTES = 64 << 10
 
 
 def _align_up(n: int) -> int:
@@ -169,6 +173,12 @@ class Flusher:
         if idx is None:
             idx = self.indexes[slot] = IndexFile(self.s.data_dir, slot, writable=True)
         return idx
+
+    def unflushed_bytes(self) -> int:
+        """Bytes appended to the rings and not yet staged for the journal, over all partitions."""
+        rows = self.table.rows
+        active = rows[:, COL["active"]] == 1
+        return int((rows[active, COL["write_position"]] - rows[active, COL["flushed_position"]]).sum())
 
     def do_work(self) -> int:
         """One cycle; returns the number of journal bytes staged (0 = idle)."""
@@ -374,6 +384,7 @@ def main() -> int:
     idle_ms = max(1, min(10, s.flush_interval_ms))
     failed_at = None
     busy = False
+    last_work = 0.0
     while not stop:
         if flusher.failed:
             failed_at = failed_at or time.monotonic()
@@ -388,7 +399,11 @@ def main() -> int:
                     break
                 if msg == b"D":
                     flusher.durable_wanted = True
-        busy = flusher.do_work() > 0
+        now = time.monotonic()
+        if busy or flusher.durable_wanted or now - last_work >= idle_ms / 1000 \
+                or flusher.unflushed_bytes() >= STAGE_MIN_BYTES:
+            busy = flusher.do_work() >= STAGE_MIN_BYTES
+            last_work = now
         flusher.table.header["flusher_heartbeat_ns"] = time.monotonic_ns()
     flusher.drain_and_close()
     kick.close(0)
