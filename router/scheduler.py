@@ -185,7 +185,8 @@ class Rebalancer:
 
     def plan(self, sched: StickyScheduler, load: dict[int, float], busy: set[int], now: float):
         """(slot, from_worker, to_worker) to move now, or None."""
-        if now - self.last_move_at < self.interval_s or len(sched.alive) < 2:
+        if len(sched.alive) < 2:
+            self.imbalanced_since = None
             return None
         per = {w: 0.0 for w in sched.alive}
         for slot, w in sched.owner.items():
@@ -199,8 +200,8 @@ class Rebalancer:
             return None
         if self.imbalanced_since is None:
             self.imbalanced_since = now
-        if now - self.imbalanced_since < self.persist_s:
-            return None
+        if now - self.imbalanced_since < self.persist_s or now - self.last_move_at < self.interval_s:
+            return None  # the imbalance is tracked during the interval too: a break resets it
         best = None
         for slot in sched.partitions_of(src):
             lo = load.get(slot, 0.0)

@@ -116,6 +116,10 @@ def test_an_imbalance_must_last_persist_s_before_anything_moves():
     assert r.plan(s, load, busy=set(), now=106.5) is None
     plan = r.plan(s, load, busy=set(), now=107.0)
     assert plan is not None and plan[1:] == (0, 1)
+    r.moved(plan[0], 107.0)
+    r.interval_s = 2.0
+    assert r.plan(s, even, busy=set(), now=108.0) is None  # a break inside the move interval...
+    assert r.plan(s, load, busy=set(), now=109.5) is None  # ...resets the clock: 1.5 s is not 3
 
 
 def test_inside_the_hysteresis_band_nothing_moves():
