@@ -49,3 +49,13 @@ def test_bench_durable_single_and_e2e_latency_report_every_message():
     e2e = rows["e2e/500"]
     assert e2e["counts"]["sent"] == e2e["counts"]["acked"] == e2e["counts"]["consumed"] == 500
     assert e2e["latency"]["count"] == 500
+
+
+def test_bench_hop_reports_every_round_trip_of_both_transports():
+    proc = subprocess.run([sys.executable, "-m", "bench.hop", "--round-trips", "300", "--in-flight", "1,8", "--json"],
+                          cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = json.loads(proc.stdout)
+    assert {(r["transport"], r["in_flight"]) for r in rows} == {("zmq", 1), ("unix", 1), ("zmq", 8), ("unix", 8)}
+    for r in rows:
+        assert r["round_trips"] == 300 and r["round_trips_per_s"] > 0 and 0 < r["p50_us"] <= r["p99_us"]
