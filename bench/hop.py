@@ -109,7 +109,10 @@ def run_case(transport: str, total: int, in_flight: int) -> dict:
         proc.join(30)
     finally:
         if sock is not None:
-            sock.close(linger=0) if transport == "zmq" else sock.close()
+            if zctx is not None:
+                sock.close(linger=0)
+            else:
+                sock.close()
         if zctx is not None:
             zctx.term()
         for name in os.listdir(tmp):
