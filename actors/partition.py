@@ -25,7 +25,7 @@ from client.protocol import ErrorCode
 from client.records import BatchError, now_us, validate_frame
 from shm import layout
 from shm.layout import COL
-from shm.ring import ControlTable, Ring, RingFull, RingWriter
+from shm.ring import ControlTable, Ring, RingFull, RingWriter, cut_batches
 from persistence.index import IndexFile
 from persistence.journal import JournalReader
 
@@ -224,27 +224,16 @@ class PartitionActor:
             return FetchResult(ErrorCode.OK, [], offset, "disk")
         return DiskRead(self.slot, offset, max_bytes, max_records, limit)
 
-    def _find_seq(self, tail: int, head: int, offset: int) -> int:
-        """Sequence number of the descriptor holding ``offset`` (numpy search, no copy)."""
-        cap = self.ring.desc_capacity
-        i, n = tail % cap, head - tail
-        first = self.ring.desc[i : min(cap, i + n)]
-        if len(first) and offset < int(first[-1]["base_offset"]) + int(first[-1]["count"]):
-            return tail + int(np.searchsorted(first["base_offset"], offset, side="right")) - 1
-        second = self.ring.desc[: n - len(first)]
-        return tail + len(first) + int(np.searchsorted(second["base_offset"], offset, side="right")) - 1
-
     def _read_ring(self, offset, max_bytes, max_records, hw) -> FetchResult | None:
         row = self.row
         tail, head = int(row[COL["desc_tail"]]), int(row[COL["desc_head"]])
         if tail >= head:
             return None
-        seq = self._find_seq(tail, head, offset)
+        seq = self.ring.find_seq(tail, head, offset)
         if seq < tail:
             return None
         descs = self.ring.descriptors(seq, min(head, seq + DESC_WINDOW))
-        k = self._cut(descs["base_offset"], descs["count"], (descs["length"].astype(np.int64) + 7) & ~7,
-                      offset, max_bytes, max_records, hw)
+        k = cut_batches(descs, offset, max_bytes, max_records, hw)
         take = descs[:k]
         first_pos = int(take[0]["position"]) % self.ring.ring_bytes
         stamped = _BASE_AT.unpack_from(self.ring.mv, first_pos + 8)[0]
@@ -258,17 +247,6 @@ class PartitionActor:
         # Copy done: if the writer reclaimed any of it meanwhile we would be reading our own
         # process's writes, which cannot interleave with this call (one thread per worker).
         return FetchResult(ErrorCode.OK, parts, nxt, "ring")
-
-    @staticmethod
-    def _cut(bases, counts, sizes, offset, max_bytes, max_records, hw) -> int:
-        """How many batches to return: at least one; stop at max_bytes, max_records, hw."""
-        ends = bases + counts
-        k = len(bases)
-        k = min(k, int(np.searchsorted(ends, hw, side="right")))
-        recs = np.cumsum(ends - np.maximum(bases, offset))
-        k = min(k, int(np.searchsorted(recs, max_records, side="left")) + 1)
-        k = min(k, int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")))
-        return max(k, 1)
 
     def close(self) -> None:
         if self.index is not None:

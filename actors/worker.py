@@ -29,6 +29,7 @@ import zmq
 from client import protocol as P
 from client import settings as settings_mod
 from client.catalog import Catalog
+from client import unixwire
 from shm import layout
 from shm.layout import COL
 from shm.ring import ControlTable, LayoutMismatch
@@ -38,6 +39,7 @@ from persistence.recovery import data_dir_id
 
 from . import partition as partition_mod
 from .partition import DiskRead, Fenced, FetchResult, PartitionActor, read_disk
+from .unix_server import PortMux, UnixServer
 
 log = logging.getLogger("tailrace.worker")
 
@@ -47,6 +49,7 @@ EXIT_OK = 0
 EXIT_NO_BROKER = 4
 DRAIN_MAX = 512
 KICK_INTERVAL_S = 0.002
+KICK_MIN_BYTES = 64 << 10  # plain data waiting before a worker kicks the flusher (= its STAGE_MIN_BYTES)
 READS_ENDPOINT = "inproc://tailrace-disk-reads"
 
 
@@ -130,10 +133,11 @@ class Worker:
         self.journal = JournalReader(s.data_dir, s.segment_bytes)
         self.actors: dict[int, PartitionActor] = {}  # slot -> actor
         self.sock: zmq.Socket | None = None
-        self.port: P.ReplyPort | None = None
+        self.port: PortMux | None = None
         self.kick: zmq.Socket | None = None
         self.appended: set[int] = set()  # slots appended to in this loop turn
         self.durable_added = False
+        self.unkicked_bytes = 0  # appended since the last kick of the flusher
         self.parked_slots: set[int] = set()  # slots with parked fetches
         self.waiting_slots: set[int] = set()  # slots with durable waiters
         self.boot_ns = time.time_ns()
@@ -244,9 +248,12 @@ class Worker:
             return
         code, message, base, count, t = actor.append(rest[2], self.s.max_batch_bytes)
         if code != P.ErrorCode.OK:
+            if code == P.ErrorCode.BACKPRESSURE:
+                self.unkicked_bytes = KICK_MIN_BYTES  # a full ring: have the flusher drain it now
             return reply(code, P.ErrorReply(message))
         self.appended.add(actor.slot)
         self.appended_bytes[actor.slot] = self.appended_bytes.get(actor.slot, 0) + len(rest[2])
+        self.unkicked_bytes += len(rest[2])
         if req.acks == P.Acks.MEMORY:
             reply(P.ErrorCode.OK, P.ProduceReply(base, count, t))
         elif req.acks == P.Acks.DURABLE:
@@ -449,9 +456,13 @@ def main(argv=None) -> int:
     partition_mod.READ_DELAY_S = s.debug_read_delay_ms / 1000
     worker.reader = DiskReader(ctx, s.data_dir, s.segment_bytes)
     worker.reader.start()
-    worker.port = P.ReplyPort(sock, log, f"worker {args.id}")
+    unix = UnixServer(unixwire.path_of(s.worker_unix_endpoint(args.id)), log, f"worker {args.id}",
+                      max_message=s.max_batch_bytes + (1 << 20))
+    worker.port = PortMux(P.ReplyPort(sock, log, f"worker {args.id}"), unix)
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
+    poller.register(unix.fileno(), zmq.POLLIN)
+    unix_fd = unix.fileno()
     poller.register(sub, zmq.POLLIN)
     poller.register(reads, zmq.POLLIN)
     log.info("worker %d serving on %s", args.id, s.worker_endpoint(args.id))
@@ -461,6 +472,10 @@ def main(argv=None) -> int:
         events = dict(poller.poll(timeout))
         if sock in events:
             P.drain(sock, worker.handle, DRAIN_MAX)
+        if unix_fd in events:
+            unix.service(worker.handle)
+        if worker.appended:
+            table.wake_readers(args.id % layout.WAKE_FLUSHER)  # same-host ring readers (shm/tail.py)
         if reads in events:
             P.drain(reads, _ignore, DRAIN_MAX)
             worker.reader.finish()
@@ -469,12 +484,14 @@ def main(argv=None) -> int:
             P.drain(sub, _ignore, DRAIN_MAX)
         now = time.monotonic()
         # Kick the flusher at once for a durable waiter (its latency is the ack's latency); for
-        # plain data at most every KICK_INTERVAL_S: the flusher drains on its own timer anyway,
-        # and a kick per loop turn woke it once per message at low rates.
-        if worker.durable_added or (worker.appended and now - last_kick > KICK_INTERVAL_S):
+        # plain data only once KICK_MIN_BYTES wait (or a ring was full), and at most every
+        # KICK_INTERVAL_S: the flusher stages a trickle on its own timer, and a kick per loop
+        # turn woke it once per message at low rates.
+        if worker.durable_added or (worker.unkicked_bytes >= KICK_MIN_BYTES and now - last_kick > KICK_INTERVAL_S):
             try:
                 P.send_frames(kick, [b"D" if worker.durable_added else b"F"], P.NOBLOCK)
                 last_kick = now
+                worker.unkicked_bytes = 0
             except zmq.Again:
                 pass
         if worker.waiting_slots:
@@ -510,6 +527,7 @@ def main(argv=None) -> int:
         worker.reader.finish()
     worker.reader.stop()
     worker.close()
+    unix.close()
     for s_ in (sock, kick, sub, reads):
         s_.close(0)
     ctx.term()

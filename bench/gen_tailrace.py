@@ -29,7 +29,7 @@ from client.errors import TailraceError
 from client.producer import Producer
 from client.records import CRC_START, HEADER_BYTES, HEADER_DTYPE, OFFSETS_DTYPE, batches_to_columns, encode_batch, iter_batches
 
-from .payload import STAMP, batch_buffers, value_stamps
+from .payload import STAMP, batch_buffers, view_stamps
 
 FLUSH_TIMEOUT_MS = 120_000
 RETRY_S = 0.005  # pause before resending after NOT_READY (a partition between owners)
@@ -92,7 +92,9 @@ def owner_endpoints(spec: dict, partitions) -> dict[int, str]:
         for p in sorted(set(partitions)):
             c.request(P.Op.FETCH, spec["topic"], p, P.encode(P.FetchRequest(0, max_bytes=1)))
         r = c.request(P.Op.DESCRIBE_TOPIC, spec["topic"])
-        return {pi.partition: pi.endpoint for pi in P.decoder(P.DescribeReply).decode(r.header).partitions}
+        local = spec.get("same_host", False)
+        return {pi.partition: pi.local_endpoint if local and pi.local_endpoint else pi.endpoint
+                for pi in P.decoder(P.DescribeReply).decode(r.header).partitions}
     finally:
         c.close()
 
@@ -117,8 +119,8 @@ def single(spec: dict, ctx) -> dict:
     poller = zmq.Poller()
     by_sock = {}
     for j, c in enumerate(conns):
-        poller.register(c.sock, zmq.POLLIN)
-        by_sock[c.sock] = j
+        poller.register(c.poll_key, zmq.POLLIN)
+        by_sock[c.poll_key] = j
     sent_at = [0] * k
     lat_ns = np.zeros(quota, dtype=np.int64)
     done = sent = errors = redirected = 0
@@ -149,8 +151,8 @@ def single(spec: dict, ctx) -> dict:
                 del by_sock[sock]
                 conns[j].close()
                 conns[j] = Connection(current_owner(spec, parts[j]))
-                poller.register(conns[j].sock, zmq.POLLIN)
-                by_sock[conns[j].sock] = j
+                poller.register(conns[j].poll_key, zmq.POLLIN)
+                by_sock[conns[j].poll_key] = j
                 conns[j].send(P.Op.PRODUCE, topic, parts[j], header, frame)
                 redirected += 1
                 continue
@@ -278,8 +280,9 @@ def e2e_produce(spec: dict, ctx) -> dict:
 
 
 def e2e_consume(spec: dict, ctx) -> dict:
-    """Tail every partition with long polls; latency = receive time - the value's stamp."""
-    cons = Consumer(spec["endpoint"], max_wait_ms=spec["max_wait_ms"], direct=spec.get("direct", True))
+    """Tail every partition with long polls (``same_host``: straight from the rings); latency =
+    receive time - the value's stamp."""
+    cons = Consumer(spec["endpoint"], max_wait_ms=spec["max_wait_ms"], direct=spec.get("direct", True), same_host=spec.get("same_host", False))
     cons.assign(spec["topic"], None, start="latest")
     expected = spec["expected"]
     lat = []
@@ -290,11 +293,12 @@ def e2e_consume(spec: dict, ctx) -> dict:
         for _a, start, _info, body in cons.poll_raw(200):
             now = time.monotonic_ns()
             buf = body.buffer if hasattr(body, "buffer") else body
-            cols = batches_to_columns(iter_batches(buf), start)
-            lat.append(now - value_stamps(cols.values, cols.value_offsets))
-            got += len(cols)
+            stamps = view_stamps(iter_batches(buf), start)
+            lat.append((now, stamps))
+            got += len(stamps)
     cons.close()
-    lat_ns = np.concatenate(lat) if lat else np.zeros(0, np.int64)
+    # latency = receive time - stamp, computed after the run (nothing per message while tailing)
+    lat_ns = np.concatenate([now - np.asarray(st, dtype=np.int64) for now, st in lat]) if lat else np.zeros(0, np.int64)
     return {"consumed": got, "latency_ns": lat_ns}
 
 

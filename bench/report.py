@@ -19,6 +19,8 @@ TARGETS: dict[str, list[tuple[str, str, float]]] = {
     "consume/cold": [("msgs_per_s", ">=", 1_500_000)],
     "partitions/ratio": [("ratio", ">=", 0.8)],
     "e2e/5000": [("latency.p99_us", "<=", 1_000)],
+    "e2e/5000/same-host": [("latency.p99_us", "<=", 1_000)],
+    "durable-single/64/same-host": [("msgs_per_s", ">=", 40_000), ("latency.p99_us", "<=", 10_000)],
 }
 
 

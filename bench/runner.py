@@ -30,6 +30,14 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+def _kinds(text: str) -> list[str]:
+    kinds = [x for x in text.split(",") if x]
+    bad = [k for k in kinds if k not in ("zmq", "same-host")]
+    if bad or not kinds:
+        raise argparse.ArgumentTypeError(f"transports are zmq and same-host, got {text!r}")
+    return kinds
+
+
 def add_workload_options(ap: argparse.ArgumentParser) -> None:
     """Options shared with compare.py: sizes and shapes of every workload."""
     ap.add_argument("workloads", nargs="*", default=[], metavar="WORKLOAD",
@@ -56,6 +64,9 @@ def add_workload_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rate", type=int, default=5000, help="e2e-latency messages per second")
     ap.add_argument("--duration", type=float, default=10.0, help="e2e-latency seconds")
     ap.add_argument("--max-wait-ms", type=int, default=500, help="e2e-latency consumer long-poll wait")
+    ap.add_argument("--transports", type=_kinds, default=["zmq", "same-host"],
+                    help="client transports of the latency workloads, comma list: zmq (any host), "
+                         "same-host (Unix sockets + ring reads; tailrace only)")
     ap.add_argument("--sizes", type=_ints, default=[16, 100, 1024, 16384], help="sizes workload, comma list of bytes")
     ap.add_argument("--sweep-bytes", type=int, default=1 << 30, help="sizes workload: payload bytes per size, at most")
     ap.add_argument("--batch-bytes", type=int, default=400_000, help="sizes workload: payload bytes per request")

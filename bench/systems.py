@@ -30,6 +30,7 @@ BROKER_SETTINGS = {"shm_budget_bytes": 4 * GiB, "max_batch_bytes": 512 * 1024}
 class TailraceSystem:
     name = "tailrace"
     gen = "bench.gen_tailrace"
+    same_host = True  # latency workloads also run over the same-host transport (Unix sockets, rings)
 
     def __init__(self, bootstrap: str | None = None, workers: int = 2, data_root: str | None = None,
                  settings: dict | None = None):

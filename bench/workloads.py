@@ -9,12 +9,15 @@ repeated runs and prints them.
 |-----------------|------------------------------------|-----------------------------------------------|
 | produce         | produce/memory                     | batched produce, acks=memory: msgs/s, MB/s    |
 | produce-durable | produce/durable                    | batched produce, acks=durable                 |
-| durable-single  | durable-single/<k>, k in 1,16,64   | one message, wait for the durable ack, repeat |
+| durable-single  | durable-single/<k>[/same-host]     | one message, wait for the durable ack, repeat |
 | consume-hot     | consume/hot                        | read from the start, data still in the rings  |
 | consume-cold    | consume/cold                       | read from the start after the rings wrapped   |
 | partitions      | partitions/8, /1000, /ratio        | batched produce over many partitions vs 8     |
-| e2e-latency     | e2e/<rate>                         | produce-to-consume latency at a fixed rate    |
+| e2e-latency     | e2e/<rate>[/same-host]             | produce-to-consume latency at a fixed rate    |
 | sizes           | sizes/<bytes>                      | batched produce, acks=memory, per value size  |
+
+The two latency workloads run once per transport (``--transports``): ``zmq``, what any client
+on any host uses, and, for tailrace, ``same-host`` (k in 1,16,64 for durable-single).
 """
 
 from __future__ import annotations
@@ -118,33 +121,49 @@ def produce_durable(system, o) -> list[dict]:
                           messages=o.messages, batch=o.batch, ring_bytes=o.ring_bytes)]
 
 
+def _transports(system, o) -> list[str]:
+    """The client transports to run latency workloads over: ``zmq`` always; ``same-host`` (Unix
+    sockets to the workers, consumers reading the rings) where the system has one."""
+    return [t for t in o.transports if t == "zmq" or getattr(system, "same_host", False)]
+
+
+def _suffix(transport: str) -> str:
+    return "" if transport == "zmq" else f"/{transport}"
+
+
 @_with_system("durable-single")
 def durable_single(system, o) -> list[dict]:
     rows = []
     for k in o.single_producers:
-        case = f"durable-single/{k}"
-        topic = new_topic(f"single{k}")
-        system.create_topic(topic, o.partitions, o.ring_bytes)
-        system.warm(topic, o.partitions)
-        procs = max(1, min(k, o.single_procs))
-        per_proc = _quota(k, procs)
-        quotas = _quota(o.single_messages, procs)
-        first = np.concatenate(([0], np.cumsum(per_proc)[:-1])).tolist()
-        jobs = [Job(f"{system.gen}:single", {
-            "endpoint": system.endpoint, "direct": not o.via_router, "topic": topic, "partitions": o.partitions, "producers": n,
-            "first_producer": f, "messages": q, "size": o.size, "acks": "durable", "max_seconds": o.single_seconds})
-            for n, q, f in zip(per_proc, quotas, first)]
-        run = run_jobs(jobs, label=f"{system.name} {case}", total=o.single_messages, timeout_s=o.single_seconds + 120,
-                       broker_pids=system.pids(), on_go=_profiler(o, system, case))
-        acked = sum(r["acked"] for r in run.results)
-        lat = np.concatenate([r["latency_ns"] for r in run.results])
-        rows.append(_row(case, system, run, messages=acked, size=o.size, latency=latency_summary(lat),
-                         counts={"expected": sum(r["sent"] for r in run.results), "sent": sum(r["sent"] for r in run.results),
-                                 "acked": acked, "errors": sum(r["errors"] for r in run.results),
-                                 "redirected": sum(r.get("redirected", 0) for r in run.results)},
-                         params={"producers": k, "processes": procs, "partitions": o.partitions, "size": o.size,
-                                 "max_seconds": o.single_seconds}))
+        for transport in _transports(system, o):
+            rows.append(_single_case(system, o, k, transport))
     return rows
+
+
+def _single_case(system, o, k: int, transport: str) -> dict:
+    case = f"durable-single/{k}{_suffix(transport)}"
+    topic = new_topic(f"single{k}")
+    system.create_topic(topic, o.partitions, o.ring_bytes)
+    system.warm(topic, o.partitions)
+    procs = max(1, min(k, o.single_procs))
+    per_proc = _quota(k, procs)
+    quotas = _quota(o.single_messages, procs)
+    first = np.concatenate(([0], np.cumsum(per_proc)[:-1])).tolist()
+    jobs = [Job(f"{system.gen}:single", {
+        "endpoint": system.endpoint, "direct": not o.via_router, "same_host": transport == "same-host", "topic": topic,
+        "partitions": o.partitions, "producers": n, "first_producer": f, "messages": q, "size": o.size, "acks": "durable",
+        "max_seconds": o.single_seconds})
+        for n, q, f in zip(per_proc, quotas, first)]
+    run = run_jobs(jobs, label=f"{system.name} {case}", total=o.single_messages, timeout_s=o.single_seconds + 120,
+                   broker_pids=system.pids(), on_go=_profiler(o, system, case))
+    acked = sum(r["acked"] for r in run.results)
+    lat = np.concatenate([r["latency_ns"] for r in run.results])
+    return _row(case, system, run, messages=acked, size=o.size, latency=latency_summary(lat),
+                counts={"expected": sum(r["sent"] for r in run.results), "sent": sum(r["sent"] for r in run.results),
+                        "acked": acked, "errors": sum(r["errors"] for r in run.results),
+                        "redirected": sum(r.get("redirected", 0) for r in run.results)},
+                params={"producers": k, "processes": procs, "partitions": o.partitions, "size": o.size,
+                        "transport": transport, "max_seconds": o.single_seconds})
 
 
 def _consume_case(system, o, case: str, ring_bytes: int) -> dict:
@@ -217,23 +236,30 @@ def partitions(system, o) -> list[dict]:
 
 @_with_system("e2e-latency")
 def e2e_latency(system, o) -> list[dict]:
-    case = f"e2e/{o.rate}"
+    """One case per transport: ``zmq`` (ZeroMQ produce, long-poll fetches: any host) and, for
+    tailrace, ``same-host`` (produce over the workers' Unix sockets, the consumer reading the
+    rings: shm/tail.py)."""
+    return [_e2e_case(system, o, transport) for transport in _transports(system, o)]
+
+
+def _e2e_case(system, o, transport: str) -> dict:
+    case = f"e2e/{o.rate}{_suffix(transport)}"
     topic = new_topic("e2e")
     system.create_topic(topic, o.partitions, o.ring_bytes)
     system.warm(topic, o.partitions)
     total = int(o.rate * o.duration)
-    common = {"endpoint": system.endpoint, "direct": not o.via_router, "topic": topic, "partitions": o.partitions, "size": max(o.size, 8),
-              "max_seconds": o.duration * 3 + 10}
+    common = {"endpoint": system.endpoint, "direct": not o.via_router, "same_host": transport == "same-host", "topic": topic,
+              "partitions": o.partitions, "size": max(o.size, 8), "max_seconds": o.duration * 3 + 10}
     jobs = [Job(f"{system.gen}:e2e_consume", {**common, "expected": total, "max_wait_ms": o.max_wait_ms}),
             Job(f"{system.gen}:e2e_produce", {**common, "rate": o.rate, "messages": total, "acks": "memory"})]
     run = run_jobs(jobs, label=f"{system.name} {case}", total=total, timeout_s=o.duration * 3 + 130,
                    broker_pids=system.pids(), on_go=_profiler(o, system, case))
     cons, prod = run.results
-    return [_row(case, system, run, messages=cons["consumed"], size=o.size, latency=latency_summary(cons["latency_ns"]),
-                 counts={"expected": total, "sent": prod["sent"], "acked": prod["acked"], "consumed": cons["consumed"],
-                         "errors": prod.get("errors", 0), "redirected": prod.get("redirected", 0)},
-                 params={"rate": o.rate, "duration_s": o.duration, "partitions": o.partitions, "acks": "memory",
-                         "max_wait_ms": o.max_wait_ms, "rate_achieved": round(prod["rate_achieved"], 1)})]
+    return _row(case, system, run, messages=cons["consumed"], size=o.size, latency=latency_summary(cons["latency_ns"]),
+                counts={"expected": total, "sent": prod["sent"], "acked": prod["acked"], "consumed": cons["consumed"],
+                        "errors": prod.get("errors", 0), "redirected": prod.get("redirected", 0)},
+                params={"rate": o.rate, "duration_s": o.duration, "partitions": o.partitions, "acks": "memory",
+                        "transport": transport, "max_wait_ms": o.max_wait_ms, "rate_achieved": round(prod["rate_achieved"], 1)})
 
 
 @_with_system("sizes")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import zmq
 
 from . import protocol as P
+from . import unixwire
 from .errors import TimeoutError_, error_for
 
 DEFAULT_BOOTSTRAP = "tcp://127.0.0.1:7420"
@@ -60,6 +61,12 @@ class Connection:
     @property
     def sock(self) -> zmq.Socket:
         if self._pid != os.getpid():
+            if self.endpoint.startswith(unixwire.SCHEME):  # a worker's same-host socket
+                self._ctx = None
+                self._sock = unixwire.UnixSocket(self.endpoint)
+                self._pid = os.getpid()
+                self._early.clear()
+                return self._sock
             self._ctx = zmq.Context()
             self._sock = self._ctx.socket(zmq.DEALER)
             self._sock.setsockopt(zmq.LINGER, 0)
@@ -76,8 +83,23 @@ class Connection:
         frames = [P.pack_routing(op, partition, rid, t), header]
         if body is not None:
             frames.append(body)
-        self.sock.send_multipart(frames, copy=body is None or len(body) < 65536)
+        sock = self.sock
+        if self._ctx is None:
+            sock.send_frames(frames)
+        else:
+            P.send_frames(sock, frames)  # int flags: pyzmq's send_multipart builds enums per frame
         return rid
+
+    @property
+    def poll_key(self):
+        """What to register in a zmq.Poller: the ZeroMQ socket, or a Unix socket's fd (the
+        poller reports plain fds as ints)."""
+        sock = self.sock
+        return sock if self._ctx is not None else sock.fileno()
+
+    def pending(self) -> bool:
+        """Whether a reply is already here (read ahead), so a poll of the socket would miss it."""
+        return bool(self._early) or (self._ctx is None and self._sock is not None and bool(self._sock.ready))
 
     def recv(self, timeout_ms: int) -> Reply | None:
         """Next reply, or None after ``timeout_ms`` (0 = don't wait, -1 = forever)."""
@@ -85,15 +107,28 @@ class Connection:
             rid = next(iter(self._early))
             return self._early.pop(rid)
         sock = self.sock
-        if timeout_ms != -1 and not sock.poll(timeout_ms):
+        if self._ctx is None:  # a Unix socket: poll reads and waits for a whole message
+            if not sock.poll(timeout_ms):
+                return None
+        elif timeout_ms != -1 and not sock.poll(timeout_ms):
             return None
-        frames = sock.recv_multipart(copy=False)
-        routing = frames[0].bytes
+        return self._recv_ready()
+
+    def _recv_ready(self) -> Reply:
+        """The reply a poll said is waiting (large bodies stay zero-copy frames)."""
+        if self._ctx is None:  # Unix socket: already bytes
+            frames = self.sock.recv_frames()
+            routing = frames[0]
+            header = frames[1] if len(frames) > 1 else P.EMPTY_MAP
+            body = frames[2] if len(frames) > 2 else None
+        else:
+            frames = P.recv_frames_nocopy(self.sock)
+            routing = frames[0].bytes
+            header = frames[1].bytes if len(frames) > 1 else P.EMPTY_MAP
+            body = frames[2] if len(frames) > 2 else None
+            if body is not None and len(body) < 65536:
+                body = body.bytes
         _v, op, code, partition, rid, topic = P.unpack_routing(routing)
-        header = frames[1].bytes if len(frames) > 1 else P.EMPTY_MAP
-        body = frames[2] if len(frames) > 2 else None
-        if body is not None and len(body) < 65536:
-            body = body.bytes
         return Reply(op, code, partition, rid, topic, header, body, self.endpoint)
 
     def wait_for(self, rid: int, timeout_ms: int) -> Reply:
@@ -128,7 +163,8 @@ class Connection:
     def close(self) -> None:
         if self._sock is not None and self._pid == os.getpid():
             self._sock.close(0)
-            self._ctx.term()
+            if self._ctx is not None:
+                self._ctx.term()
         self._sock = self._ctx = self._pid = None
 
 
@@ -167,19 +203,27 @@ class Pool:
             return self.router.recv(timeout_ms)
         conns = [self.router, *self.direct.values()]
         for c in conns:
-            if c._early:
+            if c.pending():
                 return c.recv(0)
         if self._poller is None or self._pid != os.getpid():
             self._poller = zmq.Poller()
             self._by_sock = {}
             for c in conns:
-                self._poller.register(c.sock, zmq.POLLIN)
-                self._by_sock[c.sock] = c
+                self._poller.register(c.poll_key, zmq.POLLIN)
+                self._by_sock[c.poll_key] = c
             self._pid = os.getpid()
-        events = self._poller.poll(None if timeout_ms == -1 else timeout_ms)
-        if not events:
-            return None
-        return self._by_sock[events[0][0]].recv(0)
+        deadline = None if timeout_ms == -1 else time.monotonic() + timeout_ms / 1000
+        while True:
+            left = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            events = self._poller.poll(left)
+            if not events:
+                return None
+            c = self._by_sock[events[0][0]]
+            if c._ctx is not None:
+                return c._recv_ready()  # no second poll: it is waiting
+            r = c.recv(0)  # a Unix socket: readable, but maybe not a whole message yet
+            if r is not None or (deadline is not None and time.monotonic() >= deadline):
+                return r
 
     def forget(self, endpoint: str) -> None:
         c = self.direct.pop(endpoint, None)

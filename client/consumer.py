@@ -14,17 +14,24 @@ One fetch per assigned partition is in flight at a time; each asks the broker to
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple
+
+import numpy as np
 
 from . import protocol as P
 from .connection import DEFAULT_BOOTSTRAP, Pool
 from .routes import Routes
 from .errors import OffsetOutOfRangeError
 from .records import Columns, batches_to_columns, iter_batches
+from shm.tail import SharedRings, TailStatus
 
 EARLIEST, LATEST = "earliest", "latest"
+RING_WAIT_S = 0.1  # longest futex sleep of a ring-reading consumer with nothing to read
+RING_RECHECK_S = 1.0  # how often a ring reader checks that its mappings are current
+log = logging.getLogger("tailrace.consumer")
 
 
 class Record(NamedTuple):
@@ -45,15 +52,17 @@ class _Assigned:
     sent: float = 0.0  # when it was sent (a fetch lost with a broker process is sent again)
     wait_s: float = 0.0  # the max_wait it asked for
     via: str | None = None  # endpoint of the fetch in flight (None: the router)
+    tail: object = None  # shm.tail.PartitionTail when read from the ring (shm=True)
+    below: bool = False  # the position is below the ring: fetch it
 
 
 class Consumer:
     def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, *, max_bytes: int = 4 << 20,
                  max_records: int = 1 << 20, max_wait_ms: int = 500, isolation: str = "memory",
-                 request_timeout_ms: int = 3000, direct: bool = True):
+                 request_timeout_ms: int = 3000, direct: bool = True, same_host: bool = False):
         self.pool = Pool(bootstrap)
         self.conn = self.pool.router
-        self.routes = Routes(self.pool, direct)
+        self.routes = Routes(self.pool, direct, same_host)
         self.max_bytes = max_bytes
         self.max_records = max_records
         self.max_wait_ms = max_wait_ms
@@ -63,6 +72,15 @@ class Consumer:
         self.assigned: dict[tuple[str, int], _Assigned] = {}
         self._by_rid: dict[int, _Assigned] = {}
         self.last_reply: dict[tuple[str, int], P.FetchReply] = {}
+        # same_host: read partitions straight from the broker's shared-memory rings (shm/tail.py)
+        # and fetch what is below them over the workers' Unix sockets; falls back to ordinary
+        # fetches wherever the rings cannot be mapped (another host or user)
+        self.same_host = same_host
+        self._rings = None  # shm.tail.SharedRings once mapped
+        self._tailed: list[_Assigned] = []
+        self._tail_slots = self._tail_pos = np.zeros(0, dtype=np.int64)
+        self._fetching = False
+        self._tails_at = 0.0
 
     def list_offsets(self, topic: str) -> list[P.PartitionOffsets]:
         r = self.conn.request(P.Op.LIST_OFFSETS, topic)
@@ -79,18 +97,24 @@ class Consumer:
             else:
                 pos = int(start)
             self.assigned[(topic, p)] = _Assigned(topic, p, pos)
+        if self.same_host:
+            self._attach_rings(topic)
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
         a = self.assigned[(topic, partition)]
         a.position = offset
         a.inflight = 0  # a reply still in flight for the old position is ignored
+        a.below = False
+        self._index_tails()
 
     def position(self, topic: str, partition: int) -> int:
         return self.assigned[(topic, partition)].position
 
-    def _send_fetches(self, max_wait_ms: int) -> None:
+    def _send_fetches(self, max_wait_ms: int, fetch_only: bool = False) -> None:
         now = time.monotonic()
         for a in self.assigned.values():
+            if fetch_only and a.tail is not None and not a.below:
+                continue  # read from its ring
             if a.inflight:
                 if now - a.sent < a.wait_s + self.request_timeout_s:
                     continue
@@ -105,6 +129,8 @@ class Consumer:
 
     def poll_raw(self, timeout_ms: int = 1000) -> list[tuple[_Assigned, int, P.FetchReply, object]]:
         """Fetch replies with data, as (partition state, start offset, reply, body buffer)."""
+        if self._rings is not None:
+            return self._poll_rings(timeout_ms)
         deadline = time.monotonic() + timeout_ms / 1000
         out = []
         while True:
@@ -118,25 +144,124 @@ class Consumer:
                 if out or left == 0:
                     return out
                 continue
-            a = self._by_rid.pop(r.request_id, None)
-            if a is None or a.inflight != r.request_id:
-                continue
-            a.inflight = 0
-            self.routes.answered(a.topic, a.partition, r.via, r.code)
-            if r.code == P.ErrorCode.NOT_OWNER:
-                continue  # asked again through the router on the next turn
-            if r.code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
-                r_err = P.decoder(P.ErrorReply).decode(r.header)
-                raise OffsetOutOfRangeError(
-                    f"{a.topic}/{a.partition}: offset {a.position} out of range", log_start_offset=r_err.log_start_offset,
-                    high_watermark=r_err.high_watermark)
-            r.raise_for_code()
-            info = P.decoder(P.FetchReply).decode(r.header)
+            self._take(r, out)
+
+    def _take(self, r, out: list) -> None:
+        """One fetch reply: advance its partition and add its data to ``out``."""
+        a = self._by_rid.pop(r.request_id, None)
+        if a is None or a.inflight != r.request_id:
+            return
+        a.inflight = 0
+        if a.below:
+            a.below = False  # its ring is tried again from the new position
+            self._fetching = True  # re-indexed below, or at the next ring read
+        self.routes.answered(a.topic, a.partition, r.via, r.code)
+        if r.code == P.ErrorCode.NOT_OWNER:
+            return  # asked again through the router on the next turn
+        if r.code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
+            r_err = P.decoder(P.ErrorReply).decode(r.header)
+            raise OffsetOutOfRangeError(
+                f"{a.topic}/{a.partition}: offset {a.position} out of range", log_start_offset=r_err.log_start_offset,
+                high_watermark=r_err.high_watermark)
+        r.raise_for_code()
+        info = P.decoder(P.FetchReply).decode(r.header)
+        self.last_reply[(a.topic, a.partition)] = info
+        if r.body is not None and len(r.body):
+            start = a.position
+            a.position = info.next_offset
+            out.append((a, start, info, r.body))
+        if a.tail is not None:
+            self._index_tails()
+
+    # --- same-host ring reads (same_host=True) ----------------------------------------------------
+    def _attach_rings(self, topic: str) -> None:
+        """Map the broker's control table and this topic's rings read-only; on any failure (not
+        the broker's host or user, another build) the topic is read with fetches."""
+        try:
+            r = self.conn.request(P.Op.DESCRIBE_TOPIC, topic)
+            d = P.decoder(P.DescribeReply).decode(r.header)
+            if self._rings is None or self._rings.instance != d.instance or not self._rings.is_current():
+                self._drop_rings()
+                self._rings = SharedRings(d.instance, d.data_id)
+            for pi in d.partitions:
+                a = self.assigned.get((topic, pi.partition))
+                if a is not None and pi.slot >= 0:
+                    a.tail = self._rings.partition(pi.slot, d.topic.topic_id, pi.partition)
+        except Exception as exc:  # noqa: BLE001 - any reason to not map is a reason to fetch
+            log.info("same-host ring reads unavailable for %s (%s: %s); fetching", topic, type(exc).__name__, exc)
+            for a in self.assigned.values():
+                if a.topic == topic:
+                    a.tail = None
+        self._tails_at = time.monotonic()
+        self._index_tails()
+
+    def _index_tails(self) -> None:
+        """Arrays of the ring-read partitions' slots and positions, for the one-gather idle check."""
+        tails = [a for a in self.assigned.values() if a.tail is not None]
+        self._tailed = tails
+        self._tail_slots = np.array([a.tail.slot for a in tails], dtype=np.int64)
+        self._tail_pos = np.array([a.position for a in tails], dtype=np.int64)
+        self._fetching = any(a.tail is None or a.below for a in self.assigned.values())
+
+    def _poll_rings(self, timeout_ms: int) -> list:
+        """Read partitions from the rings; a partition below its ring (or not mapped) goes
+        through fetches meanwhile. With nothing to read, sleeps on the broker's futex word
+        (shm/futex.py) until a worker publishes, at most ``RING_WAIT_S`` at a time."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            out = []
+            if time.monotonic() - self._tails_at >= RING_RECHECK_S:
+                self._recheck_rings()
+            rings = self._rings
+            mark = rings.table.wake_mark() if rings is not None else 0
+            if rings is not None and self._tailed:
+                wm = rings.watermarks(self._tail_slots, self.isolation)
+                for i in np.flatnonzero(wm != self._tail_pos).tolist():
+                    self._read_ring(i, out)
+            if self._fetching:
+                self._send_fetches(self.max_wait_ms, fetch_only=True)
+            if self._by_rid:
+                while (r := self.pool.recv(0)) is not None:
+                    self._take(r, out)
+            if out:
+                return out
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return out
+            if self._by_rid:  # a fetch (below a ring) is out: its reply is what comes next
+                r = self.pool.recv(max(1, min(int(left * 1000), 5)))
+                if r is not None:
+                    self._take(r, out)
+                    if out:
+                        return out
+            elif rings is not None:
+                rings.table.wait_wake(mark, min(left, RING_WAIT_S))
+            else:
+                time.sleep(min(left, RING_WAIT_S))
+
+    def _read_ring(self, i: int, out: list) -> None:
+        a = self._tailed[i]
+        if a.inflight or a.below:
+            return
+        got = a.tail.read(a.position, self.max_bytes, self.max_records, self.isolation)
+        if got.status == TailStatus.DATA:
+            info = P.FetchReply(got.high_watermark, got.durable_watermark, got.log_start_offset, got.next_offset, "shm")
             self.last_reply[(a.topic, a.partition)] = info
-            if r.body is not None and len(r.body):
-                start = a.position
-                a.position = info.next_offset
-                out.append((a, start, info, r.body))
+            out.append((a, a.position, info, got.body))
+            a.position = self._tail_pos[i] = got.next_offset
+            return
+        if got.status == TailStatus.BELOW:
+            a.below = True  # a fetch reads it (the journal, or the broker's error)
+        elif got.status == TailStatus.GONE:
+            a.tail = None  # fetched until the next recheck maps it again
+        self._index_tails()
+
+    def _recheck_rings(self) -> None:
+        """Once a second: re-map when a partition lost its ring or the broker re-made its memory."""
+        stale = self._rings is None or not self._rings.is_current()
+        for topic in sorted({a.topic for a in self.assigned.values() if stale or a.tail is None}):
+            self._attach_rings(topic)
+        self._tails_at = time.monotonic()
 
     def poll_columns(self, timeout_ms: int = 1000) -> list[tuple[str, int, Columns]]:
         """Fetched records as columns, per partition (numpy only: no object per message)."""
@@ -159,7 +284,17 @@ class Consumer:
             )
         return records
 
+    def _drop_rings(self) -> None:
+        """Unmap every ring (each partition is fetched until mapped again)."""
+        for a in self.assigned.values():
+            a.tail = None
+        self._index_tails()
+        if self._rings is not None:
+            self._rings.close()
+            self._rings = None
+
     def close(self) -> None:
+        self._drop_rings()
         self.pool.close()
 
     def __enter__(self):

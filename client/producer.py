@@ -87,12 +87,15 @@ class Producer:
         delivery_timeout_ms: int = 120_000,
         idempotent: bool = True,
         direct: bool = True,
+        same_host: bool = False,
         retry_backoff_ms: float = 2.0,
         on_ack: Callable[[str, int, int, int], None] | None = None,
     ):
         self.pool = Pool(bootstrap)
         self.conn = self.pool.router
-        self.routes = Routes(self.pool, direct)
+        # same_host: send to the owning workers' Unix sockets instead of their ZeroMQ endpoints
+        # (client/unixwire.py); the router and any fallback stay ZeroMQ.
+        self.routes = Routes(self.pool, direct, same_host)
         self.acks = P.ACKS_BY_NAME[acks] if isinstance(acks, str) else P.Acks(acks)
         self.linger_s = linger_ms / 1000
         self.batch_records = batch_records

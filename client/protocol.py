@@ -164,11 +164,15 @@ class PartitionInfo(msgspec.Struct):
     high_watermark: int = 0
     durable_watermark: int = 0
     adopted: bool = False  # the owner has taken the partition on: clients may address it directly
+    slot: int = -1  # the partition's ring slot (same-host readers map /tailrace-<instance>-r<slot>)
+    local_endpoint: str = ""  # the owner's same-host endpoint, unix://... (client/unixwire.py)
 
 
 class DescribeReply(msgspec.Struct):
     topic: TopicInfo
     partitions: list[PartitionInfo]
+    instance: str = ""  # shared-memory instance name of the broker (same-host ring reads)
+    data_id: int = 0  # the data directory's identity, as the control table carries it
 
 
 class ListTopicsReply(msgspec.Struct):
@@ -317,6 +321,14 @@ def recv_frames(sock, flags: int = 0) -> list:
     parts = [_recv(sock, flags)]
     while _get(sock, RCVMORE):
         parts.append(_recv(sock, flags))
+    return parts
+
+
+def recv_frames_nocopy(sock) -> list:
+    """One multipart message as zmq.Frame objects (a large body is not copied), int flags."""
+    parts = [_recv(sock, 0, False)]
+    while _get(sock, RCVMORE):
+        parts.append(_recv(sock, 0, False))
     return parts
 
 

@@ -20,9 +20,10 @@ REFRESH_S = 1.0
 
 
 class Routes:
-    def __init__(self, pool: Pool, direct: bool = True):
+    def __init__(self, pool: Pool, direct: bool = True, same_host: bool = False):
         self.pool = pool
         self.direct = direct
+        self.same_host = same_host  # address owners at their Unix sockets (client/unixwire.py)
         self.partitions_of: dict[str, int] = {}  # topic -> partition count
         self.endpoints: dict[tuple[str, int], str] = {}  # (topic, p) -> worker endpoint
         self.confirmed: set[tuple[str, int]] = set()  # answered OK via the router at least once
@@ -34,11 +35,11 @@ class Routes:
         self.partitions_of[topic] = d.topic.partitions
         for pi in d.partitions:
             old = self.endpoints.get((topic, pi.partition))
-            if old is not None and old != pi.endpoint:
+            if old is not None and old not in (pi.endpoint, pi.local_endpoint):
                 self.confirmed.discard((topic, pi.partition))
             if pi.adopted:
                 self.confirmed.add((topic, pi.partition))
-            self.endpoints[(topic, pi.partition)] = pi.endpoint
+            self.endpoints[(topic, pi.partition)] = pi.local_endpoint if self.same_host and pi.local_endpoint else pi.endpoint
         self.refresh_at.pop(topic, None)
         return d.topic.partitions
 

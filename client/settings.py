@@ -47,6 +47,10 @@ class Settings(msgspec.Struct, kw_only=True):
     def ipc_path(self) -> str:
         return self.ipc_dir or os.path.join(tempfile.gettempdir(), f"tailrace-{self.instance}")
 
+    def worker_unix_endpoint(self, worker_id: int) -> str:
+        """The worker's same-host endpoint (client/unixwire.py), beside its ZeroMQ one."""
+        return f"unix://{self.ipc_path()}/worker-{worker_id}.sock"
+
     def worker_endpoint(self, worker_id: int) -> str:
         return f"ipc://{self.ipc_path()}/worker-{worker_id}.ipc"
 

@@ -287,6 +287,7 @@ class Flusher:
         self.durable_wanted = False
         self.unsynced_bytes = 0
         self.last_sync_ns = time.monotonic_ns()
+        self.table.wake_readers(layout.WAKE_FLUSHER)  # durable_offset moved: isolation "durable" readers
         if self.pub is not None:
             self.pub.send(b"D")
 
@@ -382,6 +383,7 @@ def main() -> int:
         time.sleep(STORAGE_RETRY_S)
         return EXIT_STORAGE
     idle_ms = max(1, min(10, s.flush_interval_ms))
+    trickle_s = max(idle_ms, s.flush_interval_ms) / 1000
     failed_at = None
     busy = False
     last_work = 0.0
@@ -400,7 +402,9 @@ def main() -> int:
                 if msg == b"D":
                     flusher.durable_wanted = True
         now = time.monotonic()
-        if busy or flusher.durable_wanted or now - last_work >= idle_ms / 1000 \
+        # A trickle (under STAGE_MIN_BYTES, nobody waiting to be durable) is staged once per
+        # flush interval, not every tick: each cycle rewrites the journal's partial tail block.
+        if busy or flusher.durable_wanted or now - last_work >= trickle_s \
                 or flusher.unflushed_bytes() >= STAGE_MIN_BYTES:
             busy = flusher.do_work() >= STAGE_MIN_BYTES
             last_work = now

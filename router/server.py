@@ -29,6 +29,7 @@ import zmq
 from client import protocol as P
 from client import settings as settings_mod
 from client.catalog import Catalog, store_worker_count, stored_worker_count, valid_topic_name, write_atomic
+from persistence.recovery import data_dir_id
 from shm.layout import ring_region_bytes
 
 from .scheduler import Rebalancer, StickyScheduler
@@ -67,6 +68,7 @@ def next_generation(data_dir: str) -> int:
 class Router:
     def __init__(self, s: settings_mod.Settings):
         self.s = s
+        self.data_id = 0  # the data directory's identity (for DESCRIBE), once the flusher made it
         self.catalog = Catalog(s.data_dir)
         self.count = stored_worker_count(s.data_dir) or s.workers  # workers 0..count-1 take partitions
         self.scheduler = StickyScheduler(self.count)
@@ -244,8 +246,11 @@ class Router:
         for po in offsets.partitions:
             w, assign = self.routes[(topic, po.partition)]
             parts.append(P.PartitionInfo(po.partition, w, self.s.worker_endpoint(w), po.log_start_offset, po.high_watermark,
-                                         po.durable_watermark, adopted=self.told.get((topic, po.partition)) == assign))
-        self.port.send([ident, head, P.encode(P.DescribeReply(_info(t), parts))])
+                                         po.durable_watermark, adopted=self.told.get((topic, po.partition)) == assign,
+                                         slot=t.slots[po.partition], local_endpoint=self.s.worker_unix_endpoint(w)))
+        if not self.data_id:
+            self.data_id = data_dir_id(self.s.data_dir) or 0
+        self.port.send([ident, head, P.encode(P.DescribeReply(_info(t), parts, self.s.instance, self.data_id))])
 
     def status(self) -> dict:
         now = time.monotonic()

@@ -58,10 +58,15 @@ TABLE_HEADER_DTYPE = np.dtype(
         ("flusher_pid", "<i8"),
         ("flusher_heartbeat_ns", "<i8"),
         ("data_id", "<i8"),  # the data directory's random id (data_dir/instance.json)
-        ("reserved", "<i8", (8,)),
+        # futex word (low 4 bytes) that same-host ring readers sleep on: workers store a new value
+        # after a loop turn that appended, the flusher after a sync (shm/futex.py)
+        ("wake", "<i8"),
+        ("reserved", "<i8", (7,)),
     ]
 )
 TABLE_HEADER_BYTES = TABLE_HEADER_DTYPE.itemsize
+WAKE_AT = TABLE_HEADER_DTYPE.fields["wake"][1]
+WAKE_FLUSHER = 0xFF  # the flusher's writer id in wake values (workers use their id)
 assert TABLE_HEADER_BYTES == 2 * CACHE_LINE
 
 STATE_INITIALIZING = 1

@@ -41,11 +41,12 @@ def ring_name(instance: str, slot: int) -> str:
 class Region:
     """One mapped shared-memory region. ``buf`` is the writable mmap."""
 
-    def __init__(self, name: str, size: int, created: bool, mm: mmap.mmap):
+    def __init__(self, name: str, size: int, created: bool, mm: mmap.mmap, inode: int = 0):
         self.name = name
         self.size = size
         self.created = created
         self.buf = mm
+        self.inode = inode  # of the /dev/shm file mapped: a region re-made under the name has another
 
     @classmethod
     def create(cls, name: str, size: int) -> "Region":
@@ -58,14 +59,28 @@ class Region:
         return cls(name, size, True, mm)
 
     @classmethod
-    def attach(cls, name: str) -> "Region":
-        shm = posix_ipc.SharedMemory(name)
+    def attach(cls, name: str, read_only: bool = False) -> "Region":
+        """Map an existing region. ``read_only``: opened O_RDONLY and mapped PROT_READ (same-host
+        readers: a stray store faults instead of corrupting the broker's memory), and not
+        pre-faulted (a reader touches only the pages it reads)."""
+        shm = posix_ipc.SharedMemory(name, read_only=read_only)
         try:
             size = shm.size
-            mm = mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+            inode = os.fstat(shm.fd).st_ino
+            if read_only:
+                mm = mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            else:
+                mm = mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
         finally:
             shm.close_fd()
-        return cls(name, size, False, mm)
+        return cls(name, size, False, mm, inode)
+
+    def is_current(self) -> bool:
+        """Whether the name still names the region mapped here (not unlinked, not re-made)."""
+        try:
+            return (SHM_DIR / self.name.lstrip("/")).stat().st_ino == self.inode
+        except FileNotFoundError:
+            return False
 
     def close(self) -> None:
         try:

@@ -15,9 +15,7 @@ import struct
 
 import numpy as np
 
-from client.records import align8
-
-from . import layout
+from . import futex, layout
 from .layout import COL
 from .region import Region, control_name, ring_name
 
@@ -49,8 +47,8 @@ class ControlTable:
         return table
 
     @classmethod
-    def attach(cls, instance: str) -> "ControlTable":
-        region = Region.attach(control_name(instance))
+    def attach(cls, instance: str, read_only: bool = False) -> "ControlTable":
+        region = Region.attach(control_name(instance), read_only)
         table = cls(region)
         magic, version = int(table.header["magic"]), int(table.header["version"])
         if magic != layout.CONTROL_MAGIC or version != layout.LAYOUT_VERSION:
@@ -62,10 +60,27 @@ class ControlTable:
         return table
 
     def _bind(self, max_slots: int) -> None:
+        self._wake = np.frombuffer(self.region.buf, dtype=np.uint32, count=1, offset=layout.WAKE_AT)
+        self.wake_addr = self._wake.ctypes.data
+        self._wakes = 0
         self.max_slots = max_slots
         self.rows = np.frombuffer(
             self.region.buf, dtype=np.int64, count=max_slots * layout.ROW_WORDS, offset=layout.TABLE_HEADER_BYTES
         ).reshape(max_slots, layout.ROW_WORDS)
+
+    def wake_readers(self, writer_id: int) -> None:
+        """Tell same-host ring readers that something was published (after the publishing
+        stores: x86-64 keeps stores in order, so a woken reader sees them)."""
+        self._wakes += 1
+        self._wake[0] = ((self._wakes << 8) | writer_id) & 0xFFFFFFFF
+        futex.wake(self.wake_addr)
+
+    def wake_mark(self) -> int:
+        """The wake word now: load it before looking for data, wait on it after finding none."""
+        return int(self._wake[0])
+
+    def wait_wake(self, mark: int, timeout_s: float) -> bool:
+        return futex.wait(self.wake_addr, mark, timeout_s)
 
     @property
     def state(self) -> int:
@@ -79,6 +94,7 @@ class ControlTable:
     def close(self) -> None:
         self.header = None
         self.rows = None
+        self._wake = None
         self.region.close()
 
 
@@ -117,8 +133,8 @@ class Ring:
         return ring
 
     @classmethod
-    def attach(cls, instance: str, slot: int, ring_bytes: int | None = None) -> "Ring":
-        region = Region.attach(ring_name(instance, slot))
+    def attach(cls, instance: str, slot: int, ring_bytes: int | None = None, read_only: bool = False) -> "Ring":
+        region = Region.attach(ring_name(instance, slot), read_only)
         h = np.frombuffer(region.buf, dtype=layout.RING_HEADER_DTYPE, count=1)[0]
         magic, version = int(h["magic"]), int(h["version"])
         if magic != layout.RING_MAGIC or version != layout.LAYOUT_VERSION:
@@ -143,6 +159,17 @@ class Ring:
             return self.desc[i : i + n]
         return np.concatenate((self.desc[i:], self.desc[: n - (cap - i)]))
 
+    def find_seq(self, tail: int, head: int, offset: int) -> int:
+        """Sequence number of the descriptor holding ``offset`` among seq [tail, head) (numpy
+        search, no copy); ``tail - 1`` when ``offset`` is below them all."""
+        cap = self.desc_capacity
+        i, n = tail % cap, head - tail
+        first = self.desc[i : min(cap, i + n)]
+        if len(first) and offset < int(first[-1]["base_offset"]) + int(first[-1]["count"]):
+            return tail + int(np.searchsorted(first["base_offset"], offset, side="right")) - 1
+        second = self.desc[: n - len(first)]
+        return tail + len(first) + int(np.searchsorted(second["base_offset"], offset, side="right")) - 1
+
     def copy_batches(self, descs: np.ndarray) -> list[memoryview]:
         """Memoryviews covering the frames of consecutive descriptors (1 view, 2 at a lap wrap)."""
         if len(descs) == 0:
@@ -166,6 +193,21 @@ class Ring:
         self.header = self.desc = self.data = None
         self.mv.release()
         self.region.close()
+
+
+def cut_batches(descs: np.ndarray, offset: int, max_bytes: int, max_records: int, hw: int) -> int:
+    """How many of these consecutive descriptors (the first holds ``offset``) one read returns:
+    at least one; stop at ``max_bytes`` of frames, ``max_records`` records from ``offset``, and
+    batches wholly below the watermark ``hw``."""
+    bases, counts = descs["base_offset"], descs["count"]
+    sizes = (descs["length"].astype(np.int64) + 7) & ~7
+    ends = bases + counts
+    k = len(bases)
+    k = min(k, int(np.searchsorted(ends, hw, side="right")))
+    recs = np.cumsum(ends - np.maximum(bases, offset))
+    k = min(k, int(np.searchsorted(recs, max_records, side="left")) + 1)
+    k = min(k, int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")))
+    return max(k, 1)
 
 
 class RingFull(Exception):
@@ -236,7 +278,7 @@ class RingWriter:
         head, tail = int(row[COL["desc_head"]]), int(row[COL["desc_tail"]])
         if head > tail:
             last = ring.desc[(head - 1) % ring.desc_capacity]
-            row[COL["write_position"]] = int(last["position"]) + align8(int(last["length"]))
+            row[COL["write_position"]] = int(last["position"]) + ((int(last["length"]) + 7) & ~7)  # frames are 8-aligned
             row[COL["next_offset"]] = int(last["base_offset"]) + int(last["count"])
             row[COL["ring_start_offset"]] = int(ring.desc[tail % ring.desc_capacity]["base_offset"])
         else:

@@ -1,0 +1,244 @@
+"""A worker's Unix-socket listener: same-host clients without ZeroMQ (client/unixwire.py).
+
+Connections are non-blocking and watched by one epoll object whose fd sits in the worker's
+zmq.Poller beside its ZeroMQ sockets, so the loop stays single-threaded. A request becomes the
+same frame list a ZeroMQ client's would, with a 9-byte identity frame (``UNIX_IDENT`` + the
+connection number) in front: ``Worker.handle`` cannot tell the transports apart, and every reply
+(immediate, parked fetch, durable ack) comes back through ``PortMux.send``, which routes it by
+that identity.
+
+Limits, as ReplyPort's for ZeroMQ peers: a connection's unsent replies wait in a byte-counted
+queue of at most ``PEER_BACKLOG_BYTES`` (replies beyond it are dropped whole, never cut), all
+connections' at most ``BACKLOG_BYTES``; a connection whose queue has not moved for
+``BACKLOG_STALL_S`` is closed. A framing error is answered with MALFORMED and the connection is
+closed (a stream cannot skip a bad message); frames inside are checked by the worker as usual.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import select
+import struct
+import time
+from collections import deque
+
+from client import protocol as P
+from client.unixwire import RECV_BYTES, WOULD_BLOCK, FrameReader, WireError, encode, listen
+
+UNIX_IDENT = b"\x00UNX\x00"  # ZeroMQ's own peer identities are 5 bytes; these are 9
+_CONN = struct.Struct("<I")
+ACCEPT_MAX = 64  # connections accepted per event
+
+
+class _Conn:
+    __slots__ = ("sock", "ident", "reader", "out", "out_bytes", "moved_at", "dropped")
+
+    def __init__(self, sock, ident: bytes, limit: int):
+        self.sock = sock
+        self.ident = ident
+        self.reader = FrameReader(limit)
+        self.out: deque = deque()  # memoryviews of bytes waiting to be written, in order
+        self.out_bytes = 0
+        self.moved_at = 0.0
+        self.dropped = 0
+
+
+class UnixServer:
+    def __init__(self, path: str, log, what: str, max_message: int):
+        self.path = path
+        self.log, self.what = log, what
+        self.listener = listen(path)
+        self.ep = select.epoll()
+        self.ep.register(self.listener.fileno(), select.EPOLLIN)
+        self.conns: dict[int, _Conn] = {}  # fd -> connection
+        self.by_ident: dict[bytes, _Conn] = {}
+        self.max_message = max_message
+        self.total_backlog = 0
+        self.dropped = 0
+        self.closed_bad = 0  # connections closed for a framing error
+        self._ids = itertools.count(1)
+        self._logged_at = float("-inf")
+        # One receive buffer for every connection (one thread), reused: ``recv(n)`` allocates n
+        # bytes per call, an mmap + page faults + munmap per message at this size.
+        self._rbuf = bytearray(RECV_BYTES)
+        self._rmv = memoryview(self._rbuf)
+
+    def fileno(self) -> int:
+        return self.ep.fileno()
+
+    @property
+    def backlog(self) -> bool:
+        return self.total_backlog > 0
+
+    # --- reading ---------------------------------------------------------------------------
+    def service(self, handle) -> None:
+        """Accept, read and hand every complete request to ``handle`` (frames with identity)."""
+        for fd, ev in self.ep.poll(0):
+            if fd == self.listener.fileno():
+                self._accept()
+                continue
+            c = self.conns.get(fd)
+            if c is None:
+                continue
+            if ev & select.EPOLLOUT:
+                self._write(c)
+            if ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
+                self._read(c, handle)
+
+    def _accept(self) -> None:
+        for _ in range(ACCEPT_MAX):
+            try:
+                s, _addr = self.listener.accept()
+            except BlockingIOError:
+                return
+            s.setblocking(False)
+            c = _Conn(s, UNIX_IDENT + _CONN.pack(next(self._ids) & 0xFFFFFFFF), self.max_message)
+            self.conns[s.fileno()] = c
+            self.by_ident[c.ident] = c
+            self.ep.register(s.fileno(), select.EPOLLIN)
+
+    def _read(self, c: _Conn, handle) -> None:
+        try:
+            n = c.sock.recv_into(self._rbuf)
+        except BlockingIOError:
+            return
+        except OSError:
+            n = 0
+        if not n:
+            self._close(c)
+            return
+        c.reader.feed(self._rmv[:n])
+        try:
+            msgs = c.reader.messages()
+        except WireError as exc:
+            self.closed_bad += 1
+            self.log.warning("%s: closing a Unix-socket client after a framing error: %s", self.what, exc)
+            head = P.pack_routing(0, -1, 0, b"", P.ErrorCode.MALFORMED)
+            self.send(c.ident, [head, P.encode(P.ErrorReply(f"bad framing, connection closed: {exc}"))])
+            self._close(c)
+            return
+        for frames in msgs:
+            handle([c.ident, *frames])
+            if c.sock.fileno() not in self.conns:
+                return  # closed while handling (a reply it could not take)
+
+    # --- writing ---------------------------------------------------------------------------
+    def send(self, ident: bytes, frames) -> bool:
+        """Send or queue one reply to the connection ``ident``; False if it was dropped."""
+        c = self.by_ident.get(bytes(ident))
+        if c is None:
+            return self._drop("gone")
+        bufs = encode(frames)
+        size = sum(len(b) for b in bufs)
+        if not c.out:
+            try:
+                sent = c.sock.sendmsg(bufs)
+            except OSError as exc:
+                if exc.errno not in WOULD_BLOCK:
+                    self._close(c)
+                    return self._drop("gone")
+                sent = 0
+            if sent == size:
+                return True
+            # The rest of a message already started must follow, whatever the limits say: the
+            # stream has to stay framed. Later replies are what the limits drop.
+            bufs = [memoryview(b"".join(bufs))[sent:]]
+            size -= sent
+            c.moved_at = time.monotonic()
+            self.ep.modify(c.sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
+        elif c.out_bytes + size > P.PEER_BACKLOG_BYTES or self.total_backlog + size > P.BACKLOG_BYTES:
+            c.dropped += 1
+            return self._drop("not reading")
+        else:
+            bufs = [memoryview(b"".join(bufs))]
+        c.out.extend(bufs)
+        c.out_bytes += size
+        self.total_backlog += size
+        return True
+
+    def _write(self, c: _Conn) -> None:
+        while c.out:
+            mv = c.out[0]
+            try:
+                n = c.sock.send(mv)
+            except BlockingIOError:
+                return
+            except OSError:
+                self._close(c)
+                return
+            c.moved_at = time.monotonic()
+            c.out_bytes -= n
+            self.total_backlog -= n
+            if n < len(mv):
+                c.out[0] = mv[n:]
+                return
+            c.out.popleft()
+        self.ep.modify(c.sock.fileno(), select.EPOLLIN)
+
+    def flush(self) -> None:
+        """Close connections whose unsent replies have not moved for BACKLOG_STALL_S."""
+        now = time.monotonic()
+        for c in [c for c in self.conns.values() if c.out and now - c.moved_at > P.BACKLOG_STALL_S]:
+            self.dropped += len(c.out)
+            self._drop(f"not reading for {P.BACKLOG_STALL_S:.0f} s")
+            self._close(c)
+
+    def _close(self, c: _Conn) -> None:
+        fd = c.sock.fileno()
+        if self.conns.pop(fd, None) is None:
+            return
+        self.by_ident.pop(c.ident, None)
+        self.total_backlog -= c.out_bytes
+        c.out.clear()
+        c.out_bytes = 0
+        try:
+            self.ep.unregister(fd)
+        except (OSError, ValueError):
+            pass
+        c.sock.close()
+
+    def _drop(self, why: str) -> bool:
+        self.dropped += 1
+        now = time.monotonic()
+        if now - self._logged_at >= 5.0:
+            self.log.warning("%s: dropped %d replies to Unix-socket clients (latest: %s)", self.what, self.dropped, why)
+            self._logged_at = now
+        return False
+
+    def close(self) -> None:
+        for c in list(self.conns.values()):
+            self._close(c)
+        self.ep.close()
+        self.listener.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+class PortMux:
+    """The worker's one reply port: a frame list whose identity is a Unix connection's goes to
+    the UnixServer, any other to the ZeroMQ ReplyPort."""
+
+    def __init__(self, zmq_port: P.ReplyPort, unix: UnixServer | None):
+        self.zmq, self.unix = zmq_port, unix
+
+    def send(self, frames) -> bool:
+        if self.unix is not None and len(frames[0]) == 9 and bytes(frames[0][:5]) == UNIX_IDENT:
+            return self.unix.send(frames[0], frames[1:])
+        return self.zmq.send(frames)
+
+    @property
+    def backlog(self) -> bool:
+        return bool(self.zmq.backlog) or (self.unix is not None and self.unix.backlog)
+
+    @property
+    def dropped(self) -> int:
+        return self.zmq.dropped + (self.unix.dropped if self.unix is not None else 0)
+
+    def flush(self) -> None:
+        if self.zmq.backlog:
+            self.zmq.flush()
+        if self.unix is not None and self.unix.backlog:
+            self.unix.flush()
