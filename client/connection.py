@@ -46,6 +46,7 @@ class Reply:
 class Connection:
     def __init__(self, endpoint: str = DEFAULT_BOOTSTRAP):
         self.endpoint = endpoint
+        self.is_unix = endpoint.startswith(unixwire.SCHEME)  # a worker's same-host socket
         self._pid = None
         self._ctx = None
         self._sock = None
@@ -61,7 +62,7 @@ class Connection:
     @property
     def sock(self) -> zmq.Socket:
         if self._pid != os.getpid():
-            if self.endpoint.startswith(unixwire.SCHEME):  # a worker's same-host socket
+            if self.is_unix:
                 self._ctx = None
                 self._sock = unixwire.UnixSocket(self.endpoint)
                 self._pid = os.getpid()
@@ -84,7 +85,7 @@ class Connection:
         if body is not None:
             frames.append(body)
         sock = self.sock
-        if self._ctx is None:
+        if self.is_unix:
             sock.send_frames(frames)
         else:
             P.send_frames(sock, frames)  # int flags: pyzmq's send_multipart builds enums per frame
@@ -95,11 +96,11 @@ class Connection:
         """What to register in a zmq.Poller: the ZeroMQ socket, or a Unix socket's fd (the
         poller reports plain fds as ints)."""
         sock = self.sock
-        return sock if self._ctx is not None else sock.fileno()
+        return sock.fileno() if self.is_unix else sock
 
     def pending(self) -> bool:
         """Whether a reply is already here (read ahead), so a poll of the socket would miss it."""
-        return bool(self._early) or (self._ctx is None and self._sock is not None and bool(self._sock.ready))
+        return bool(self._early) or (self.is_unix and self._sock is not None and bool(self._sock.ready))
 
     def recv(self, timeout_ms: int) -> Reply | None:
         """Next reply, or None after ``timeout_ms`` (0 = don't wait, -1 = forever)."""
@@ -107,8 +108,12 @@ class Connection:
             rid = next(iter(self._early))
             return self._early.pop(rid)
         sock = self.sock
-        if self._ctx is None:  # a Unix socket: poll reads and waits for a whole message
-            if not sock.poll(timeout_ms):
+        if self.is_unix:  # poll reads and waits for a whole message
+            try:
+                if not sock.poll(timeout_ms):
+                    return None
+            except OSError:  # the worker went away: its replies are lost, as over ZeroMQ
+                self.close()
                 return None
         elif timeout_ms != -1 and not sock.poll(timeout_ms):
             return None
@@ -116,7 +121,7 @@ class Connection:
 
     def _recv_ready(self) -> Reply:
         """The reply a poll said is waiting (large bodies stay zero-copy frames)."""
-        if self._ctx is None:  # Unix socket: already bytes
+        if self.is_unix:  # already bytes
             frames = self.sock.recv_frames()
             routing = frames[0]
             header = frames[1] if len(frames) > 1 else P.EMPTY_MAP
@@ -196,7 +201,16 @@ class Pool:
         return c
 
     def send(self, endpoint: str | None, op: int, topic, partition: int, header: bytes = P.EMPTY_MAP, body=None) -> int:
-        return self.conn(endpoint).send(op, topic, partition, header, body)
+        c = self.conn(endpoint)
+        if c.is_unix:
+            if c._sock is None or c._pid != os.getpid():
+                self._poller = None  # a new socket: register it at the next recv
+            try:
+                return c.send(op, topic, partition, header, body)
+            except OSError:  # the worker is gone (or not on this host): the router path works
+                self.forget(endpoint)
+                return self.router.send(op, topic, partition, header, body)
+        return c.send(op, topic, partition, header, body)
 
     def recv(self, timeout_ms: int) -> Reply | None:
         if not self.direct:
@@ -209,6 +223,8 @@ class Pool:
             self._poller = zmq.Poller()
             self._by_sock = {}
             for c in conns:
+                if c.is_unix and (c._sock is None or c._pid != os.getpid()):
+                    continue  # a Unix connection closed after its worker went: nothing to hear
                 self._poller.register(c.poll_key, zmq.POLLIN)
                 self._by_sock[c.poll_key] = c
             self._pid = os.getpid()
@@ -219,9 +235,12 @@ class Pool:
             if not events:
                 return None
             c = self._by_sock[events[0][0]]
-            if c._ctx is not None:
+            if not c.is_unix:
                 return c._recv_ready()  # no second poll: it is waiting
             r = c.recv(0)  # a Unix socket: readable, but maybe not a whole message yet
+            if c._sock is None:  # ... or closed by its worker: poll without it
+                self._poller = None
+                return r
             if r is not None or (deadline is not None and time.monotonic() >= deadline):
                 return r
 

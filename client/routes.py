@@ -11,9 +11,11 @@ router path and schedules a fresh DESCRIBE: the router path always works, for an
 
 from __future__ import annotations
 
+import os
 import time
 
 from . import protocol as P
+from . import unixwire
 from .connection import Pool
 
 REFRESH_S = 1.0
@@ -39,7 +41,8 @@ class Routes:
                 self.confirmed.discard((topic, pi.partition))
             if pi.adopted:
                 self.confirmed.add((topic, pi.partition))
-            self.endpoints[(topic, pi.partition)] = pi.local_endpoint if self.same_host and pi.local_endpoint else pi.endpoint
+            local = self.same_host and pi.local_endpoint and os.path.exists(unixwire.path_of(pi.local_endpoint))
+            self.endpoints[(topic, pi.partition)] = pi.local_endpoint if local else pi.endpoint
         self.refresh_at.pop(topic, None)
         return d.topic.partitions
 

@@ -81,7 +81,9 @@ class SharedRings:
         return PartitionTail(self, ring, slot, topic_id, partition)
 
     def is_current(self) -> bool:
-        return self.table.region.is_current()
+        """Whether every name mapped here still names the region mapped (a broker that started on
+        fresh memory unlinked them and made new ones: re-map). One stat per region."""
+        return self.table.region.is_current() and all(r.region.is_current() for r in self.rings.values())
 
     def watermarks(self, slots: np.ndarray, isolation: str) -> np.ndarray:
         """The watermark of every slot given, in one numpy gather (the idle check of a consumer)."""
