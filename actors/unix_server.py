@@ -2,10 +2,10 @@
 
 Connections are non-blocking and watched by one epoll object whose fd sits in the worker's
 zmq.Poller beside its ZeroMQ sockets, so the loop stays single-threaded. A request becomes the
-same frame list a ZeroMQ client's would, with a 9-byte identity frame (``UNIX_IDENT`` + the
-connection number) in front: ``Worker.handle`` cannot tell the transports apart, and every reply
+same frame list a ZeroMQ client's would, with an identity frame of its own type (``UnixIdent``:
+``UNIX_IDENT`` + the connection number) in front: ``Worker.handle`` cannot tell the transports apart, and every reply
 (immediate, parked fetch, durable ack) comes back through ``PortMux.send``, which routes it by
-that identity.
+that identity's type (a ZeroMQ peer can choose any identity bytes, never the type).
 
 Limits, as ReplyPort's for ZeroMQ peers: a connection's unsent replies wait in a byte-counted
 queue of at most ``PEER_BACKLOG_BYTES`` (replies beyond it are dropped whole, never cut), all
@@ -26,8 +26,13 @@ from collections import deque
 from client import protocol as P
 from client.unixwire import RECV_BYTES, WOULD_BLOCK, FrameReader, WireError, encode, listen
 
-UNIX_IDENT = b"\x00UNX\x00"  # ZeroMQ's own peer identities are 5 bytes; these are 9
+UNIX_IDENT = b"\x00UNX\x00"  # readable prefix of a Unix connection's identity (logs)
 _CONN = struct.Struct("<I")
+
+
+class UnixIdent(bytes):
+    """A Unix connection's identity frame. Replies are routed by this *type*, not by the bytes:
+    a ZeroMQ peer may set any identity, these 9 bytes included, but its frames are plain bytes."""
 ACCEPT_MAX = 64  # connections accepted per event
 
 
@@ -93,7 +98,7 @@ class UnixServer:
             except BlockingIOError:
                 return
             s.setblocking(False)
-            c = _Conn(s, UNIX_IDENT + _CONN.pack(next(self._ids) & 0xFFFFFFFF), self.max_message)
+            c = _Conn(s, UnixIdent(UNIX_IDENT + _CONN.pack(next(self._ids) & 0xFFFFFFFF)), self.max_message)
             self.conns[s.fileno()] = c
             self.by_ident[c.ident] = c
             self.ep.register(s.fileno(), select.EPOLLIN)
@@ -112,21 +117,26 @@ class UnixServer:
         try:
             msgs = c.reader.messages()
         except WireError as exc:
-            self.closed_bad += 1
-            self.log.warning("%s: closing a Unix-socket client after a framing error: %s", self.what, exc)
-            head = P.pack_routing(0, -1, 0, b"", P.ErrorCode.MALFORMED)
-            self.send(c.ident, [head, P.encode(P.ErrorReply(f"bad framing, connection closed: {exc}"))])
-            self._close(c)
+            self._bad_framing(c, exc)
             return
         for frames in msgs:
             handle([c.ident, *frames])
             if c.sock.fileno() not in self.conns:
                 return  # closed while handling (a reply it could not take)
+        if c.reader.error is not None:  # the requests in front of it were served, in order
+            self._bad_framing(c, c.reader.error)
+
+    def _bad_framing(self, c: _Conn, exc: WireError) -> None:
+        self.closed_bad += 1
+        self.log.warning("%s: closing a Unix-socket client after a framing error: %s", self.what, exc)
+        head = P.pack_routing(0, -1, 0, b"", P.ErrorCode.MALFORMED)
+        self.send(c.ident, [head, P.encode(P.ErrorReply(f"bad framing, connection closed: {exc}"))])
+        self._close(c)
 
     # --- writing ---------------------------------------------------------------------------
     def send(self, ident: bytes, frames) -> bool:
         """Send or queue one reply to the connection ``ident``; False if it was dropped."""
-        c = self.by_ident.get(bytes(ident))
+        c = self.by_ident.get(ident)
         if c is None:
             return self._drop("gone")
         bufs = encode(frames)
@@ -225,7 +235,7 @@ class PortMux:
         self.zmq, self.unix = zmq_port, unix
 
     def send(self, frames) -> bool:
-        if self.unix is not None and len(frames[0]) == 9 and bytes(frames[0][:5]) == UNIX_IDENT:
+        if type(frames[0]) is UnixIdent:
             return self.unix.send(frames[0], frames[1:])
         return self.zmq.send(frames)
 

@@ -49,12 +49,18 @@ class FrameReader:
     def __init__(self, limit: int):
         self.limit = limit  # largest ``total`` accepted
         self.buf = bytearray()
+        self.error: WireError | None = None  # the framing error met, once met (the stream is over)
 
     def feed(self, data) -> None:
-        self.buf += data
+        if self.error is None:
+            self.buf += data
 
     def messages(self) -> list[list[bytes]]:
-        """Every complete message buffered; raises WireError on a framing error."""
+        """Every complete message buffered. The well-framed messages in front of a framing error
+        are returned first (their order does not depend on how the kernel cut the stream); the
+        error is raised by the call that finds it with nothing before it, or by the next call."""
+        if self.error is not None:
+            raise self.error
         out = []
         buf = self.buf
         pos, end = 0, len(buf)
@@ -62,22 +68,30 @@ class FrameReader:
             while end - pos >= 4:
                 total = U32.unpack_from(buf, pos)[0]
                 if total < 6 or total > self.limit:
-                    raise WireError(f"message of {total} bytes (limit {self.limit})")
+                    self.error = WireError(f"message of {total} bytes (limit {self.limit})")
+                    break
                 if end - pos - 4 < total:
                     break
                 n = U16.unpack_from(buf, pos + 4)[0]
                 if not 1 <= n <= MAX_FRAMES or 2 + 4 * n > total:
-                    raise WireError(f"{n} frames in a message of {total} bytes (1..{MAX_FRAMES} allowed)")
+                    self.error = WireError(f"{n} frames in a message of {total} bytes (1..{MAX_FRAMES} allowed)")
+                    break
                 lens = struct.unpack_from(f"<{n}I", buf, pos + 6)
                 at = pos + 6 + 4 * n
                 if at + sum(lens) != pos + 4 + total:
-                    raise WireError(f"frame lengths {list(lens)} do not add up to the message's {total} bytes")
+                    self.error = WireError(f"frame lengths {list(lens)} do not add up to the message's {total} bytes")
+                    break
                 frames = []
                 for length in lens:
                     frames.append(bytes(mv[at : at + length]))
                     at += length
                 out.append(frames)
                 pos = at
+        if self.error is not None:
+            buf.clear()
+            if not out:
+                raise self.error
+            return out
         if pos:
             del buf[:pos]
         return out
@@ -137,7 +151,10 @@ class UnixSocket:
         if not n:
             raise ConnectionError(f"{self.endpoint}: the worker closed the connection")
         self.reader.feed(self._rmv[:n])
-        self.ready.extend(self.reader.messages())
+        try:
+            self.ready.extend(self.reader.messages())
+        except WireError as exc:
+            raise ConnectionError(f"{self.endpoint}: {exc}") from exc
 
     def recv_frames(self) -> list[bytes]:
         """The next message (call after ``poll`` said one is waiting)."""

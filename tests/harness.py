@@ -8,6 +8,7 @@ loopback port. It is stopped by pid (SIGTERM to supervisord, which stops its pro
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -115,8 +116,11 @@ class Broker:
         return region.list_instance_regions(self.settings.instance)
 
     def cleanup_shm(self) -> None:
+        """Unlink the broker's shared memory and remove its ipc directory (sockets, locks)."""
         for name in self.shm_regions():
             region.unlink(name)
+        if self.proc is None:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def __enter__(self):
         return self.start()

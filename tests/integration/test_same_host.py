@@ -1,0 +1,381 @@
+"""The same-host path end to end, with real router, worker and flusher processes: producers send to
+the workers' Unix sockets, consumers read the shared-memory rings read-only and fetch what is
+below them over the same sockets (client/unixwire.py, actors/unix_server.py, shm/tail.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from client import Admin, Consumer, Producer
+from client.records import batches_to_columns, iter_batches
+from client.unixwire import SCHEME
+from tests.integration.test_end_to_end import MSG_BYTES, partition_payload
+from tests.reliability.procs import hard_kill_all, wait_restarted
+from tests.reliability.workload import Produced, check, records
+
+RING = 512 << 10  # a small ring (>= 2 x max_batch_bytes, a multiple of 4096): wrapped many times
+MAX_BATCH = 256 << 10
+
+
+def _body(body) -> bytes | memoryview:
+    return body.buffer if hasattr(body, "buffer") else body
+
+
+class Reader:
+    """Drives a Consumer's poll_raw and checks, per partition, that every reply starts where the
+    last one ended and holds whole, contiguous batches; counts replies by source."""
+
+    def __init__(self, cons: Consumer, start: dict[int, int]):
+        self.cons = cons
+        self.next = dict(start)  # partition -> next offset expected
+        self.chunks: dict[int, list] = {p: [] for p in start}
+        self.sources: Counter = Counter()
+        self.max_seen: dict[int, int] = {}  # partition -> highest next_offset returned
+
+    def poll(self, timeout_ms: int) -> list:
+        got = []
+        for a, start, info, body in self.cons.poll_raw(timeout_ms):
+            p = a.partition
+            assert start == self.next[p], f"partition {p}: a reply starts at {start}, expected {self.next[p]}"
+            views = iter_batches(_body(body))
+            assert views and views[0].base_offset <= start < views[0].base_offset + views[0].record_count, \
+                (p, start, [(v.base_offset, v.record_count) for v in views[:3]])
+            for v, w in zip(views, views[1:]):
+                assert w.base_offset == v.base_offset + v.record_count, f"partition {p}: batches not contiguous"
+            assert info.next_offset == views[-1].base_offset + views[-1].record_count
+            cols = batches_to_columns(views, start)
+            self.chunks[p].append(cols)
+            self.next[p] = info.next_offset
+            self.sources[info.source] += 1
+            got.append((p, start, info, cols))
+        return got
+
+    def count(self, p: int) -> int:
+        return self.next[p]
+
+    def offsets(self, p: int) -> np.ndarray:
+        return np.concatenate([c.offsets for c in self.chunks[p]]) if self.chunks[p] else np.zeros(0, np.int64)
+
+    def values(self, p: int) -> np.ndarray:
+        return np.concatenate([c.values for c in self.chunks[p]]) if self.chunks[p] else np.zeros(0, np.uint8)
+
+
+def _forwarded(b) -> int:
+    with Admin(b.bootstrap) as a:
+        return a.status()["forwarded"]
+
+
+def _owners(b, topic: str) -> dict[int, int]:
+    with Admin(b.bootstrap) as a:
+        return {pi.partition: pi.worker for pi in a.describe_topic(topic).partitions}
+
+
+@pytest.mark.parametrize("acks", ["memory", "durable"])
+def test_same_host_producer_and_consumer_through_many_ring_laps_read_back_everything(make_broker, acks):
+    b = make_broker(workers=2, max_batch_bytes=MAX_BATCH)
+    partitions, per_partition, batch = 2, 40_000, 1500  # 4 MB of 100-byte values per partition
+    with Admin(b.bootstrap) as a:
+        a.create_topic("laps", partitions, ring_bytes=RING)
+    acked: Counter = Counter()
+    forwarded_before = _forwarded(b)
+    with Producer(b.bootstrap, acks=acks, same_host=True, linger_ms=0,
+                  on_ack=lambda _t, p, _base, n: acked.__setitem__(p, acked[p] + n)) as prod:
+        for first in range(0, per_partition, batch):
+            n = min(batch, per_partition - first)
+            for p in range(partitions):
+                values, offsets = partition_payload(p, first, n)
+                prod.send_buffers("laps", values, offsets, partition=p)
+            while prod.in_flight >= partitions:
+                prod.poll(20)
+        prod.flush(120_000)
+        prod_endpoints = set(prod.pool.direct)
+    forwarded = _forwarded(b) - forwarded_before
+    owners = _owners(b, "laps")
+    unix = {b.settings.worker_unix_endpoint(w) for w in owners.values()}
+    assert dict(acked) == dict.fromkeys(range(partitions), per_partition), acked
+    assert prod_endpoints == unix, f"producer's direct connections {prod_endpoints}, want the owners' {unix}"
+    # the first request of each partition may go through the router (it makes the owner adopt it)
+    assert forwarded <= partitions, f"{forwarded} produce requests went through the router"
+    laps = per_partition * MSG_BYTES / RING
+
+    reader = None
+    # replies of at most 128 KiB: most of the log is below the ring (fetched), its end is in it
+    with Consumer(b.bootstrap, same_host=True, max_wait_ms=200, max_bytes=128 << 10) as cons:
+        cons.assign("laps", start="earliest")
+        assert cons._rings is not None, "the same-host consumer did not map the rings"
+        reader = Reader(cons, dict.fromkeys(range(partitions), 0))
+        deadline = time.monotonic() + 60
+        while any(reader.count(p) < per_partition for p in range(partitions)) and time.monotonic() < deadline:
+            reader.poll(500)
+        cons_endpoints = set(cons.pool.direct)
+    for p in range(partitions):
+        offsets, values = reader.offsets(p), reader.values(p)
+        assert np.array_equal(offsets, np.arange(per_partition)), f"partition {p}: offsets not dense and in order"
+        expected, _ = partition_payload(p, 0, per_partition)
+        assert np.array_equal(values, expected), f"partition {p}: bytes differ"
+    print(f"\nsame-host acks={acks}: {partitions} x {per_partition} records ({laps:.1f} laps of a {RING >> 10} KiB ring "
+          f"per partition) acked {sum(acked.values())}, {forwarded} via the router; read back "
+          f"{sum(reader.count(p) for p in range(partitions))} in order, byte-identical; replies by source "
+          f"{dict(reader.sources)}; producer endpoints {sorted(prod_endpoints)}, consumer fetch endpoints "
+          f"{sorted(cons_endpoints)}")
+    assert reader.sources["shm"] > 0, reader.sources
+    assert reader.sources["disk"] + reader.sources["ring"] > 0, f"no fetch below the ring: {reader.sources}"
+    assert cons_endpoints and all(e.startswith(SCHEME) for e in cons_endpoints), cons_endpoints
+    assert cons_endpoints <= unix
+
+
+def test_a_tailing_same_host_consumer_sees_every_message_once_in_order(make_broker):
+    b = make_broker(workers=2)
+    partitions, before, per_partition = 2, 1000, 20_000
+    with Admin(b.bootstrap) as a:
+        a.create_topic("tail", partitions)
+    with Producer(b.bootstrap, acks="memory") as prod:  # history the consumer must not see
+        for p in range(partitions):
+            values, offsets = partition_payload(p, 0, before)
+            prod.send_buffers("tail", values, offsets, partition=p)
+    errors: list = []
+    sent = Counter()
+
+    def produce():
+        rng = np.random.default_rng(7)
+        try:
+            with Producer(b.bootstrap, acks="memory", same_host=True, linger_ms=0) as prod:
+                while min(sent[p] for p in range(partitions)) < per_partition:
+                    for p in range(partitions):
+                        n = min(int(rng.integers(1, 600)), per_partition - sent[p])
+                        if n <= 0:
+                            continue
+                        values, offsets = partition_payload(p, before + sent[p], n)
+                        prod.send_buffers("tail", values, offsets, partition=p)
+                        sent[p] += n
+                    prod.poll(int(rng.integers(0, 4)))  # gaps: the consumer goes idle and waits on the futex
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    with Consumer(b.bootstrap, same_host=True, max_wait_ms=200) as cons:
+        cons.assign("tail", start="latest")
+        starts = {p: cons.position("tail", p) for p in range(partitions)}
+        assert starts == dict.fromkeys(range(partitions), before), starts
+        reader = Reader(cons, starts)
+        th = threading.Thread(target=produce)
+        th.start()
+        try:
+            deadline = time.monotonic() + 60
+            while any(reader.count(p) < before + per_partition for p in range(partitions)) and time.monotonic() < deadline:
+                reader.poll(300)
+                if errors:
+                    break
+            extra = reader.poll(300)  # nothing more comes
+        finally:
+            th.join(60)
+    assert not errors, errors
+    assert not extra, f"records past the end: {[(p, s) for p, s, _i, _c in extra]}"
+    for p in range(partitions):
+        offsets = reader.offsets(p)
+        assert np.array_equal(offsets, np.arange(before, before + per_partition)), \
+            f"partition {p}: {len(offsets)} offsets, first {offsets[:3]}, dense/in order: no"
+        expected, _ = partition_payload(p, before, per_partition)
+        assert np.array_equal(reader.values(p), expected), f"partition {p}: bytes differ"
+    print(f"\ntailing same-host consumer from 'latest' ({before} per partition before): read "
+          f"{sum(reader.count(p) - before for p in range(partitions))} of {partitions * per_partition} produced while "
+          f"tailing, each once, in order; replies by source {dict(reader.sources)}")
+    assert reader.sources["shm"] > 0, reader.sources
+
+
+def test_a_durable_isolation_same_host_consumer_never_reads_past_the_durable_watermark(make_broker):
+    b = make_broker(workers=1)
+    with Admin(b.bootstrap) as a:
+        a.create_topic("dur", 1)
+    first, more = 5000, 3000
+    with Producer(b.bootstrap, acks="durable", same_host=True) as prod:
+        values, offsets = partition_payload(0, 0, first)
+        prod.send_buffers("dur", values, offsets, partition=0)
+    durable_cons = Consumer(b.bootstrap, same_host=True, isolation="durable", max_wait_ms=100)
+    memory_cons = Consumer(b.bootstrap, same_host=True, isolation="memory", max_wait_ms=100)
+    admin = Admin(b.bootstrap)
+    flusher = b.pids()["flusher"]
+    violations = []
+
+    def poll_durable(reader: Reader, timeout_ms: int) -> None:
+        for p, start, info, cols in reader.poll(timeout_ms):
+            dw_after = admin.list_offsets("dur")[p].durable_watermark  # monotonic: an upper bound afterwards too
+            last = int(cols.offsets[-1])
+            if last >= info.durable_watermark or last >= dw_after:
+                violations.append((start, last, info, dw_after))
+
+    try:
+        durable_cons.assign("dur", start="earliest")
+        memory_cons.assign("dur", start="earliest")
+        dreader = Reader(durable_cons, {0: 0})
+        mreader = Reader(memory_cons, {0: 0})
+        deadline = time.monotonic() + 20
+        while (dreader.count(0) < first or mreader.count(0) < first) and time.monotonic() < deadline:
+            poll_durable(dreader, 200)
+            mreader.poll(0)
+        assert dreader.count(0) == first and mreader.count(0) == first
+        os.kill(flusher, signal.SIGSTOP)  # nothing becomes durable while it is stopped
+        try:
+            with Producer(b.bootstrap, acks="memory", same_host=True) as prod:
+                values, offsets = partition_payload(0, first, more)
+                prod.send_buffers("dur", values, offsets, partition=0)
+            po = admin.list_offsets("dur")[0]
+            assert po.high_watermark == first + more and po.durable_watermark == first, po
+            t_end = time.monotonic() + 1.5
+            while time.monotonic() < t_end:
+                poll_durable(dreader, 100)
+                mreader.poll(50)
+            stalled_durable, stalled_memory = dreader.count(0), mreader.count(0)
+        finally:
+            os.kill(flusher, signal.SIGCONT)
+        deadline = time.monotonic() + 20
+        while dreader.count(0) < first + more and time.monotonic() < deadline:
+            poll_durable(dreader, 200)
+        final = admin.list_offsets("dur")[0]
+    finally:
+        os.kill(flusher, signal.SIGCONT)
+        durable_cons.close()
+        memory_cons.close()
+        admin.close()
+    print(f"\nisolation=durable same-host consumer: read {first} durable records ({dict(dreader.sources)} replies by "
+          f"source); flusher stopped with high watermark {first + more}, durable {first}: durable reader at "
+          f"{stalled_durable}, memory reader at {stalled_memory}; after it resumed the durable reader reached "
+          f"{dreader.count(0)} (durable watermark {final.durable_watermark}); {len(violations)} reads past the watermark")
+    assert not violations, violations[:3]
+    assert stalled_memory == first + more, "the memory reader did not see the records (the test proves nothing)"
+    assert stalled_durable == first
+    assert dreader.count(0) == first + more
+    expected, _ = partition_payload(0, 0, first + more)
+    assert np.array_equal(dreader.offsets(0), np.arange(first + more))
+    assert np.array_equal(dreader.values(0), expected)
+    assert dreader.sources["shm"] > 0, dreader.sources
+
+
+@pytest.mark.parametrize("victim", ["owner", "all", "host"])
+def test_kill9_under_a_same_host_producer_and_consumer_loses_no_acked_record(make_broker, victim):
+    """kill -9 of the worker owning partition 0, or of every program at once (supervisord restarts
+    them, the shared memory survives), or a host crash (supervisord and every program killed, the
+    shared memory gone, the broker started again on fresh memory): the same-host producer carries
+    on (over the router while a worker is away), the tailing same-host consumer re-maps or fetches,
+    and every acknowledged record is read."""
+    b = make_broker(workers=2, max_batch_bytes=MAX_BATCH)
+    partitions = 2
+    with Admin(b.bootstrap) as a:
+        a.create_topic("k9", partitions, ring_bytes=RING)
+    stop = threading.Event()
+    produced = Produced(sent=dict.fromkeys(range(partitions), 0), acked=dict.fromkeys(range(partitions), 0))
+    prod_errors: list = []
+    cons_errors: list = []
+    tailed: dict[int, list] = {}
+    tail_next = dict.fromkeys(range(partitions), 0)
+    cons_sources: Counter = Counter()
+
+    def produce():
+        def on_ack(_t, p, _base, n):
+            produced.acked[p] += n
+
+        rng = np.random.default_rng(1)
+        prod = Producer(b.bootstrap, acks="durable", same_host=True, on_ack=on_ack, request_timeout_ms=1500,
+                        delivery_timeout_ms=60_000, retry_backoff_ms=20)
+        try:
+            while not stop.is_set():
+                p = int(rng.integers(partitions))
+                n = int(rng.integers(1, 400))
+                values, offsets = records(p, produced.sent[p], n)
+                prod.send_buffers("k9", values, offsets, partition=p)
+                produced.sent[p] += n
+                while prod.in_flight >= partitions:
+                    prod.poll(20)
+            prod.flush(60_000)
+        except Exception as exc:  # noqa: BLE001 - ConnectionError etc.: reported by the test
+            prod_errors.append(exc)
+        finally:
+            prod.pool.close()
+
+    def consume():
+        try:
+            with Consumer(b.bootstrap, same_host=True, max_wait_ms=100, request_timeout_ms=1000) as cons:
+                cons.assign("k9", start="earliest")
+                # until the producer has finished and everything it had acked is read (or give up)
+                while not (produced_done.is_set() and all(tail_next[p] >= produced.acked[p] for p in tail_next)):
+                    if time.monotonic() > give_up[0]:
+                        return
+                    for a, start, info, body in cons.poll_raw(200):
+                        if cons._rings is not None:
+                            ring_maps.add(id(cons._rings))
+                        if info.source == "shm" and restarted.is_set():
+                            cons_sources["shm after the restart"] += 1
+                        if start != tail_next[a.partition]:
+                            cons_errors.append(("gap", a.partition, tail_next[a.partition], start))
+                        cols = batches_to_columns(iter_batches(_body(body)), start)
+                        tailed.setdefault(a.partition, []).append(cols)
+                        tail_next[a.partition] = info.next_offset
+                        cons_sources[info.source] += 1
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            cons_errors.append(exc)
+
+    give_up = [float("inf")]
+    produced_done = threading.Event()
+    restarted = threading.Event()
+    ring_maps: set = set()  # the consumer's ring mappings (a new one after fresh shared memory)
+    producer = threading.Thread(target=produce)
+    consumer = threading.Thread(target=consume)
+    producer.start()
+    consumer.start()
+    killed = []
+    try:
+        time.sleep(1.5)
+        old = b.pids()
+        if victim == "host":
+            killed.extend(sorted(old.items()))
+            hard_kill_all(b)
+            b.cleanup_shm()
+            b.start()
+        else:
+            names = [f"worker-{_owners(b, 'k9')[0]}"] if victim == "owner" else list(old)
+            for name in names:
+                killed.append((name, old[name]))
+                os.kill(old[name], signal.SIGKILL)
+            wait_restarted(b, old, names)
+        restarted.set()
+        time.sleep(2.0)
+    finally:
+        stop.set()
+        producer.join(90)
+        produced_done.set()
+        give_up[0] = time.monotonic() + 20
+        consumer.join(40)
+    tail_result = check(tailed, range(partitions), produced)
+    # and a fresh same-host consumer afterwards
+    fresh: dict[int, list] = {}
+    with Consumer(b.bootstrap, same_host=True, max_wait_ms=100) as cons:
+        ends = {po.partition: po.high_watermark for po in cons.list_offsets("k9")}
+        cons.assign("k9", start="earliest")
+        counts = dict.fromkeys(range(partitions), 0)
+        deadline = time.monotonic() + 30
+        while any(counts[p] < ends[p] for p in ends) and time.monotonic() < deadline:
+            for _t, p, cols in cons.poll_columns(300):
+                fresh.setdefault(p, []).append(cols)
+                counts[p] += len(cols)
+    fresh_result = check(fresh, range(partitions), produced)
+    sent, acked = sum(produced.sent.values()), sum(produced.acked.values())
+    print(f"\nkill -9 of {victim} ({killed}) under a same-host durable producer and a same-host tailing consumer: "
+          f"sent {sent}, acked {acked}; producer errors {[repr(e) for e in prod_errors]}; tailing consumer found "
+          f"{sum(tail_result.found.values())}, lost {sum(tail_result.lost.values())}, errors "
+          f"{[repr(e) if isinstance(e, BaseException) else e for e in cons_errors][:3]}, replies by source "
+          f"{dict(cons_sources)}, {len(ring_maps)} ring mappings; fresh consumer found {sum(fresh_result.found.values())}, lost "
+          f"{sum(fresh_result.lost.values())}, duplicated {sum(fresh_result.duplicated.values())}")
+    assert killed and acked > 0
+    assert fresh_result.ok, fresh_result
+    assert not prod_errors, f"the same-host producer did not survive the worker's restart: {prod_errors!r}"
+    assert not cons_errors, f"the same-host consumer did not survive the worker's restart: {cons_errors[:3]!r}"
+    assert tail_result.ok, tail_result
+    assert cons_sources["shm after the restart"] > 0, f"the consumer stopped reading the rings: {cons_sources}"
+    if victim == "host":
+        assert len(ring_maps) >= 2, "the consumer did not map the fresh shared memory"
