@@ -26,10 +26,8 @@ from client.records import encode_batch, iter_batches
 from client.unixwire import MAX_FRAMES, U16, U32, FrameReader, WireError, encode, path_of
 
 from .procs import rss_kib
-from .test_fuzz import PROBE_TIMEOUT_MS, Prober, _code_name, fuzz, mutated, probe_worker, produce_and_read_back, requests
+from .test_fuzz import PROBE_TIMEOUT_MS, Prober, _code_name, _fuzz_broker, fuzz, mutated, probe_worker, produce_and_read_back, requests
 
-MAX_BATCH = 64 * 1024
-SMALL_RING = 256 * 1024
 
 
 class Closed(Exception):
@@ -100,13 +98,7 @@ def _code(frames: list[bytes]) -> int:
 
 
 def _broker(make_broker):
-    b = make_broker(workers=2, ring_bytes=SMALL_RING, max_batch_bytes=MAX_BATCH)
-    with Admin(b.bootstrap) as admin:
-        admin.create_topic("fz", 2)
-        admin.create_topic("probe", 2)
-        produce_and_read_back(b.bootstrap, "probe", 2, n=10)  # both probe partitions adopted
-        produce_and_read_back(b.bootstrap, "fz", 2, n=10)
-        owners = {p.partition: p.worker for p in admin.describe_topic("probe").partitions}
+    b, owners = _fuzz_broker(make_broker)
     assert sorted(owners.values()) == [0, 1], owners
     return b, owners
 

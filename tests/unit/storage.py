@@ -13,6 +13,7 @@ from client import settings as settings_mod
 from client.catalog import Catalog
 from persistence.flusher import Flusher
 from persistence.journal import JournalReader
+from client.records import encode_batch
 from shm import region
 
 RING_BYTES = 256 * 1024
@@ -56,3 +57,11 @@ def make_storage(data_dir, partitions: int = 2, ring_bytes: int = RING_BYTES, **
     for p, slot in enumerate(topic.slots):
         st.actors.append(PartitionActor(fl.table, s.instance, slot, topic.topic_id, p, ring_bytes, 1, s.data_dir, journal, str(data_dir)))
     return st
+
+
+def append_numbered(st: Storage, actor, n: int) -> None:
+    """Append one batch of ``n`` records whose values are their own offsets (b"17"); when the
+    ring is full, let the flusher drain it instead (the batch is then not appended)."""
+    base = actor.high_watermark
+    if actor.append(encode_batch([b"%d" % (base + i) for i in range(n)]), 1 << 14)[0] != 0:
+        st.flusher.do_work()

@@ -6,7 +6,7 @@ import random
 
 from client.records import encode_batch, iter_batches
 
-from .storage import make_storage
+from .storage import append_numbered, make_storage
 
 
 def test_random_appends_flushes_and_reads_always_return_the_right_batch(tmp_path):
@@ -19,11 +19,7 @@ def test_random_appends_flushes_and_reads_always_return_the_right_batch(tmp_path
         for step in range(3000):
             op = rng.random()
             if op < 0.5:
-                n = rng.randint(1, 40)
-                base = actor.high_watermark
-                code = actor.append(encode_batch([b"%d" % (base + i) for i in range(n)]), 1 << 14)[0]
-                if code != 0:
-                    st.flusher.do_work()
+                append_numbered(st, actor, rng.randint(1, 40))
             elif op < 0.7:
                 st.flusher.do_work()
             elif actor.high_watermark:

@@ -14,7 +14,7 @@ from shm.layout import COL
 from shm.ring import LayoutMismatch
 from shm.tail import SharedRings, TailStatus
 
-from .storage import make_storage
+from .storage import append_numbered, make_storage
 
 
 def _check(body: bytes, off: int, next_offset: int) -> int:
@@ -52,10 +52,7 @@ def test_reads_match_the_owner_through_many_laps_and_fall_below_where_the_ring_d
         for step in range(4000):
             op = rng.random()
             if op < 0.5:
-                n = rng.randint(1, 40)
-                base = actor.high_watermark
-                if actor.append(encode_batch([b"%d" % (base + i) for i in range(n)]), 1 << 14)[0] != 0:
-                    storage.flusher.do_work()
+                append_numbered(storage, actor, rng.randint(1, 40))
             elif op < 0.65:
                 storage.flusher.do_work()
             else:
