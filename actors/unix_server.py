@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import os
 import select
+import socket
 import struct
 import time
 from collections import deque
@@ -34,6 +35,7 @@ class UnixIdent(bytes):
     """A Unix connection's identity frame. Replies are routed by this *type*, not by the bytes:
     a ZeroMQ peer may set any identity, these 9 bytes included, but its frames are plain bytes."""
 ACCEPT_MAX = 64  # connections accepted per event
+ACCEPT_PAUSE_S = 0.1  # after accept() failed for want of fds: stop listening this long
 
 
 class _Conn:
@@ -60,6 +62,7 @@ class UnixServer:
         self.by_ident: dict[bytes, _Conn] = {}
         self.max_message = max_message
         self.total_backlog = 0
+        self.accept_paused_until = 0.0  # > 0: the listener is out of the epoll set until then
         self.dropped = 0
         self.closed_bad = 0  # connections closed for a framing error
         self._ids = itertools.count(1)
@@ -74,7 +77,8 @@ class UnixServer:
 
     @property
     def backlog(self) -> bool:
-        return self.total_backlog > 0
+        """Work for ``flush`` (the worker calls it, and polls at 2 ms, while this is true)."""
+        return self.total_backlog > 0 or self.accept_paused_until > 0
 
     # --- reading ---------------------------------------------------------------------------
     def service(self, handle) -> None:
@@ -96,6 +100,12 @@ class UnixServer:
             try:
                 s, _addr = self.listener.accept()
             except BlockingIOError:
+                return
+            except OSError as exc:  # out of fds (EMFILE/ENFILE) or buffers: stop accepting a while
+                self.log.warning("%s: cannot accept Unix-socket clients (%s); pausing for %.1f s",
+                                 self.what, exc, ACCEPT_PAUSE_S)
+                self.ep.unregister(self.listener.fileno())  # level-triggered: it would spin
+                self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
                 return
             s.setblocking(False)
             c = _Conn(s, UnixIdent(UNIX_IDENT + _CONN.pack(next(self._ids) & 0xFFFFFFFF)), self.max_message)
@@ -143,7 +153,7 @@ class UnixServer:
         size = sum(len(b) for b in bufs)
         if not c.out:
             try:
-                sent = c.sock.sendmsg(bufs)
+                sent = c.sock.sendmsg(bufs, [], socket.MSG_NOSIGNAL)
             except OSError as exc:
                 if exc.errno not in WOULD_BLOCK:
                     self._close(c)
@@ -171,7 +181,7 @@ class UnixServer:
         while c.out:
             mv = c.out[0]
             try:
-                n = c.sock.send(mv)
+                n = c.sock.send(mv, socket.MSG_NOSIGNAL)
             except BlockingIOError:
                 return
             except OSError:
@@ -187,10 +197,13 @@ class UnixServer:
         self.ep.modify(c.sock.fileno(), select.EPOLLIN)
 
     def flush(self) -> None:
-        """Close connections whose unsent replies have not moved for BACKLOG_STALL_S."""
+        """Close connections whose unsent replies have not moved for BACKLOG_STALL_S; listen
+        again after an accept pause."""
         now = time.monotonic()
+        if self.accept_paused_until and now >= self.accept_paused_until:
+            self.accept_paused_until = 0.0
+            self.ep.register(self.listener.fileno(), select.EPOLLIN)
         for c in [c for c in self.conns.values() if c.out and now - c.moved_at > P.BACKLOG_STALL_S]:
-            self.dropped += len(c.out)
             self._drop(f"not reading for {P.BACKLOG_STALL_S:.0f} s")
             self._close(c)
 

@@ -456,13 +456,18 @@ def main(argv=None) -> int:
     partition_mod.READ_DELAY_S = s.debug_read_delay_ms / 1000
     worker.reader = DiskReader(ctx, s.data_dir, s.segment_bytes)
     worker.reader.start()
-    unix = UnixServer(unixwire.path_of(s.worker_unix_endpoint(args.id)), log, f"worker {args.id}",
-                      max_message=s.max_batch_bytes + (1 << 20))
+    try:  # the same-host socket is an extra: a worker serves ZeroMQ without it
+        unix = UnixServer(unixwire.path_of(s.worker_unix_endpoint(args.id)), log, f"worker {args.id}",
+                          max_message=s.max_batch_bytes + (1 << 20))
+    except OSError as exc:
+        log.warning("no Unix socket for same-host clients (%s); ZeroMQ only", exc)
+        unix = None
     worker.port = PortMux(P.ReplyPort(sock, log, f"worker {args.id}"), unix)
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
-    poller.register(unix.fileno(), zmq.POLLIN)
-    unix_fd = unix.fileno()
+    unix_fd = unix.fileno() if unix is not None else -1
+    if unix is not None:
+        poller.register(unix_fd, zmq.POLLIN)
     poller.register(sub, zmq.POLLIN)
     poller.register(reads, zmq.POLLIN)
     log.info("worker %d serving on %s", args.id, s.worker_endpoint(args.id))
@@ -527,7 +532,8 @@ def main(argv=None) -> int:
         worker.reader.finish()
     worker.reader.stop()
     worker.close()
-    unix.close()
+    if unix is not None:
+        unix.close()
     for s_ in (sock, kick, sub, reads):
         s_.close(0)
     ctx.term()

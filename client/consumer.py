@@ -81,6 +81,7 @@ class Consumer:
         self._tail_slots = self._tail_pos = np.zeros(0, dtype=np.int64)
         self._fetching = False
         self._tails_at = 0.0
+        self._deferred: Exception | None = None  # see _take_or_defer
 
     def list_offsets(self, topic: str) -> list[P.PartitionOffsets]:
         r = self.conn.request(P.Op.LIST_OFFSETS, topic)
@@ -129,7 +130,10 @@ class Consumer:
 
     def poll_raw(self, timeout_ms: int = 1000) -> list[tuple[_Assigned, int, P.FetchReply, object]]:
         """Fetch replies with data, as (partition state, start offset, reply, body buffer)."""
-        if self._rings is not None:
+        if self._deferred is not None:  # an error met after records were already handed out
+            exc, self._deferred = self._deferred, None
+            raise exc
+        if self.same_host:
             return self._poll_rings(timeout_ms)
         deadline = time.monotonic() + timeout_ms / 1000
         out = []
@@ -144,7 +148,21 @@ class Consumer:
                 if out or left == 0:
                     return out
                 continue
+            if not self._take_or_defer(r, out):
+                return out
+
+    def _take_or_defer(self, r, out: list) -> bool:
+        """``_take``; an error it raises after ``out`` already holds records (whose partitions'
+        positions have moved on) is kept for the next poll, so no record is skipped. Returns
+        False when one was kept (return ``out`` now)."""
+        try:
             self._take(r, out)
+            return True
+        except Exception as exc:
+            if not out:
+                raise
+            self._deferred = exc
+            return False
 
     def _take(self, r, out: list) -> None:
         """One fetch reply: advance its partition and add its data to ``out``."""
@@ -181,8 +199,9 @@ class Consumer:
             r = self.conn.request(P.Op.DESCRIBE_TOPIC, topic)
             d = P.decoder(P.DescribeReply).decode(r.header)
             if self._rings is None or self._rings.instance != d.instance or not self._rings.is_current():
+                fresh = SharedRings(d.instance, d.data_id)  # may raise: then the old mapping stays
                 self._drop_rings()
-                self._rings = SharedRings(d.instance, d.data_id)
+                self._rings = fresh
             for pi in d.partitions:
                 a = self.assigned.get((topic, pi.partition))
                 if a is not None and pi.slot >= 0:
@@ -216,45 +235,53 @@ class Consumer:
             mark = rings.table.wake_mark() if rings is not None else 0
             if rings is not None and self._tailed:
                 wm = rings.watermarks(self._tail_slots, self.isolation)
-                for i in np.flatnonzero(wm != self._tail_pos).tolist():
-                    self._read_ring(i, out)
+                ready = [(i, self._tailed[i]) for i in np.flatnonzero(wm != self._tail_pos).tolist()]
+                moved = False  # a partition left the ring path: re-index once, after the loop
+                for i, a in ready:
+                    moved |= self._read_ring(a, i, out)
+                if moved:
+                    self._index_tails()
             if self._fetching:
                 self._send_fetches(self.max_wait_ms, fetch_only=True)
             if self._by_rid:
                 while (r := self.pool.recv(0)) is not None:
-                    self._take(r, out)
+                    if not self._take_or_defer(r, out):
+                        return out
             if out:
                 return out
             left = deadline - time.monotonic()
             if left <= 0:
                 return out
-            if self._by_rid:  # a fetch (below a ring) is out: its reply is what comes next
-                r = self.pool.recv(max(1, min(int(left * 1000), 5)))
-                if r is not None:
-                    self._take(r, out)
-                    if out:
-                        return out
+            if self._by_rid:  # a fetch is out: its reply is what comes next (rings looked at every 5 ms)
+                wait_ms = 5 if self._tailed else min(RING_RECHECK_S, left) * 1000
+                r = self.pool.recv(max(1, min(int(left * 1000), int(wait_ms))))
+                if r is not None and (not self._take_or_defer(r, out) or out):
+                    return out
             elif rings is not None:
                 rings.table.wait_wake(mark, min(left, RING_WAIT_S))
             else:
                 time.sleep(min(left, RING_WAIT_S))
 
-    def _read_ring(self, i: int, out: list) -> None:
-        a = self._tailed[i]
-        if a.inflight or a.below:
-            return
+    def _read_ring(self, a: _Assigned, i: int, out: list) -> bool:
+        """Read partition ``a`` (index ``i`` in the tail arrays) from its ring; True when it left
+        the ring path (below its ring, or the ring is gone) and the arrays need re-indexing."""
+        if a.inflight or a.below or a.tail is None:
+            return False
         got = a.tail.read(a.position, self.max_bytes, self.max_records, self.isolation)
         if got.status == TailStatus.DATA:
             info = P.FetchReply(got.high_watermark, got.durable_watermark, got.log_start_offset, got.next_offset, "shm")
             self.last_reply[(a.topic, a.partition)] = info
             out.append((a, a.position, info, got.body))
             a.position = self._tail_pos[i] = got.next_offset
-            return
+            return False
+        if got.status == TailStatus.EMPTY:
+            self._tail_pos[i] = a.position
+            return False
         if got.status == TailStatus.BELOW:
             a.below = True  # a fetch reads it (the journal, or the broker's error)
-        elif got.status == TailStatus.GONE:
-            a.tail = None  # fetched until the next recheck maps it again
-        self._index_tails()
+        else:
+            a.tail = None  # GONE: fetched until the next recheck maps it again
+        return True
 
     def _recheck_rings(self) -> None:
         """Once a second: re-map when a partition lost its ring or the broker re-made its memory."""

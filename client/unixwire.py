@@ -124,11 +124,11 @@ class UnixSocket:
     def send_frames(self, frames) -> None:
         bufs = encode(frames)
         total = sum(len(b) for b in bufs)
-        sent = self.sock.sendmsg(bufs)
+        sent = self.sock.sendmsg(bufs, [], socket.MSG_NOSIGNAL)  # a gone worker: EPIPE, not SIGPIPE
         if sent < total:  # the kernel buffer was full: send the rest as it drains
-            rest = memoryview(b"".join(bytes(b) for b in bufs))[sent:]
+            rest = memoryview(b"".join(bufs))[sent:]
             while rest:
-                rest = rest[self.sock.send(rest):]
+                rest = rest[self.sock.send(rest, socket.MSG_NOSIGNAL):]
 
     def poll(self, timeout_ms: int) -> bool:
         """Whether a whole message is waiting (reads what the kernel has; waits up to

@@ -383,7 +383,7 @@ def main() -> int:
         time.sleep(STORAGE_RETRY_S)
         return EXIT_STORAGE
     idle_ms = max(1, min(10, s.flush_interval_ms))
-    trickle_s = max(idle_ms, s.flush_interval_ms) / 1000
+    interval_ns = s.flush_interval_ms * 1_000_000
     failed_at = None
     busy = False
     last_work = 0.0
@@ -403,8 +403,10 @@ def main() -> int:
                     flusher.durable_wanted = True
         now = time.monotonic()
         # A trickle (under STAGE_MIN_BYTES, nobody waiting to be durable) is staged once per
-        # flush interval, not every tick: each cycle rewrites the journal's partial tail block.
-        if busy or flusher.durable_wanted or now - last_work >= trickle_s \
+        # flush interval, when the sync is due, not every tick: each cycle rewrites the
+        # journal's partial tail block. Idle, a tick still runs do_work (checkpoints).
+        sync_due = time.monotonic_ns() - flusher.last_sync_ns >= interval_ns
+        if busy or flusher.durable_wanted or (sync_due and now - last_work >= idle_ms / 1000) \
                 or flusher.unflushed_bytes() >= STAGE_MIN_BYTES:
             busy = flusher.do_work() >= STAGE_MIN_BYTES
             last_work = now

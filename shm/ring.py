@@ -62,7 +62,8 @@ class ControlTable:
     def _bind(self, max_slots: int) -> None:
         self._wake = np.frombuffer(self.region.buf, dtype=np.uint32, count=1, offset=layout.WAKE_AT)
         self.wake_addr = self._wake.ctypes.data
-        self._wakes = 0
+        self._wakes = int(self._wake[0]) >> 8  # go on from the word's count: a restarted writer
+        # must not store again the very value a reader loaded before it went to sleep
         self.max_slots = max_slots
         self.rows = np.frombuffer(
             self.region.buf, dtype=np.int64, count=max_slots * layout.ROW_WORDS, offset=layout.TABLE_HEADER_BYTES

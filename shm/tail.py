@@ -11,9 +11,16 @@ it overwrites a batch's bytes or reuses its descriptor slot, the writer first ad
    ``desc_head``, ``desc_tail``, ``ring_start_offset``: x86-64 keeps loads in order, so every
    descriptor and byte below the loaded head is complete;
 2. find the descriptor holding the offset, copy the descriptors, then the bytes;
-3. load ``desc_tail`` (and the table's boot id) again. If the first sequence copied is still at
-   or above the tail, the writer had not started to reuse anything copied: the copy is good.
-   Otherwise it is thrown away and the read tried again.
+3. load ``desc_tail`` again. If the first sequence copied is still at or above the tail, the
+   writer had not started to reuse anything copied: the copy is good. Otherwise it is thrown
+   away and the read tried again. The copy must also hold the asked offset and carry the
+   base offset, partition and topic id the broker stamps into every batch in a ring, which
+   also rejects what a lagging reader's search over half-rewritten descriptors found.
+
+A broker restarted on fresh shared memory unlinks the old regions and makes new ones; the
+reader's old mappings then go on showing a ring nobody writes. ``SharedRings.is_current``
+(an inode check per region, which the consumer runs once a second) finds out, and the consumer
+maps the new ones.
 
 An offset below the ring (``ring_start_offset``), or a ring that cannot be read consistently,
 is ``BELOW``: the caller reads it with an ordinary fetch (the journal has it). Nothing here
@@ -32,7 +39,7 @@ import numpy as np
 from .layout import COL
 from .ring import ControlTable, LayoutMismatch, Ring, cut_batches
 
-_BASE_AT = struct.Struct("<q")  # the broker stamps base_offset at byte 8 of every batch in a ring
+_STAMP = struct.Struct("<qqiI")  # stamped by the broker at byte 8 of every batch in a ring
 DESC_WINDOW = 4096  # descriptors looked at per read
 ATTEMPTS = 3  # copies thrown away before a read falls back to a fetch
 _WATERMARK = {"memory": COL["next_offset"], "durable": COL["durable_offset"]}
@@ -128,26 +135,30 @@ class PartitionTail:
             return TailRead(TailStatus.EMPTY, None, offset)
         if offset > hw or offset < ring_start or tail >= head:
             return TailRead(TailStatus.BELOW, None, offset)
-        newest = ring.desc[(head - 1) % ring.desc_capacity].item()  # (position, base, length, count)
-        if newest[1] <= offset < newest[1] + newest[3]:
-            # The tailing case, without numpy: the offset is in the newest batch.
-            seq, (pos, base, length, count) = head - 1, newest
-            at = pos % ring.ring_bytes
-            body = bytes(ring.mv[at : at + ((length + 7) & ~7)])
-            nxt = base + count
-        else:
-            seq = ring.find_seq(tail, head, offset)
-            if seq < tail:
-                return TailRead(TailStatus.BELOW, None, offset)
-            descs = np.array(ring.descriptors(seq, min(head, seq + DESC_WINDOW)))  # a copy, not a view
-            k = cut_batches(descs, offset, max_bytes, max(1, min(max_records, hw - offset)), hw)
-            take = descs[:k]
-            body = b"".join(ring.copy_batches(take))
-            base, count = int(take[0]["base_offset"]), int(take[0]["count"])
-            nxt = int(take[-1]["base_offset"]) + int(take[-1]["count"])
+        try:
+            newest = ring.desc[(head - 1) % ring.desc_capacity].item()  # (position, base, length, count)
+            if newest[1] <= offset < newest[1] + newest[3]:
+                # The tailing case, without numpy: the offset is in the newest batch.
+                seq, (pos, base, length, count) = head - 1, newest
+                at = pos % ring.ring_bytes
+                body = bytes(ring.mv[at : at + ((length + 7) & ~7)])
+                nxt = base + count
+            else:
+                seq = ring.find_seq(tail, head, offset)
+                if seq < tail:
+                    return TailRead(TailStatus.BELOW, None, offset)
+                descs = np.array(ring.descriptors(seq, min(head, seq + DESC_WINDOW)))  # a copy, not a view
+                k = cut_batches(descs, offset, max_bytes, max(1, min(max_records, hw - offset)), hw)
+                take = descs[:k]
+                body = b"".join(ring.copy_batches(take))
+                base, count = int(take[0]["base_offset"]), int(take[0]["count"])
+                nxt = int(take[-1]["base_offset"]) + int(take[-1]["count"])
+            stamp = _STAMP.unpack_from(body, 8)  # base offset, append time, partition, topic id
+        except (AssertionError, ValueError, IndexError, struct.error):
+            return None  # descriptors half rewritten while copied (a lagging reader): again
         if int(row[COL["desc_tail"]]) > seq or int(header["boot_id"]) != boot:
             return None  # the writer reclaimed part of what was copied: copy again
-        if not base <= offset < base + count or _BASE_AT.unpack_from(body, 8)[0] != base:
+        if not base <= offset < base + count or stamp[0] != base or stamp[2] != self.partition or stamp[3] != self.topic_id:
             return None  # the search ran over descriptors being reused and landed wrong: again
         return TailRead(TailStatus.DATA, body, nxt, int(row[COL["next_offset"]]), int(row[COL["durable_offset"]]), int(row[COL["log_start_offset"]]))
 

@@ -379,3 +379,67 @@ def test_kill9_under_a_same_host_producer_and_consumer_loses_no_acked_record(mak
     assert cons_sources["shm after the restart"] > 0, f"the consumer stopped reading the rings: {cons_sources}"
     if victim == "host":
         assert len(ring_maps) >= 2, "the consumer did not map the fresh shared memory"
+
+
+def _send_values(b, topic: str, partition: int, values: list[bytes]) -> None:
+    with Producer(b.bootstrap, acks="memory", same_host=True) as prod:
+        for v in values:
+            prod.send(topic, v, partition=partition)
+        prod.flush()
+
+
+def test_a_partition_whose_ring_is_gone_mid_poll_does_not_break_the_others(make_broker):
+    """Two partitions with data in one poll, the first answering GONE (its slot now holds
+    another partition, as after a topic's slot is reused): the second is still read, nothing
+    raises, and the first is mapped again and read within the next recheck."""
+    b = make_broker()
+    Admin(b.bootstrap).create_topic("gone", 2)
+    for p in (0, 1):  # the rings exist once each owner has taken its partition on
+        _send_values(b, "gone", p, [b"warm"])
+    with Consumer(b.bootstrap, same_host=True, max_wait_ms=200) as cons:
+        cons.assign("gone", [0, 1], start=1)
+        first = cons.assigned[("gone", 0)]
+        real = first.tail
+        first.tail = cons._rings.partition(real.slot, real.topic_id, real.partition + 100)  # a real tail: the row disagrees
+        cons._index_tails()
+        for p in (0, 1):
+            _send_values(b, "gone", p, [b"p%d-%d" % (p, i) for i in range(50)])
+        got = {0: [], 1: []}
+        deadline = time.monotonic() + 10
+        while (len(got[0]) < 50 or len(got[1]) < 50) and time.monotonic() < deadline:
+            for r in cons.poll(300):
+                got[r.partition].append(r.value)
+    assert got[1] == [b"p1-%d" % i for i in range(50)]
+    assert got[0] == [b"p0-%d" % i for i in range(50)], len(got[0])
+    print(f"\nGONE mid-poll: partition 1 read {len(got[1])} records, partition 0 re-mapped and read {len(got[0])}")
+
+
+def test_an_error_after_ring_records_in_one_poll_is_raised_next_time_and_no_record_is_skipped(make_broker):
+    """Partition 0 read from its ring, partition 1 asked at an offset past its end (the broker
+    answers OFFSET_OUT_OF_RANGE): the records of partition 0 handed out in the same poll are
+    never skipped; the error comes from the next poll."""
+    b = make_broker()
+    Admin(b.bootstrap).create_topic("err", 2)
+    _send_values(b, "err", 1, [b"x"])
+    _send_values(b, "err", 0, [b"warm"])
+    with Consumer(b.bootstrap, same_host=True, max_wait_ms=200) as cons:
+        cons.assign("err", [0], start=1)
+        cons.assign("err", [1], start=1000)  # far past partition 1's end: the fetch gets an error
+        _send_values(b, "err", 0, [b"a-%d" % i for i in range(20)])
+        seen, raised, sent_more = [], 0, False
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (len(seen) < 40 or not raised):
+            if len(seen) == 20 and not sent_more:
+                _send_values(b, "err", 0, [b"a-%d" % i for i in range(20, 40)])
+                sent_more = True
+                time.sleep(0.3)  # the error reply for partition 1 waits in the socket meanwhile
+            try:
+                seen += [(r.offset, r.value) for r in cons.poll(300) if r.partition == 0]
+            except Exception as exc:  # noqa: BLE001 - the broker's named error, exactly once per ask
+                assert type(exc).__name__ == "OffsetOutOfRangeError", exc
+                raised += 1
+                cons.seek("err", 1, cons.list_offsets("err")[1].high_watermark)
+    assert seen == [(1 + i, b"a-%d" % i) for i in range(40)], seen
+    assert raised >= 1
+    print(f"\nerror after ring records: {len(seen)} records of partition 0 in order, none skipped; "
+          f"OffsetOutOfRangeError raised {raised}x")
