@@ -48,17 +48,3 @@ def value_stamps(values: np.ndarray, value_offsets: np.ndarray) -> np.ndarray:
     idx = starts[:, None] + np.arange(STAMP.size)
     return np.ascontiguousarray(values[idx]).view("<i8").ravel()
 
-
-def view_stamps(views, start: int) -> list[int] | np.ndarray:
-    """The stamps of the values in decoded batch views (client.records.iter_batches) from offset
-    ``start`` on: one Python step per batch; a numpy gather for a batch of many records, a plain
-    unpack for a batch of one (a tailing consumer's usual read, where numpy's per-call cost is
-    most of the time)."""
-    out: list = []
-    for v in views:
-        lo = max(start - v.base_offset, 0)
-        if v.record_count - lo == 1:
-            out.append(STAMP.unpack_from(v.values, int(v.value_offsets[lo]))[0])
-        elif v.record_count > lo:
-            out.extend(value_stamps(np.frombuffer(v.values, np.uint8), v.value_offsets[lo:]).tolist())
-    return out
