@@ -82,6 +82,7 @@ class Consumer:
         self._fetching = False
         self._tails_at = 0.0
         self._deferred: Exception | None = None  # see _take_or_defer
+        self._ring_error = ""  # the last reason ring reads could not be set up (logged once)
 
     def list_offsets(self, topic: str) -> list[P.PartitionOffsets]:
         r = self.conn.request(P.Op.LIST_OFFSETS, topic)
@@ -207,7 +208,10 @@ class Consumer:
                 if a is not None and pi.slot >= 0:
                     a.tail = self._rings.partition(pi.slot, d.topic.topic_id, pi.partition)
         except Exception as exc:  # noqa: BLE001 - any reason to not map is a reason to fetch
-            log.info("same-host ring reads unavailable for %s (%s: %s); fetching", topic, type(exc).__name__, exc)
+            why = f"{type(exc).__name__}: {exc}"
+            if why != self._ring_error:  # retried every second: say it once, not each time
+                log.info("same-host ring reads unavailable for %s (%s); fetching", topic, why)
+                self._ring_error = why
             for a in self.assigned.values():
                 if a.topic == topic:
                     a.tail = None
