@@ -30,16 +30,17 @@ from client.unixwire import RECV_BYTES, WOULD_BLOCK, FrameReader, WireError, enc
 UNIX_IDENT = b"\x00UNX\x00"  # readable prefix of a Unix connection's identity (logs)
 _CONN = struct.Struct("<I")
 
-
-class UnixIdent(bytes):
-    """A Unix connection's identity frame. Replies are routed by this *type*, not by the bytes:
-    a ZeroMQ peer may set any identity, these 9 bytes included, but its frames are plain bytes."""
 ACCEPT_MAX = 64  # connections accepted per event
 ACCEPT_PAUSE_S = 0.1  # after accept() failed for want of fds: stop listening this long
 
 
+class UnixIdent(bytes):
+    """A Unix connection's identity frame. Replies are routed by this *type*, not by the bytes:
+    a ZeroMQ peer may set any identity, these 9 bytes included, but its frames are plain bytes."""
+
+
 class _Conn:
-    __slots__ = ("sock", "ident", "reader", "out", "out_bytes", "moved_at", "dropped")
+    __slots__ = ("sock", "ident", "reader", "out", "out_bytes", "moved_at")
 
     def __init__(self, sock, ident: bytes, limit: int):
         self.sock = sock
@@ -48,7 +49,6 @@ class _Conn:
         self.out: deque = deque()  # memoryviews of bytes waiting to be written, in order
         self.out_bytes = 0
         self.moved_at = 0.0
-        self.dropped = 0
 
 
 class UnixServer:
@@ -64,7 +64,6 @@ class UnixServer:
         self.total_backlog = 0
         self.accept_paused_until = 0.0  # > 0: the listener is out of the epoll set until then
         self.dropped = 0
-        self.closed_bad = 0  # connections closed for a framing error
         self._ids = itertools.count(1)
         self._logged_at = float("-inf")
         # One receive buffer for every connection (one thread), reused: ``recv(n)`` allocates n
@@ -137,7 +136,6 @@ class UnixServer:
             self._bad_framing(c, c.reader.error)
 
     def _bad_framing(self, c: _Conn, exc: WireError) -> None:
-        self.closed_bad += 1
         self.log.warning("%s: closing a Unix-socket client after a framing error: %s", self.what, exc)
         head = P.pack_routing(0, -1, 0, b"", P.ErrorCode.MALFORMED)
         self.send(c.ident, [head, P.encode(P.ErrorReply(f"bad framing, connection closed: {exc}"))])
@@ -168,7 +166,6 @@ class UnixServer:
             c.moved_at = time.monotonic()
             self.ep.modify(c.sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
         elif c.out_bytes + size > P.PEER_BACKLOG_BYTES or self.total_backlog + size > P.BACKLOG_BYTES:
-            c.dropped += 1
             return self._drop("not reading")
         else:
             bufs = [memoryview(b"".join(bufs))]
@@ -255,10 +252,6 @@ class PortMux:
     @property
     def backlog(self) -> bool:
         return bool(self.zmq.backlog) or (self.unix is not None and self.unix.backlog)
-
-    @property
-    def dropped(self) -> int:
-        return self.zmq.dropped + (self.unix.dropped if self.unix is not None else 0)
 
     def flush(self) -> None:
         if self.zmq.backlog:

@@ -8,6 +8,9 @@ Two kinds of POSIX shared-memory region exist per broker instance (one instance 
     | table header (128 B) | row 0 (192 B = 3 cache lines)  | row 1 ...   row N-1    |
     +----------------------+--------------------------------+---------------- ... ---+
 
+    table header: line 0 identity and state (the flusher; data_id at 56), line 1 the ``wake``
+    futex word at 64 (every worker and the flusher store to it: shm/futex.py), then reserved
+
     row, one int64 per field; each cache line has exactly one writer:
     line 0  (set when the slot is recovered or created; flusher at boot, actor at attach)
         slot | topic_id | partition | active | ring_bytes | desc_capacity | log_start_offset | -

@@ -75,7 +75,6 @@ class SharedRings:
         if data_id and int(self.table.header["data_id"]) != data_id:
             self.table.close()
             raise LayoutMismatch(f"control table of instance {instance} belongs to another data directory")
-        self.data_id = data_id
         self.rows = self.table.rows
         self.rings: dict[int, Ring] = {}
 
