@@ -259,11 +259,8 @@ class RingWriter:
         idx = pos % ring.ring_bytes
         ring.mv[idx : idx + n] = frame
         _STAMP.pack_into(ring.mv, idx + 8, base_offset, append_time_us, partition, topic_id)
-        d = ring.desc[head % ring.desc_capacity]
-        d["position"] = pos
-        d["base_offset"] = base_offset
-        d["length"] = _LENGTH.unpack_from(frame)[0]  # the batch's own length, unpadded
-        d["count"] = count
+        # (position, base offset, the batch's own length unpadded, count): one store, not four
+        ring.desc[head % ring.desc_capacity] = (pos, base_offset, _LENGTH.unpack_from(frame)[0], count)
         row[COL["desc_head"]] = head + 1
         row[COL["write_position"]] = pos + n
         row[COL["next_offset"]] = base_offset + count

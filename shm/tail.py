@@ -41,6 +41,7 @@ from .ring import ControlTable, LayoutMismatch, Ring, cut_batches
 
 _STAMP = struct.Struct("<qqiI")  # stamped by the broker at byte 8 of every batch in a ring
 DESC_WINDOW = 4096  # descriptors looked at per read
+NEAR_HEAD = 16  # newest descriptors walked in plain Python before a numpy search
 ATTEMPTS = 3  # copies thrown away before a read falls back to a fetch
 _WATERMARK = {"memory": COL["next_offset"], "durable": COL["durable_offset"]}
 
@@ -103,6 +104,39 @@ class SharedRings:
         self.table.close()
 
 
+def _near_head(ring: Ring, tail: int, head: int, offset: int, max_bytes: int, max_records: int, hw: int):
+    """A tailing reader's read in plain Python: when ``offset`` is in one of the ``NEAR_HEAD``
+    newest batches, pick the batches from there as ``cut_batches`` would (the first always;
+    then while wholly below ``hw``, within ``max_bytes``, until ``max_records``) and copy them.
+    Returns (first seq, bytes, its base offset, its count, next offset), or None to search with
+    numpy. Unchecked: the caller's seqlock and stamp checks decide whether the copy is good."""
+    cap, desc, mv, ring_bytes = ring.desc_capacity, ring.desc, ring.mv, ring.ring_bytes
+    seq, lowest = head - 1, max(tail, head - NEAR_HEAD)
+    d = desc[seq % cap].item()  # (position, base offset, length, count)
+    while d[1] > offset:
+        seq -= 1
+        if seq < lowest:
+            return None
+        d = desc[seq % cap].item()
+    first, base, count = seq, d[1], d[3]
+    parts, size, records = [], 0, 0
+    while True:
+        pos, b, length, n = d
+        frame = (length + 7) & ~7
+        if parts and (b + n > hw or size + frame > max_bytes):
+            break
+        at = pos % ring_bytes
+        parts.append(mv[at : at + frame])
+        size += frame
+        records += b + n - max(b, offset)
+        nxt = b + n
+        seq += 1
+        if records >= max_records or seq >= head:
+            break
+        d = desc[seq % cap].item()
+    return first, b"".join(parts), base, count, nxt
+
+
 class PartitionTail:
     """Reads one partition's batches from its ring (see the module docstring for the protocol)."""
 
@@ -135,13 +169,10 @@ class PartitionTail:
         if offset > hw or offset < ring_start or tail >= head:
             return TailRead(TailStatus.BELOW, None, offset)
         try:
-            newest = ring.desc[(head - 1) % ring.desc_capacity].item()  # (position, base, length, count)
-            if newest[1] <= offset < newest[1] + newest[3]:
-                # The tailing case, without numpy: the offset is in the newest batch.
-                seq, (pos, base, length, count) = head - 1, newest
-                at = pos % ring.ring_bytes
-                body = bytes(ring.mv[at : at + ((length + 7) & ~7)])
-                nxt = base + count
+            near = _near_head(ring, tail, head, offset, max_bytes, max(1, min(max_records, hw - offset)), hw)
+            if near is not None:
+                # The tailing case, without numpy: the offset is in one of the newest batches.
+                seq, body, base, count, nxt = near
             else:
                 seq = ring.find_seq(tail, head, offset)
                 if seq < tail:

@@ -12,6 +12,7 @@ from client.records import (
     CRC_START, HEADER_BYTES, BatchError, align8, batches_to_columns, encode_batch, encode_batch_buffers,
     iter_batches, read_header, validate_frame,
 )
+from client import records
 
 
 def test_round_trip_without_keys():
@@ -82,6 +83,49 @@ def test_columns_trim_to_the_requested_range_across_batches():
     assert cols.key_valid.tolist() == [False, False, True]
     keys = cols.keys.tobytes()
     assert keys[cols.key_offsets[2] : cols.key_offsets[3]] == b"k0"
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=40), st.one_of(st.none(), st.binary(max_size=20)), st.data())
+def test_a_one_record_batch_with_lying_offsets_is_malformed(value, key, data):
+    """One-record batches are checked with struct reads, not numpy: any offsets that do not
+    start at 0 and add up to the body are refused, the honest ones accepted."""
+    frame = bytearray(encode_batch([value], None if key is None else [key]))
+    n_words = 4 if key is not None else 2
+    words = list(struct.unpack_from(f"<{n_words}i", frame, HEADER_BYTES))
+    if data.draw(st.booleans()):
+        i = data.draw(st.integers(0, n_words - 1))
+        words[i] = data.draw(st.sampled_from([-1, 0, 1, len(value), len(value) + 1, 1 << 30, -(1 << 31)]))
+    struct.pack_into(f"<{n_words}i", frame, HEADER_BYTES, *words)
+    from crc32c import crc32c
+    struct.pack_into("<I", frame, 32, crc32c(bytes(frame[CRC_START : struct.unpack_from("<i", frame)[0]])))
+    body = len(value) + (len(key) if key is not None else 0)
+    honest = words[0] == 0 and words[1] >= 0 and (key is None or (words[2] == 0 and words[3] >= 0))
+    honest = honest and words[1] + (words[3] if key is not None else 0) == body
+    if honest:
+        assert validate_frame(bytes(frame), 0, len(frame), 1 << 20) == (len(frame), 1)
+    else:
+        with pytest.raises(BatchError) as e:
+            validate_frame(bytes(frame), 0, len(frame), 1 << 20)
+        assert e.value.reason == "malformed"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=30), min_size=1, max_size=12), st.booleans(), st.integers(0, 40), st.data())
+def test_one_batch_columns_equal_the_general_path(values, keyed, base, data):
+    """A single batch takes a shortcut (a tailing read); it must give the very columns the
+    general path gives, for any slice of the batch, with or without keys."""
+    frame = bytearray(encode_batch(values, [b"k%d" % i for i in range(len(values))] if keyed else None, create_time_us=77))
+    struct.pack_into("<q", frame, 8, base)
+    (view,) = iter_batches(bytes(frame))
+    lo = data.draw(st.integers(0, len(values) - 1))
+    hi = data.draw(st.integers(lo + 1, len(values)))
+    one = batches_to_columns([view], base + lo, base + hi)
+    many = records._many_batch_columns([(view, lo, hi)])
+    for field in records.Columns.__dataclass_fields__:
+        a, b = getattr(one, field), getattr(many, field)
+        assert a.dtype == b.dtype and a.tolist() == b.tolist(), field
+    assert one.values.base is None or one.values.base is not view.values  # a copy, not a view of the buffer
 
 
 @settings(max_examples=2000, deadline=None)

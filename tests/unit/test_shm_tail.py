@@ -12,6 +12,7 @@ from client.records import encode_batch, iter_batches
 from persistence.recovery import data_dir_id
 from shm.layout import COL
 from shm.ring import LayoutMismatch
+from shm import tail as tail_mod
 from shm.tail import SharedRings, TailStatus
 
 from .storage import append_numbered, make_storage
@@ -44,7 +45,14 @@ def _tail(st):
     return actor, rings, rings.partition(actor.slot, actor.topic_id, actor.partition)
 
 
-def test_reads_match_the_owner_through_many_laps_and_fall_below_where_the_ring_dropped(storage):
+def _numpy_read(tail, monkeypatch, *args):
+    """The same read with the plain-Python walk near the head turned off (the numpy search)."""
+    with monkeypatch.context() as m:
+        m.setattr(tail_mod, "_near_head", lambda *a: None)
+        return tail.read(*args)
+
+
+def test_reads_match_the_owner_through_many_laps_and_fall_below_where_the_ring_dropped(storage, monkeypatch):
     actor, rings, tail = _tail(storage)
     rng = random.Random(5)
     seen = {"DATA": 0, "BELOW": 0, "EMPTY": 0}
@@ -58,7 +66,10 @@ def test_reads_match_the_owner_through_many_laps_and_fall_below_where_the_ring_d
             else:
                 hw = actor.high_watermark
                 off = hw if rng.random() < 0.1 else rng.randrange(hw + 1)
-                got = tail.read(off, rng.choice([1, 4096, 1 << 20]), rng.choice([1, 10, 1 << 20]))
+                limits = (rng.choice([1, 4096, 1 << 20]), rng.choice([1, 10, 1 << 20]))
+                got = tail.read(off, *limits)
+                ref = _numpy_read(tail, monkeypatch, off, *limits)
+                assert (got.status, got.body, got.next_offset) == (ref.status, ref.body, ref.next_offset)
                 seen[got.status.name] += 1
                 if got.status == TailStatus.DATA:
                     _check(got.body, off, got.next_offset)
@@ -121,6 +132,39 @@ def test_a_copy_the_writer_reclaims_meanwhile_is_thrown_away_never_returned(stor
         assert tail.read(oldest, 1 << 20, 1 << 20).status == TailStatus.BELOW
         newest = actor.high_watermark - 1
         got = tail.read(newest, 1 << 20, 1 << 20)
+        assert got.status == TailStatus.DATA and iter_batches(got.body)[0].value(0) == b"y" * 2000
+    finally:
+        rings.close()
+
+
+def test_a_near_head_copy_the_writer_laps_meanwhile_is_thrown_away(storage, monkeypatch):
+    """The plain-Python walk over the newest batches is guarded by the same seqlock: the writer
+    laps the whole ring between the copy and the check, so the copy must not be returned."""
+    actor, rings, tail = _tail(storage)
+    try:
+        for _ in range(10):
+            assert actor.append(encode_batch([b"x" * 2000]), 1 << 14)[0] == 0
+        storage.flusher.do_work()
+        newest = actor.high_watermark - 1
+        real = tail_mod._near_head
+        lapped = []
+
+        def walk_while_the_writer_laps(*args):
+            got = real(*args)
+            assert got is not None  # the offset is near the head: the walk, not the numpy search
+            if not lapped:
+                for _ in range(40):  # ~80 KiB: more than the 64 KiB ring
+                    assert actor.append(encode_batch([b"y" * 2000]), 1 << 14)[0] == 0
+                    storage.flusher.do_work()
+                lapped.append(1)
+            return got
+
+        monkeypatch.setattr(tail_mod, "_near_head", walk_while_the_writer_laps)
+        got = tail.read(newest, 1 << 20, 1 << 20)
+        assert lapped and tail.torn >= 1
+        assert got.status == TailStatus.BELOW  # lapped: the offset is gone from the ring
+        monkeypatch.undo()
+        got = tail.read(actor.high_watermark - 1, 1 << 20, 1 << 20)
         assert got.status == TailStatus.DATA and iter_batches(got.body)[0].value(0) == b"y" * 2000
     finally:
         rings.close()
