@@ -143,6 +143,7 @@ class Worker:
         self.boot_ns = time.time_ns()
         self.reader: DiskReader | None = None  # cold reads off the loop (None: read inline)
         self.appended_bytes: dict[int, int] = {}  # slot -> bytes appended since the last PING
+        self.adopted_new = False  # an actor was made here: tell the flusher (kick b"N") to rescan its rows
 
     # --- dispatch ------------------------------------------------------------------------
     def handle(self, frames: list[bytes]) -> None:
@@ -234,6 +235,7 @@ class Worker:
             reply(P.ErrorCode.NOT_OWNER, P.ErrorReply(str(exc)))
             return None
         self.actors[slot] = actor
+        self.adopted_new = True
         return actor
 
     # --- ops -----------------------------------------------------------------------------
@@ -488,6 +490,12 @@ def main(argv=None) -> int:
         if synced:
             P.drain(sub, _ignore, DRAIN_MAX)
         now = time.monotonic()
+        if worker.adopted_new:  # before any data kick of this turn: the flusher looks at active rows only
+            try:
+                P.send_frames(kick, [b"N"], P.NOBLOCK)
+                worker.adopted_new = False
+            except zmq.Again:
+                pass
         # Kick the flusher at once for a durable waiter (its latency is the ack's latency); for
         # plain data only once KICK_MIN_BYTES wait (or a ring was full), and at most every
         # KICK_INTERVAL_S: the flusher stages a trickle on its own timer, and a kick per loop

@@ -56,6 +56,7 @@ def make_storage(data_dir, partitions: int = 2, ring_bytes: int = RING_BYTES, **
     topic = cat.get("t")
     for p, slot in enumerate(topic.slots):
         st.actors.append(PartitionActor(fl.table, s.instance, slot, topic.topic_id, p, ring_bytes, 1, s.data_dir, journal, str(data_dir)))
+    fl.rescan()  # what a worker's kick b"N" makes the flusher process do
     return st
 
 

@@ -63,3 +63,35 @@ def test_a_batch_ending_exactly_at_the_ring_end_is_flushed_and_read_whole(tmp_pa
         assert all(v.value(0) == value for v in views)
     finally:
         st.close()
+
+
+def test_the_flusher_stages_a_partition_activated_after_its_scan_once_it_rescans(tmp_path, monkeypatch):
+    """The flusher's cycles look only at the rows active at its last full scan; a partition a
+    worker adopts later is staged (and made durable) after the rescan its kick b"N" causes, and
+    untouched before it, with nothing lost."""
+    from actors.partition import PartitionActor
+    from client.catalog import Catalog
+    from persistence import flusher as flusher_mod
+    from shm.layout import COL
+
+    monkeypatch.setattr(flusher_mod, "RESCAN_NS", 1 << 62)  # no timed rescan during the test
+    st = make_storage(tmp_path / "data", partitions=1)
+    try:
+        topic = Catalog(st.s.data_dir).add_topic("late", 1, 64 * 1024)
+        late = PartitionActor(st.flusher.table, st.s.instance, topic.slots[0], topic.topic_id, 0, 64 * 1024, 1,
+                              st.s.data_dir, st.journal, str(tmp_path / "data"))
+        st.actors.append(late)
+        assert topic.slots[0] not in st.flusher.slots.tolist()
+        for i in range(5):
+            assert late.append(encode_batch([b"%d" % i]), 1 << 14)[0] == 0
+        st.flusher.do_work()
+        st.flusher.sync()
+        assert int(late.row[COL["flushed_offset"]]) == 0 and int(late.row[COL["durable_offset"]]) == 0
+        st.flusher.rescan()
+        st.flusher.do_work()
+        st.flusher.sync()
+        assert int(late.row[COL["durable_offset"]]) == 5
+        views = iter_batches(b"".join(late.read(0, 1 << 20, 1 << 20, "durable").parts))
+        assert [v.value(0) for v in views] == [b"%d" % i for i in range(5)]
+    finally:
+        st.close()
