@@ -113,6 +113,9 @@ def _near_head(ring: Ring, tail: int, head: int, offset: int, max_bytes: int, ma
     cap, desc, mv, ring_bytes = ring.desc_capacity, ring.desc, ring.mv, ring.ring_bytes
     seq, lowest = head - 1, max(tail, head - NEAR_HEAD)
     d = desc[seq % cap].item()  # (position, base offset, length, count)
+    if d[1] <= offset:  # in the newest batch: the common tailing read
+        at = d[0] % ring_bytes
+        return seq, bytes(mv[at : at + ((d[2] + 7) & ~7)]), d[1], d[3], d[1] + d[3]
     while d[1] > offset:
         seq -= 1
         if seq < lowest:
