@@ -32,18 +32,21 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-def wake(addr: int) -> int:
-    """Wake every process waiting on the word at ``addr``; returns how many were woken."""
-    return _syscall(ctypes.c_long(SYS_FUTEX), ctypes.c_void_p(addr), ctypes.c_long(FUTEX_WAKE),
-                    ctypes.c_long(WAKE_ALL), None, None, ctypes.c_long(0))
+_SYS_FUTEX, _WAIT, _WAKE = ctypes.c_long(SYS_FUTEX), ctypes.c_long(FUTEX_WAIT), ctypes.c_long(FUTEX_WAKE)
+_WAKE_ALL, _ZERO = ctypes.c_long(WAKE_ALL), ctypes.c_long(0)
 
 
-def wait(addr: int, expected: int, timeout_s: float) -> bool:
+def wake(addr: ctypes.c_void_p) -> int:
+    """Wake every process waiting on the word at ``addr``; returns how many were woken.
+    (Argument objects built once: a worker calls this after every loop turn that appended.)"""
+    return _syscall(_SYS_FUTEX, addr, _WAKE, _WAKE_ALL, None, None, _ZERO)
+
+
+def wait(addr: ctypes.c_void_p, expected: int, timeout_s: float) -> bool:
     """Sleep until the word at ``addr`` is woken, unless it no longer holds ``expected``, for at
     most ``timeout_s``. Returns False when it timed out (or the call is not available)."""
     ts = _Timespec(int(timeout_s), int((timeout_s - int(timeout_s)) * 1e9))
-    r = _syscall(ctypes.c_long(SYS_FUTEX), ctypes.c_void_p(addr), ctypes.c_long(FUTEX_WAIT),
-                 ctypes.c_long(expected & 0xFFFFFFFF), ctypes.byref(ts), None, ctypes.c_long(0))
+    r = _syscall(_SYS_FUTEX, addr, _WAIT, ctypes.c_long(expected & 0xFFFFFFFF), ctypes.byref(ts), None, _ZERO)
     if r == 0:
         return True
     err = ctypes.get_errno()

@@ -11,6 +11,8 @@ NOT safe: two writers on one ring; a reader outside the owner relying on bytes b
 
 from __future__ import annotations
 
+import ctypes
+
 import struct
 
 import numpy as np
@@ -61,7 +63,7 @@ class ControlTable:
 
     def _bind(self, max_slots: int) -> None:
         self._wake = np.frombuffer(self.region.buf, dtype=np.uint32, count=1, offset=layout.WAKE_AT)
-        self.wake_addr = self._wake.ctypes.data
+        self.wake_addr = ctypes.c_void_p(self._wake.ctypes.data)  # made once: passed on every wake
         self._wakes = int(self._wake[0]) >> 8  # go on from the word's count: a restarted writer
         # must not store again the very value a reader loaded before it went to sleep
         self.max_slots = max_slots
