@@ -330,23 +330,6 @@ class Columns:
 _INT32_MAX = int(np.iinfo(np.int32).max)
 
 
-def _concat_offsets(pieces: list[np.ndarray]) -> np.ndarray:
-    """Join per-batch [0..len] int32 offset arrays into one [0..total] array (vectorised shift)."""
-    if not pieces:
-        return np.zeros(1, dtype=OFFSETS_DTYPE)
-    lengths = np.fromiter((p[-1] for p in pieces), dtype=np.int64, count=len(pieces))
-    shifts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    counts = np.fromiter((len(p) - 1 for p in pieces), dtype=np.int64, count=len(pieces))
-    body = np.concatenate([p[1:] for p in pieces]).astype(np.int64)
-    body += np.repeat(shifts, counts)
-    if body.size and body[-1] > _INT32_MAX:
-        raise OverflowError("more than 2 GiB of values in one column set")
-    out = np.empty(len(body) + 1, dtype=OFFSETS_DTYPE)
-    out[0] = 0
-    out[1:] = body
-    return out
-
-
 def batches_to_columns(views: list[BatchView], start_offset: int = 0, end_offset: int | None = None) -> Columns:
     """Flatten batch views to columns, keeping records with start_offset <= offset < end_offset.
 
@@ -390,30 +373,47 @@ def _one_batch_columns(v: BatchView, lo: int, hi: int) -> Columns:
 
 
 def _many_batch_columns(keep: list[tuple[BatchView, int, int]]) -> Columns:
+    """The general case: one numpy step per batch for each column piece (shifted as it is cut,
+    so joining the pieces is one concatenate), then one step per column."""
     vpieces, kpieces, vbufs, kbufs, counts, bases, times, keyed = [], [], [], [], [], [], [], []
+    vshift = kshift = 0  # bytes of values / keys taken so far
     for v, lo, hi in keep:
         vo = v.value_offsets[lo : hi + 1]
-        vpieces.append(vo - vo[0])
-        vbufs.append(np.frombuffer(v.values, dtype=np.uint8)[vo[0] : vo[-1]])
+        v0, v1 = int(vo[0]), int(vo[-1])
+        vpieces.append(vo[1:] + (vshift - v0))  # int32: exact while the total fits (checked below)
+        vbufs.append(np.frombuffer(v.values, dtype=np.uint8)[v0:v1])
+        vshift += v1 - v0
         if v.key_offsets is not None:
             ko = v.key_offsets[lo : hi + 1]
-            kpieces.append(ko - ko[0])
-            kbufs.append(np.frombuffer(v.keys, dtype=np.uint8)[ko[0] : ko[-1]])
+            k0, k1 = int(ko[0]), int(ko[-1])
+            kpieces.append(ko[1:] + (kshift - k0))
+            kbufs.append(np.frombuffer(v.keys, dtype=np.uint8)[k0:k1])
+            kshift += k1 - k0
         else:
-            kpieces.append(np.zeros(hi - lo + 1, dtype=OFFSETS_DTYPE))
+            kpieces.append(np.full(hi - lo, kshift, dtype=OFFSETS_DTYPE))
         counts.append(hi - lo)
         bases.append(v.base_offset + lo)
         times.append(v.create_time_us)
         keyed.append(v.key_offsets is not None)
+    if vshift > _INT32_MAX or kshift > _INT32_MAX:
+        raise OverflowError("more than 2 GiB of values in one column set")
     counts_a = np.asarray(counts, dtype=np.int64)
-    starts = np.repeat(np.asarray(bases, dtype=np.int64) - np.concatenate(([0], np.cumsum(counts_a)[:-1])), counts_a)
-    offsets = starts + np.arange(int(counts_a.sum()), dtype=np.int64)
+    ends = np.cumsum(counts_a)
+    n = int(ends[-1])
+    offsets = np.repeat(np.asarray(bases, dtype=np.int64) - (ends - counts_a), counts_a)
+    offsets += np.arange(n, dtype=np.int64)
+    value_offsets = np.empty(n + 1, dtype=OFFSETS_DTYPE)
+    value_offsets[0] = 0
+    np.concatenate(vpieces, out=value_offsets[1:])
+    key_offsets = np.empty(n + 1, dtype=OFFSETS_DTYPE)
+    key_offsets[0] = 0
+    np.concatenate(kpieces, out=key_offsets[1:])
     return Columns(
         offsets=offsets,
         timestamps_us=np.repeat(np.asarray(times, dtype=np.int64), counts_a),
-        value_offsets=_concat_offsets(vpieces),
-        values=np.concatenate(vbufs) if vbufs else np.zeros(0, np.uint8),
-        key_offsets=_concat_offsets(kpieces),
+        value_offsets=value_offsets,
+        values=np.concatenate(vbufs),
+        key_offsets=key_offsets,
         keys=np.concatenate(kbufs) if kbufs else np.zeros(0, np.uint8),
         key_valid=np.repeat(np.asarray(keyed, dtype=bool), counts_a),
     )

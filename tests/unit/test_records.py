@@ -85,6 +85,30 @@ def test_columns_trim_to_the_requested_range_across_batches():
     assert keys[cols.key_offsets[2] : cols.key_offsets[3]] == b"k0"
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.binary(max_size=12), min_size=1, max_size=6), st.booleans()), min_size=1, max_size=6),
+       st.integers(0, 1000), st.data())
+def test_columns_hold_exactly_the_records_in_range_whatever_the_batches(batches, base, data):
+    """Any run of batches (keyed or not, any sizes), any [start, end): the columns hold exactly
+    those records, in order, with their offsets, batch times, values and keys (None: no key)."""
+    frames, expect, off = [], [], base
+    for i, (values, keyed) in enumerate(batches):
+        keys = [b"k" + v for v in values] if keyed else None
+        frame = bytearray(encode_batch(values, keys, create_time_us=1000 + i))
+        struct.pack_into("<q", frame, 8, off)
+        frames.append(bytes(frame))
+        expect += [(off + j, 1000 + i, v, keys[j] if keyed else None) for j, v in enumerate(values)]
+        off += len(values)
+    start = data.draw(st.integers(base, off - 1))
+    end = data.draw(st.one_of(st.none(), st.integers(start + 1, off)))
+    cols = batches_to_columns(iter_batches(b"".join(frames)), start, end)
+    vals, keys, vo, ko = cols.values.tobytes(), cols.keys.tobytes(), cols.value_offsets.tolist(), cols.key_offsets.tolist()
+    got = [(o, t, vals[vo[i] : vo[i + 1]], keys[ko[i] : ko[i + 1]] if kv else None)
+           for i, (o, t, kv) in enumerate(zip(cols.offsets.tolist(), cols.timestamps_us.tolist(), cols.key_valid.tolist()))]
+    assert got == [r for r in expect if start <= r[0] and (end is None or r[0] < end)]
+    assert cols.value_offsets.dtype == cols.key_offsets.dtype == np.int32 and cols.offsets.dtype == np.int64
+
+
 @settings(max_examples=500, deadline=None)
 @given(st.binary(max_size=40), st.one_of(st.none(), st.binary(max_size=20)), st.data())
 def test_a_one_record_batch_with_lying_offsets_is_malformed(value, key, data):
