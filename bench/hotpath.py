@@ -7,7 +7,9 @@ single-message produce costs the worker, and what a tailing read costs the consu
   to the worker, as the same-host path delivers it (reply frames built, not sent);
 - ``tail-read``: ``PartitionTail.read`` of the newest batch of a ring (shm/tail.py);
 - ``columns``: ``iter_batches`` + ``batches_to_columns`` of that one batch (what
-  ``Consumer.poll_columns`` does per read).
+  ``Consumer.poll_columns`` does per read);
+- ``columns-3``: the same for a read of the three newest batches (a tailing consumer a little
+  behind).
 
 Real shared memory and files on a temporary directory (the unit tests' storage stack, so run it
 from the source tree). Prints the minimum and the median over the rounds, in microseconds per
@@ -88,6 +90,8 @@ def main(argv=None) -> int:
                 tail = rings.partition(actor.slot, actor.topic_id, actor.partition)
                 newest = actor.high_watermark - 1
                 body = tail.read(newest, 1 << 20, 1 << 20).body
+                body3 = tail.read(newest - 2, 1 << 20, 1 << 20).body
+                assert len(iter_batches(body3)) == 3
 
                 def read(n: int) -> None:
                     for _ in range(n):
@@ -97,8 +101,13 @@ def main(argv=None) -> int:
                     for _ in range(n):
                         batches_to_columns(iter_batches(body), newest)
 
+                def columns3(n: int) -> None:
+                    for _ in range(n):
+                        batches_to_columns(iter_batches(body3), newest - 2)
+
                 results = {"handle": handle, "tail-read": _rounds(read, args.calls, args.rounds),
-                           "columns": _rounds(columns, args.calls, args.rounds)}
+                           "columns": _rounds(columns, args.calls, args.rounds),
+                           "columns-3": _rounds(columns3, args.calls, args.rounds)}
             finally:
                 rings.close()
         finally:
