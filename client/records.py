@@ -374,7 +374,8 @@ def _one_batch_columns(v: BatchView, lo: int, hi: int) -> Columns:
 
 def _many_batch_columns(keep: list[tuple[BatchView, int, int]]) -> Columns:
     """The general case: one numpy step per batch for each column piece (shifted as it is cut,
-    so joining the pieces is one concatenate), then one step per column."""
+    so joining the pieces is one concatenate), then one step per column. Batches without keys
+    (the common case) add no key piece: with none keyed, the key columns are made at once."""
     vpieces, kpieces, vbufs, kbufs, counts, bases, times, keyed = [], [], [], [], [], [], [], []
     vshift = kshift = 0  # bytes of values / keys taken so far
     for v, lo, hi in keep:
@@ -384,12 +385,14 @@ def _many_batch_columns(keep: list[tuple[BatchView, int, int]]) -> Columns:
         vbufs.append(np.frombuffer(v.values, dtype=np.uint8)[v0:v1])
         vshift += v1 - v0
         if v.key_offsets is not None:
+            if not kbufs:  # the first keyed batch: the unkeyed ones before it had empty keys
+                kpieces = [np.zeros(c, dtype=OFFSETS_DTYPE) for c in counts]
             ko = v.key_offsets[lo : hi + 1]
             k0, k1 = int(ko[0]), int(ko[-1])
             kpieces.append(ko[1:] + (kshift - k0))
             kbufs.append(np.frombuffer(v.keys, dtype=np.uint8)[k0:k1])
             kshift += k1 - k0
-        else:
+        elif kbufs:
             kpieces.append(np.full(hi - lo, kshift, dtype=OFFSETS_DTYPE))
         counts.append(hi - lo)
         bases.append(v.base_offset + lo)
@@ -405,15 +408,19 @@ def _many_batch_columns(keep: list[tuple[BatchView, int, int]]) -> Columns:
     value_offsets = np.empty(n + 1, dtype=OFFSETS_DTYPE)
     value_offsets[0] = 0
     np.concatenate(vpieces, out=value_offsets[1:])
-    key_offsets = np.empty(n + 1, dtype=OFFSETS_DTYPE)
-    key_offsets[0] = 0
-    np.concatenate(kpieces, out=key_offsets[1:])
+    if kbufs:
+        key_offsets = np.empty(n + 1, dtype=OFFSETS_DTYPE)
+        key_offsets[0] = 0
+        np.concatenate(kpieces, out=key_offsets[1:])
+        keys, key_valid = np.concatenate(kbufs), np.repeat(np.asarray(keyed, dtype=bool), counts_a)
+    else:
+        key_offsets, keys, key_valid = np.zeros(n + 1, dtype=OFFSETS_DTYPE), np.zeros(0, np.uint8), np.zeros(n, bool)
     return Columns(
         offsets=offsets,
         timestamps_us=np.repeat(np.asarray(times, dtype=np.int64), counts_a),
         value_offsets=value_offsets,
         values=np.concatenate(vbufs),
         key_offsets=key_offsets,
-        keys=np.concatenate(kbufs) if kbufs else np.zeros(0, np.uint8),
-        key_valid=np.repeat(np.asarray(keyed, dtype=bool), counts_a),
+        keys=keys,
+        key_valid=key_valid,
     )
