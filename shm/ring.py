@@ -12,7 +12,6 @@ NOT safe: two writers on one ring; a reader outside the owner relying on bytes b
 from __future__ import annotations
 
 import ctypes
-
 import struct
 
 import numpy as np

@@ -171,8 +171,9 @@ class PartitionTail:
             return TailRead(TailStatus.EMPTY, None, offset)
         if offset > hw or offset < ring_start or tail >= head:
             return TailRead(TailStatus.BELOW, None, offset)
+        max_records = max(1, min(max_records, hw - offset))
         try:
-            near = _near_head(ring, tail, head, offset, max_bytes, max(1, min(max_records, hw - offset)), hw)
+            near = _near_head(ring, tail, head, offset, max_bytes, max_records, hw)
             if near is not None:
                 # The tailing case, without numpy: the offset is in one of the newest batches.
                 seq, body, base, count, nxt = near
@@ -181,7 +182,7 @@ class PartitionTail:
                 if seq < tail:
                     return TailRead(TailStatus.BELOW, None, offset)
                 descs = np.array(ring.descriptors(seq, min(head, seq + DESC_WINDOW)))  # a copy, not a view
-                k = cut_batches(descs, offset, max_bytes, max(1, min(max_records, hw - offset)), hw)
+                k = cut_batches(descs, offset, max_bytes, max_records, hw)
                 take = descs[:k]
                 body = b"".join(ring.copy_batches(take))
                 base, count = int(take[0]["base_offset"]), int(take[0]["count"])
