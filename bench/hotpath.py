@@ -9,7 +9,10 @@ single-message produce costs the worker, and what a tailing read costs the consu
 - ``columns``: ``iter_batches`` + ``batches_to_columns`` of that one batch (what
   ``Consumer.poll_columns`` does per read);
 - ``columns-3``: the same for a read of the three newest batches (a tailing consumer a little
-  behind).
+  behind);
+- ``flush-cycle``: the flusher's ``do_work`` when each of 8 partitions holds two new one-record
+  batches (what a cycle finds under durable-single/64), CPU time per cycle (``process_time``:
+  the journal's O_DIRECT write is real, its wait is not counted; no fdatasync).
 
 Real shared memory and files on a temporary directory (the unit tests' storage stack, so run it
 from the source tree). Prints the minimum and the median over the rounds, in microseconds per
@@ -28,6 +31,7 @@ from actors.worker import Worker
 from client import protocol as P
 from client.records import batches_to_columns, encode_batch, iter_batches
 from persistence.recovery import data_dir_id
+from shm.layout import COL
 from shm.tail import SharedRings
 from tests.unit.storage import make_storage
 
@@ -55,6 +59,28 @@ def _rounds(fn, calls: int, rounds: int, between=None) -> tuple[float, float]:
         if between is not None:
             between()
     return min(per_call), statistics.median(per_call)
+
+
+def _flush_cycle(data_dir: str, cycles: int, rounds: int) -> tuple[float, float]:
+    st = make_storage(data_dir, partitions=8, ring_bytes=4 << 20, segment_bytes=256 << 20, write_buffer_bytes=1 << 20,
+                      flush_interval_ms=1 << 30, flush_bytes=1 << 40)
+    try:
+        frame = encode_batch([bytes(100)])
+        per_cycle = []
+        for _ in range(rounds):
+            spent = 0
+            for _ in range(cycles):
+                for a in st.actors:
+                    assert a.append(frame, 1 << 14)[0] == 0 and a.append(frame, 1 << 14)[0] == 0
+                t = time.process_time_ns()
+                st.flusher.do_work()
+                spent += time.process_time_ns() - t
+            per_cycle.append(spent / cycles / 1e3)
+        assert all(a.high_watermark == 2 * cycles * rounds for a in st.actors)
+        assert int(st.flusher.table.rows[st.actors[0].slot, COL["flushed_offset"]]) == 2 * cycles * rounds
+        return min(per_cycle), statistics.median(per_cycle)
+    finally:
+        st.close()
 
 
 def main(argv=None) -> int:
@@ -112,6 +138,7 @@ def main(argv=None) -> int:
                 rings.close()
         finally:
             st.close()
+        results["flush-cycle"] = _flush_cycle(f"{d}/flush", max(args.calls // 5, 1), args.rounds)
     for name, (lo, med) in results.items():
         print(f"{name:10s} min {lo:6.1f} us   median {med:6.1f} us   ({args.rounds} rounds of {args.calls})")
     return 0

@@ -62,8 +62,9 @@ class IndexFile:
     def entry_count(self) -> int:
         return os.fstat(self.fd).st_size // ENTRY_BYTES
 
-    def write(self, first_offset: int, entries: np.ndarray) -> None:
-        os.pwrite(self.fd, entries.tobytes(), first_offset * ENTRY_BYTES)
+    def write(self, first_offset: int, entries: np.ndarray | bytes) -> None:
+        """Write entries (an ENTRY_DTYPE array, or their bytes) from ``first_offset`` on."""
+        os.pwrite(self.fd, entries if isinstance(entries, bytes) else entries.tobytes(), first_offset * ENTRY_BYTES)
         self.dirty = True
 
     def read(self, first_offset: int, count: int) -> np.ndarray:
