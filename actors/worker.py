@@ -8,8 +8,9 @@ Socket: a ROUTER bound at ``ipc://<ipc_dir>/worker-<id>.ipc``. Two kinds of peer
 - a client addressing the worker directly: ``[client_id, routing, header, body?]``; served only
   for partitions this worker already owns, otherwise NOT_OWNER.
 
-Durable acks wait for the flusher: the worker kicks it (PUSH ``b"D"``) and releases the waiters
-when the flusher's PUB says a sync happened and the row's ``durable_offset`` covers them.
+Durable acks wait for the flusher: the worker kicks it (rings its doorbell with ``b"D"``,
+shm/doorbell.py) and releases the waiters when the flusher rings this worker's bell after a sync
+and the row's ``durable_offset`` covers them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from client import settings as settings_mod
 from client.catalog import Catalog
 from client import unixwire
 from shm import layout
+from shm.doorbell import Doorbell, Ringer
 from shm.layout import COL
 from shm.ring import ControlTable, LayoutMismatch
 from persistence.index import IndexFile
@@ -134,7 +136,6 @@ class Worker:
         self.actors: dict[int, PartitionActor] = {}  # slot -> actor
         self.sock: zmq.Socket | None = None
         self.port: PortMux | None = None
-        self.kick: zmq.Socket | None = None
         self.appended: set[int] = set()  # slots appended to in this loop turn
         self.durable_added = False
         self.unkicked_bytes = 0  # appended since the last kick of the flusher
@@ -446,12 +447,8 @@ def main(argv=None) -> int:
     P.ReplyPort.configure(sock)
     sock.setsockopt(zmq.RCVHWM, 100_000)
     sock.bind(s.worker_endpoint(args.id))
-    kick = ctx.socket(zmq.PUSH)
-    kick.setsockopt(zmq.SNDHWM, 1000)
-    kick.connect(s.flusher_kick_endpoint())
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(s.flusher_pub_endpoint())
+    bell = Doorbell(s.worker_bell_path(args.id))  # the flusher rings it after every sync
+    ringer, flusher_bell = Ringer(), s.flusher_bell_path()  # ... and we ring its bell to kick it
     worker.sock = sock
     reads = ctx.socket(zmq.PULL)
     reads.bind(READS_ENDPOINT)
@@ -470,7 +467,8 @@ def main(argv=None) -> int:
     unix_fd = unix.fileno() if unix is not None else -1
     if unix is not None:
         poller.register(unix_fd, zmq.POLLIN)
-    poller.register(sub, zmq.POLLIN)
+    bell_fd = bell.fileno()
+    poller.register(bell_fd, zmq.POLLIN)
     poller.register(reads, zmq.POLLIN)
     log.info("worker %d serving on %s", args.id, s.worker_endpoint(args.id))
     timeout = 100
@@ -486,27 +484,21 @@ def main(argv=None) -> int:
         if reads in events:
             P.drain(reads, _ignore, DRAIN_MAX)
             worker.reader.finish()
-        synced = sub in events
+        synced = bell_fd in events
         if synced:
-            P.drain(sub, _ignore, DRAIN_MAX)
+            bell.drain()
         now = time.monotonic()
         if worker.adopted_new:  # before any data kick of this turn: the flusher looks at active rows only
-            try:
-                P.send_frames(kick, [b"N"], P.NOBLOCK)
+            if ringer.ring(flusher_bell, b"N"):
                 worker.adopted_new = False
-            except zmq.Again:
-                pass
         # Kick the flusher at once for a durable waiter (its latency is the ack's latency); for
         # plain data only once KICK_MIN_BYTES wait (or a ring was full), and at most every
         # KICK_INTERVAL_S: the flusher stages a trickle on its own timer, and a kick per loop
         # turn woke it once per message at low rates.
         if worker.durable_added or (worker.unkicked_bytes >= KICK_MIN_BYTES and now - last_kick > KICK_INTERVAL_S):
-            try:
-                P.send_frames(kick, [b"D" if worker.durable_added else b"F"], P.NOBLOCK)
+            if ringer.ring(flusher_bell, b"D" if worker.durable_added else b"F"):
                 last_kick = now
                 worker.unkicked_bytes = 0
-            except zmq.Again:
-                pass
         if worker.waiting_slots:
             worker.release_durable()
         next_ms = worker.service_parked(time.monotonic_ns(), synced) if worker.parked_slots else -1
@@ -517,7 +509,7 @@ def main(argv=None) -> int:
             last_fence_check = now
         if worker.port.backlog:
             worker.port.flush()
-        timeout = 20 if worker.waiting_slots else 100  # a lost PUB must not strand a waiter
+        timeout = 20 if worker.waiting_slots else 100  # a lost sync notice must not strand a waiter
         if worker.port.backlog:
             timeout = 2  # replies wait for room in a peer's queue
         if next_ms >= 0:
@@ -526,12 +518,9 @@ def main(argv=None) -> int:
     worker.service_parked(1 << 62)
     deadline = time.monotonic() + 2.0
     while worker.waiting_slots and time.monotonic() < deadline:
-        try:
-            kick.send(b"D", zmq.NOBLOCK)
-        except zmq.Again:
-            pass
-        if sub.poll(50):
-            sub.recv()
+        ringer.ring(flusher_bell, b"D")
+        if bell.wait(0.05):
+            bell.drain()
         worker.release_durable()
     deadline = time.monotonic() + 2.0
     while worker.reader.pending and time.monotonic() < deadline:
@@ -542,8 +531,10 @@ def main(argv=None) -> int:
     worker.close()
     if unix is not None:
         unix.close()
-    for s_ in (sock, kick, sub, reads):
+    for s_ in (sock, reads):
         s_.close(0)
+    bell.close()
+    ringer.close()
     ctx.term()
     try:
         os.unlink(pid_file)

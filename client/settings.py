@@ -54,11 +54,13 @@ class Settings(msgspec.Struct, kw_only=True):
     def worker_endpoint(self, worker_id: int) -> str:
         return f"ipc://{self.ipc_path()}/worker-{worker_id}.ipc"
 
-    def flusher_kick_endpoint(self) -> str:
-        return f"ipc://{self.ipc_path()}/flusher-kick.ipc"
+    def flusher_bell_path(self) -> str:
+        """The flusher's doorbell (shm/doorbell.py), which workers ring with their kicks."""
+        return os.path.join(self.ipc_path(), "flusher.bell")
 
-    def flusher_pub_endpoint(self) -> str:
-        return f"ipc://{self.ipc_path()}/flusher-pub.ipc"
+    def worker_bell_path(self, worker_id: int) -> str:
+        """A worker's doorbell, which the flusher rings after every sync."""
+        return os.path.join(self.ipc_path(), f"worker-{worker_id}.bell")
 
     def validate(self) -> None:
         if self.max_batch_bytes * 4 > self.segment_bytes:

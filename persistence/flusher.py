@@ -2,15 +2,17 @@
 
 One cycle (``do_work``): find partitions whose ``desc_head`` passed ``flushed_desc`` (one numpy
 comparison over the active rows of the control table), copy their new batches from the rings into one 4 KiB-aligned
-staging buffer (one memcpy per contiguous run, usually one per partition), write it to the
+staging buffer (one memcpy per contiguous run, usually one per partition; a few one-record
+batches are staged in plain Python, one memcpy each: ``_stage_small``), write it to the
 journal in one aligned write, write the index entries (one pwrite per partition), publish
 ``flushed_*``. Then fsync if a worker asked for durability (group commit: one fsync covers every
 partition's pending batches), or ``flush_interval_ms`` passed, or ``flush_bytes`` accumulated; and
 publish ``durable_offset`` for all partitions at once and notify the workers.
 
-Sockets: PULL ``flusher-kick`` (workers say "new data", b"F", "a durable waiter", b"D", or "I
-adopted a new partition", b"N": its row is active now);
-PUB ``flusher-pub`` (b"D" after every sync, b"E" once after a latched I/O error).
+Doorbells (shm/doorbell.py, Unix datagrams in the ipc directory): ``flusher.bell``, which workers
+ring with b"F" ("new data"), b"D" ("a durable waiter") or b"N" ("I adopted a new partition": its
+row is active now); and each worker's ``worker-<id>.bell``, which the flusher rings with b"D"
+after every sync and b"E" once after a latched I/O error.
 
 The flusher is also the boot owner: it creates the control table, runs recovery and marks the
 table READY; workers wait for that before they serve.
@@ -21,18 +23,18 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import select
 import signal
 import struct
 import time
 
 import numpy as np
 import posix_ipc
-import zmq
 
 from client import settings as settings_mod
 from client.catalog import Catalog
-from client.protocol import NOBLOCK
 from shm import layout, region
+from shm.doorbell import Doorbell, Ringer
 from shm.layout import COL
 from shm.ring import ControlTable, LayoutMismatch, Ring
 
@@ -90,11 +92,26 @@ class Flusher:
         # worker then kicks b"N" (rescan); a scan every RESCAN_NS besides, in case a kick is lost.
         self.slots = np.zeros(0, dtype=np.int64)
         self.rescanned_ns = 0
+        self.ringer: Ringer | None = None  # rings the workers' bells (None in-process: tests)
+        self.worker_bells: list[str] = []
 
     def rescan(self) -> None:
-        """Find the active rows again (a full scan of the control table)."""
+        """Find the active rows again (a full scan of the control table), and the workers' bells."""
         self.slots = np.flatnonzero(self.table.rows[:, COL["active"]] == 1)
         self.rescanned_ns = time.monotonic_ns()
+        if self.ringer is not None:
+            try:
+                names = os.listdir(self.s.ipc_path())
+            except FileNotFoundError:
+                names = []
+            self.worker_bells = [os.path.join(self.s.ipc_path(), n) for n in sorted(names)
+                                 if n.startswith("worker-") and n.endswith(".bell")]
+
+    def notify(self, message: bytes) -> None:
+        """Ring every worker's bell (a worker that adopts a partition kicks b"N" first, and the
+        rescan that follows finds its bell; gone ones drop out until a rescan finds them again)."""
+        if self.ringer is not None:
+            self.worker_bells = [p for p in self.worker_bells if self.ringer.ring(p, message)]
 
     def _active_slots(self) -> np.ndarray:
         if time.monotonic_ns() - self.rescanned_ns >= RESCAN_NS:
@@ -346,8 +363,7 @@ class Flusher:
         self.unsynced_bytes = 0
         self.last_sync_ns = time.monotonic_ns()
         self.table.wake_readers(layout.WAKE_FLUSHER)  # durable_offset moved: isolation "durable" readers
-        if self.pub is not None:
-            self.pub.send(b"D")
+        self.notify(b"D")
 
     def checkpoint(self) -> None:
         """Sync indexes and journal, then name the journal end as the recovery start."""
@@ -366,8 +382,7 @@ class Flusher:
         self.failed = True
         rows = self.table.rows
         rows[rows[:, COL["active"]] == 1, COL["io_error"]] = 1
-        if self.pub is not None:
-            self.pub.send(b"E")
+        self.notify(b"E")
 
     # --- shutdown ------------------------------------------------------------------------
     def drain_and_close(self) -> None:
@@ -399,8 +414,6 @@ class Flusher:
         active = rows[:, COL["active"]] == 1
         return bool(np.all(rows[active, COL["desc_head"]] == rows[active, COL["flushed_desc"]]))
 
-    pub: zmq.Socket | None = None
-
 
 def _workers_alive(s: settings_mod.Settings) -> bool:
     d = s.ipc_path()
@@ -427,12 +440,10 @@ def main() -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.append(1) if not stop else os._exit(1))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit must be an EFBIG, not a kill
     flusher = Flusher(s)
-    ctx = zmq.Context()
-    kick = ctx.socket(zmq.PULL)
-    kick.bind(s.flusher_kick_endpoint())
-    pub = ctx.socket(zmq.PUB)
-    pub.bind(s.flusher_pub_endpoint())
-    flusher.pub = pub
+    bell = Doorbell(s.flusher_bell_path())
+    flusher.ringer = Ringer()
+    kicks = select.poll()
+    kicks.register(bell.fileno(), select.POLLIN)
     try:
         flusher.boot()
     except (OSError, StorageError) as exc:
@@ -452,16 +463,12 @@ def main() -> int:
             if time.monotonic() - failed_at > STORAGE_RETRY_S:
                 log.error("exiting after a storage error; supervisord restarts the flusher")
                 break
-        if kick.poll(0 if busy else idle_ms):
-            for _ in range(10_000):
-                try:
-                    msg = kick.recv(NOBLOCK)
-                except zmq.Again:
-                    break
-                if msg == b"D":
-                    flusher.durable_wanted = True
-                elif msg == b"N":  # a worker adopted a new partition: its row is active now
-                    flusher.rescan()
+        if kicks.poll(0 if busy else idle_ms):
+            rung = bell.drain()
+            if b"D" in rung:
+                flusher.durable_wanted = True
+            if b"N" in rung:  # a worker adopted a new partition: its row is active now
+                flusher.rescan()
         now = time.monotonic()
         # A trickle (under STAGE_MIN_BYTES, nobody waiting to be durable) is staged once per
         # flush interval, when the sync is due, not every tick: each cycle rewrites the
@@ -473,9 +480,8 @@ def main() -> int:
             last_work = now
         flusher.table.header["flusher_heartbeat_ns"] = time.monotonic_ns()
     flusher.drain_and_close()
-    kick.close(0)
-    pub.close(0)
-    ctx.term()
+    bell.close()
+    flusher.ringer.close()
     return EXIT_STORAGE if flusher.failed else EXIT_OK
 
 
