@@ -451,6 +451,8 @@ def main() -> int:
         if flusher.table is not None:
             flusher._fail(exc)
         time.sleep(STORAGE_RETRY_S)
+        bell.close()
+        flusher.ringer.close()
         return EXIT_STORAGE
     idle_ms = max(1, min(10, s.flush_interval_ms))
     interval_ns = s.flush_interval_ms * 1_000_000

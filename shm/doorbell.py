@@ -77,7 +77,7 @@ class Ringer:
             self.sock.sendto(message, path)
         except BlockingIOError:  # its queue is full: the owner wakes for those already there
             pass
-        except (FileNotFoundError, ConnectionRefusedError):
+        except OSError:  # nobody bound (FileNotFoundError, ConnectionRefusedError), or no access
             return False
         return True
 
