@@ -33,7 +33,11 @@ class Doorbell:
         except FileNotFoundError:
             pass
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(path)
+        old = os.umask(0o077)  # owner only, like the worker's request socket (client/unixwire.py)
+        try:
+            self.sock.bind(path)
+        finally:
+            os.umask(old)
         self.sock.setblocking(False)
         self._inode = os.stat(path).st_ino
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 
 from shm.doorbell import Doorbell, Ringer
 
@@ -10,6 +11,7 @@ from shm.doorbell import Doorbell, Ringer
 def test_a_ring_wakes_the_bell_and_drain_returns_every_ring_once(tmp_path):
     bell, ringer = Doorbell(str(tmp_path / "a.bell")), Ringer()
     try:
+        assert stat.S_IMODE(os.stat(bell.path).st_mode) & 0o077 == 0  # only its owner's processes ring it
         assert not bell.wait(0) and bell.drain() == b""
         assert ringer.ring(bell.path, b"D") and ringer.ring(bell.path, b"N")
         assert bell.wait(1.0)
