@@ -5,7 +5,8 @@ adopted a new partition) and its sync notices to the workers (b"D" after every s
 latched I/O error) go straight from one process's main thread to the other's: one ``sendto`` on a
 Unix datagram socket bound in the broker's 0700 ipc directory, one ``recv`` at the other end. Over
 ZeroMQ each also crossed the I/O threads of both ends, so a kick or a sync notice woke three
-threads instead of one, on the durable ack's path (docs/BENCHMARKS.md, "Flusher cycle").
+threads instead of one, on the durable ack's path (docs/BENCHMARKS.md, "The flusher's cycle
+under single-message load").
 
 A bell is rung, not queued: when its queue is full (its owner has not looked yet) ``ring`` drops
 the datagram and still reports True, since the owner wakes for those already waiting. A bell
@@ -40,6 +41,8 @@ class Doorbell:
             os.umask(old)
         self.sock.setblocking(False)
         self._inode = os.stat(path).st_ino
+        self._poll = select.poll()  # not select.select: a worker's fds can pass 1024
+        self._poll.register(self.sock.fileno(), select.POLLIN)
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -56,8 +59,7 @@ class Doorbell:
 
     def wait(self, timeout_s: float) -> bool:
         """Whether a ring waits (blocks up to ``timeout_s``)."""
-        r, _, _ = select.select([self.sock], [], [], timeout_s)
-        return bool(r)
+        return bool(self._poll.poll(max(0, int(timeout_s * 1000))))
 
     def close(self) -> None:
         self.sock.close()
