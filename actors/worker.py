@@ -27,6 +27,7 @@ import msgspec
 import posix_ipc
 import zmq
 
+from client import datadir
 from client import protocol as P
 from client import settings as settings_mod
 from client.catalog import Catalog
@@ -160,8 +161,11 @@ class Worker:
             return
         def reply(code, body=None, extra=()):
             head = P.encode(body) if body is not None else P.EMPTY_MAP
-            self.port.send([*ident, P.pack_routing(op, partition, request_id, topic, code), head, *extra])
+            self.port.send([*ident, P.pack_routing(op, partition, request_id, P.echo_topic(topic), code), head, *extra])
         try:
+            if len(topic) > P.MAX_TOPIC_BYTES:
+                return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
+                    f"topic name of {len(topic)} bytes: at most {P.MAX_TOPIC_BYTES}"))
             if version != P.PROTOCOL_VERSION:
                 return reply(P.ErrorCode.UNSUPPORTED_VERSION, P.ErrorReply(f"protocol version {version} unsupported; this broker speaks {P.PROTOCOL_VERSION}"))
             if len(rest) < 2:
@@ -184,8 +188,8 @@ class Worker:
                     reply(P.ErrorCode.OK)
             else:
                 reply(P.ErrorCode.UNKNOWN_OP, P.ErrorReply(f"unknown op {op}"))
-        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-            reply(P.ErrorCode.MALFORMED, P.ErrorReply(f"undecodable header: {exc}"))
+        except P.DECODE_ERRORS as exc:
+            reply(P.ErrorCode.MALFORMED, P.ErrorReply(f"undecodable header: {type(exc).__name__}: {exc}"))
         except Exception as exc:  # a bug must not take the worker down with it
             log.exception("request op=%s failed", op)
             reply(P.ErrorCode.INTERNAL, P.ErrorReply(f"internal error: {type(exc).__name__}: {exc}"))
@@ -429,23 +433,25 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker-{args.id} %(levelname)s %(message)s")
     s = settings_mod.from_env()
+    claim = datadir.enter_program(s, f"worker-{args.id}", log)
+    if claim is None:
+        return datadir.EXIT_REFUSED
     stop: list = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1) if not stop else os._exit(1))
-    signal.signal(signal.SIGINT, lambda *_: stop.append(1) if not stop else os._exit(1))
-    os.makedirs(s.ipc_path(), mode=0o700, exist_ok=True)
+    datadir.stop_on_signals(stop)
     pid_file = os.path.join(s.ipc_path(), f"worker-{args.id}.pid")
     with open(pid_file, "w") as f:
         f.write(str(os.getpid()))
     table = wait_for_table(s, 120.0, stop)
     if table is None:
         log.error("control table not ready (is the flusher running?)")
-        os.unlink(pid_file)
+        datadir.leave_program(claim, (pid_file,))
         return EXIT_NO_BROKER
     worker = Worker(s, args.id, table)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     P.ReplyPort.configure(sock)
     sock.setsockopt(zmq.RCVHWM, 100_000)
+    sock.setsockopt(zmq.MAXMSGSIZE, s.max_frame_bytes)  # a larger part drops the peer, unread
     sock.bind(s.worker_endpoint(args.id))
     bell = Doorbell(s.worker_bell_path(args.id))  # the flusher rings it after every sync
     ringer, flusher_bell = Ringer(), s.flusher_bell_path()  # ... and we ring its bell to kick it
@@ -457,7 +463,7 @@ def main(argv=None) -> int:
     worker.reader.start()
     try:  # the same-host socket is an extra: a worker serves ZeroMQ without it
         unix = UnixServer(unixwire.path_of(s.worker_unix_endpoint(args.id)), log, f"worker {args.id}",
-                          max_message=s.max_batch_bytes + (1 << 20))
+                          max_message=s.max_frame_bytes)
     except OSError as exc:
         log.warning("no Unix socket for same-host clients (%s); ZeroMQ only", exc)
         unix = None
@@ -536,10 +542,8 @@ def main(argv=None) -> int:
     bell.close()
     ringer.close()
     ctx.term()
-    try:
-        os.unlink(pid_file)
-    except FileNotFoundError:
-        pass
+    time.sleep(s.debug_stop_delay_ms / 1000)
+    datadir.leave_program(claim, (pid_file, s.worker_endpoint(args.id).removeprefix("ipc://")))
     return EXIT_OK
 
 

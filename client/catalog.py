@@ -16,8 +16,9 @@ from pathlib import Path
 
 import msgspec
 
+from .protocol import MAX_TOPIC_BYTES
+
 CATALOG_FILE = "topics.json"
-MAX_TOPIC_NAME_BYTES = 200
 
 
 class TopicEntry(msgspec.Struct):
@@ -46,7 +47,7 @@ def fsync_dir(path: Path) -> None:
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves the old or the new content."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     try:
         os.write(fd, data)
         os.fsync(fd)
@@ -75,7 +76,7 @@ def store_worker_count(data_dir, n: int) -> None:
 
 def valid_topic_name(name: str) -> bool:
     b = name.encode("utf-8", "replace")
-    return 0 < len(b) <= MAX_TOPIC_NAME_BYTES and all(c.isalnum() or c in "._-" for c in name)
+    return 0 < len(b) <= MAX_TOPIC_BYTES and all(c.isalnum() or c in "._-" for c in name)
 
 
 class Catalog:

@@ -9,9 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from . import scaling
+from . import serve
 from . import settings as settings_mod
-from .catalog import store_worker_count, stored_worker_count
+from . import scaling
+from .catalog import stored_worker_count
 from .admin import Admin
 from .connection import DEFAULT_BOOTSTRAP
 from .consumer import Consumer
@@ -47,31 +48,32 @@ def _data_dir(args) -> str:
 
 def cmd_serve(args) -> int:
     data_dir = _data_dir(args)
-    s = settings_mod.from_env(
-        data_dir=data_dir,
-        bind=args.bind,
-        # --workers, else the count `tailrace workers set` left, else TAILRACE_WORKERS / cores
-        workers=args.workers or stored_worker_count(data_dir),
-        ring_bytes=args.ring_bytes,
-        shm_budget_bytes=args.shm_budget_bytes,
-        segment_bytes=args.segment_bytes,
-    )
+    try:
+        s = settings_mod.from_env(
+            data_dir=data_dir,
+            bind=args.bind,
+            # --workers, else the count `tailrace workers set` left, else TAILRACE_WORKERS / cores
+            workers=args.workers or stored_worker_count(data_dir),
+            ring_bytes=args.ring_bytes,
+            shm_budget_bytes=args.shm_budget_bytes,
+            segment_bytes=args.segment_bytes,
+            data_mode=args.data_mode,
+            ipc_dir=args.ipc_dir,
+        )
+    except ValueError as exc:
+        print(f"tailrace serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    default_run_dir = not s.ipc_dir
+    s.ipc_dir = os.path.abspath(s.ipc_path())  # pinned: every program and supervisorctl agree
     env = serve_env(s)
     if args.print_env:
         for k, v in sorted(env.items()):
             if k.startswith("TAILRACE_") or k == "PYTHONPATH":
                 print(f"export {k}={v}")
         return EXIT_OK
-    for d in (s.data_dir, env["TAILRACE_LOG_DIR"]):
-        os.makedirs(d, exist_ok=True)
-    os.makedirs(env["TAILRACE_RUN_DIR"], mode=0o700, exist_ok=True)
-    store_worker_count(s.data_dir, s.workers)
-    scaling.clear_extra_workers(env["TAILRACE_RUN_DIR"])
     conf = str(find_supervisord_conf())
     argv = [sys.executable, "-m", "supervisor.supervisord", "-n", "-c", conf]
-    sys.stdout.flush()
-    os.execvpe(argv[0], argv, env)
-    return EXIT_ERROR  # not reached
+    return serve.run(s, env, argv, default_run_dir)
 
 
 def cmd_topic(args) -> int:
@@ -168,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--ring-bytes", type=int, default=None, help="default ring size per partition")
     sv.add_argument("--shm-budget-bytes", type=int, default=None, help="total shared memory for rings")
     sv.add_argument("--segment-bytes", type=int, default=None, help="journal segment file size")
+    sv.add_argument("--data-mode", default=None,
+                    help="mode of the data directory and its subdirectories; files get it & 0666 (default 0700: owner only; "
+                         "0750 lets the group read)")
+    sv.add_argument("--ipc-dir", default=None,
+                    help="run directory for sockets and pid files (default: $XDG_RUNTIME_DIR/tailrace/<id>, "
+                         "/run/tailrace/<id> for root, else <tmp>/tailrace-<uid>/<id>); must be private to this user")
     sv.add_argument("--print-env", action="store_true", help="print the environment supervisord.conf needs and exit")
     sv.set_defaults(func=cmd_serve)
 

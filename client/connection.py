@@ -16,7 +16,7 @@ import zmq
 
 from . import protocol as P
 from . import unixwire
-from .errors import TimeoutError_, error_for
+from .errors import InvalidRequestError, TimeoutError_, error_for
 
 DEFAULT_BOOTSTRAP = "tcp://127.0.0.1:7420"
 
@@ -81,6 +81,8 @@ class Connection:
     def send(self, op: int, topic: str | bytes, partition: int, header: bytes = P.EMPTY_MAP, body=None) -> int:
         rid = next(self._ids)
         t = topic.encode() if isinstance(topic, str) else topic
+        if len(t) > P.MAX_TOPIC_BYTES:  # the broker would drop a huge frame unread, and say nothing
+            raise InvalidRequestError(f"topic name of {len(t)} bytes: at most {P.MAX_TOPIC_BYTES} (not sent)")
         frames = [P.pack_routing(op, partition, rid, t), header]
         if body is not None:
             frames.append(body)

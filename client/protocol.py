@@ -37,7 +37,7 @@ from zmq.backend import Socket as _RawSocket
 PROTOCOL_VERSION = 1
 ROUTING = struct.Struct("<BBHiQ")
 ROUTING_BYTES = ROUTING.size
-MAX_TOPIC_BYTES = 200
+MAX_TOPIC_BYTES = 200  # a topic name's UTF-8 bytes at most (catalog.valid_topic_name)
 assert ROUTING_BYTES == 16
 
 
@@ -179,10 +179,27 @@ class ListTopicsReply(msgspec.Struct):
     topics: list[TopicInfo]
 
 
+ERROR_TEXT_MAX = 1024  # an error's message is cut here: a reply never echoes much of a request
+
+
 class ErrorReply(msgspec.Struct, omit_defaults=True):
     message: str
     log_start_offset: int = -1
     high_watermark: int = -1
+
+    def __post_init__(self):
+        if len(self.message) > ERROR_TEXT_MAX:
+            self.message = self.message[: ERROR_TEXT_MAX - 20] + f"... ({len(self.message)} chars)"
+
+
+def echo_topic(topic: bytes) -> bytes:
+    """The topic a reply's routing header repeats: a name over the limit is not repeated."""
+    return topic if len(topic) <= MAX_TOPIC_BYTES else b""
+
+
+# What a header decode can raise on hostile bytes: msgspec's own error, bad UTF-8 in a topic,
+# and RecursionError for msgpack nested past the interpreter's depth (every one is MALFORMED).
+DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 
 
 class Empty(msgspec.Struct):

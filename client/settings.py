@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 
 import msgspec
+
+from . import datadir
 
 MiB = 1 << 20
 
@@ -30,7 +31,8 @@ class Settings(msgspec.Struct, kw_only=True):
     write_buffer_bytes: int = 8 * MiB  # the flusher's aligned staging buffer
     checkpoint_interval_ms: int = 10_000  # how often index files are synced and checkpointed
     direct_io: str = "auto"  # "auto": O_DIRECT where the filesystem allows it; "off"
-    ipc_dir: str = ""  # where ipc:// sockets live (short path); default /tmp/tailrace-<id>
+    ipc_dir: str = ""  # the run directory (sockets, doorbells, pid files); default: client/datadir.py
+    data_mode: str = "0700"  # data directory and subdirectories; files get this & 0666 (umask rule)
     worker_timeout_ms: int = 3000  # a worker silent this long is declared dead...
     reassign_grace_ms: int = 5000  # ...and its partitions move after this grace unless it returns
     rebalance: int = 1  # 1: move idle partitions off overloaded workers (router/scheduler.py)
@@ -38,6 +40,7 @@ class Settings(msgspec.Struct, kw_only=True):
     rebalance_cooldown_ms: int = 30_000  # ... and the same partition not again within this
     rebalance_persist_ms: int = 3000  # ... and only once an imbalance has lasted this long
     debug_read_delay_ms: int = 0  # fault injection for tests: each journal read on a worker waits this long
+    debug_stop_delay_ms: int = 0  # fault injection for tests: a stopping worker lingers this long before it exits
 
     @property
     def instance(self) -> str:
@@ -45,7 +48,19 @@ class Settings(msgspec.Struct, kw_only=True):
         return hashlib.sha1(real.encode()).hexdigest()[:10]
 
     def ipc_path(self) -> str:
-        return self.ipc_dir or os.path.join(tempfile.gettempdir(), f"tailrace-{self.instance}")
+        """The run directory: private to the broker's user (client/datadir.py says where and why)."""
+        return self.ipc_dir or datadir.default_run_dir(self.instance)
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The largest inbound message part the router and the workers read (ZMQ_MAXMSGSIZE, the
+        Unix wire's length check): a largest batch plus room for the headers. Anything larger is
+        dropped before Python sees it."""
+        return self.max_batch_bytes + (1 << 20)
+
+    @property
+    def data_mode_bits(self) -> int:
+        return datadir.parse_mode(self.data_mode)
 
     def worker_unix_endpoint(self, worker_id: int) -> str:
         """The worker's same-host endpoint (client/unixwire.py), beside its ZeroMQ one."""
@@ -71,6 +86,7 @@ class Settings(msgspec.Struct, kw_only=True):
             raise ValueError("write_buffer_bytes must be >= 2 x max_batch_bytes")
         if self.workers < 1:
             raise ValueError(f"workers={self.workers} must be >= 1")
+        datadir.parse_mode(self.data_mode)
 
 
 _FIELDS = Settings.__struct_fields__

@@ -31,6 +31,7 @@ import time
 import numpy as np
 import posix_ipc
 
+from client import datadir
 from client import settings as settings_mod
 from client.catalog import Catalog
 from shm import layout, region
@@ -434,10 +435,12 @@ def _workers_alive(s: settings_mod.Settings) -> bool:
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s flusher %(levelname)s %(message)s")
     s = settings_mod.from_env()
-    os.makedirs(s.ipc_path(), mode=0o700, exist_ok=True)
+    claim = datadir.enter_program(s, "flusher", log)
+    if claim is None:
+        return datadir.EXIT_REFUSED
+    datadir.make_data_dir(s.data_dir, s.data_mode_bits)
     stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1) if not stop else os._exit(1))
-    signal.signal(signal.SIGINT, lambda *_: stop.append(1) if not stop else os._exit(1))
+    datadir.stop_on_signals(stop)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit must be an EFBIG, not a kill
     flusher = Flusher(s)
     bell = Doorbell(s.flusher_bell_path())
@@ -453,6 +456,7 @@ def main() -> int:
         time.sleep(STORAGE_RETRY_S)
         bell.close()
         flusher.ringer.close()
+        datadir.leave_program(claim)
         return EXIT_STORAGE
     idle_ms = max(1, min(10, s.flush_interval_ms))
     interval_ns = s.flush_interval_ms * 1_000_000
@@ -484,6 +488,7 @@ def main() -> int:
     flusher.drain_and_close()
     bell.close()
     flusher.ringer.close()
+    datadir.leave_program(claim)
     return EXIT_STORAGE if flusher.failed else EXIT_OK
 
 

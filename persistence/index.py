@@ -54,7 +54,7 @@ class IndexFile:
         self.writable = writable
         if writable:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         else:
             self.fd = os.open(self.path, os.O_RDONLY)
         self.dirty = False

@@ -135,7 +135,7 @@ class Journal:
                     raise StorageError(f"journal segment {final} is {size} bytes, segment_bytes={self.segment_bytes}")
                 return
             tmp = final.with_name(final.name + ".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
             try:
                 zeros = bytes(min(self.segment_bytes, 1 << 20))
                 left = self.segment_bytes

@@ -26,6 +26,7 @@ from pathlib import Path
 import msgspec
 import zmq
 
+from client import datadir
 from client import protocol as P
 from client import settings as settings_mod
 from client.catalog import Catalog, store_worker_count, stored_worker_count, valid_topic_name, write_atomic
@@ -126,8 +127,12 @@ class Router:
             return
 
         def reply(code, body=None):
-            self.port.send([ident, P.pack_routing(op, partition, request_id, topic, code),
+            self.port.send([ident, P.pack_routing(op, partition, request_id, P.echo_topic(topic), code),
                                        P.encode(body) if body is not None else P.EMPTY_MAP])
+
+        if len(topic) > P.MAX_TOPIC_BYTES:
+            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
+                f"topic name of {len(topic)} bytes: at most {P.MAX_TOPIC_BYTES}"))
 
         if version != P.PROTOCOL_VERSION:
             return reply(P.ErrorCode.UNSUPPORTED_VERSION, P.ErrorReply(f"protocol version {version} unsupported; this broker speaks {P.PROTOCOL_VERSION}"))
@@ -166,8 +171,8 @@ class Router:
                 reply(P.ErrorCode.OK, self.status())
             else:
                 reply(P.ErrorCode.UNKNOWN_OP, P.ErrorReply(f"unknown op {op}"))
-        except msgspec.DecodeError as exc:
-            reply(P.ErrorCode.MALFORMED, P.ErrorReply(f"undecodable header: {exc}"))
+        except P.DECODE_ERRORS as exc:
+            reply(P.ErrorCode.MALFORMED, P.ErrorReply(f"undecodable header: {type(exc).__name__}: {exc}"))
         except Exception as exc:
             log.exception("metadata request op=%s failed", op)
             reply(P.ErrorCode.INTERNAL, P.ErrorReply(f"internal error: {type(exc).__name__}: {exc}"))
@@ -442,15 +447,17 @@ def _info(t) -> P.TopicInfo:
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(levelname)s %(message)s")
     s = settings_mod.from_env()
+    claim = datadir.enter_program(s, "router", log)
+    if claim is None:
+        return datadir.EXIT_REFUSED
     stop: list = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1) if not stop else os._exit(1))
-    signal.signal(signal.SIGINT, lambda *_: stop.append(1) if not stop else os._exit(1))
-    os.makedirs(s.ipc_path(), mode=0o700, exist_ok=True)
+    datadir.stop_on_signals(stop)
     router = Router(s)
     ctx = zmq.Context()
     front = ctx.socket(zmq.ROUTER)
     P.ReplyPort.configure(front)
     front.setsockopt(zmq.RCVHWM, 100_000)
+    front.setsockopt(zmq.MAXMSGSIZE, s.max_frame_bytes)  # a larger part drops the peer, unread
     front.bind(s.bind)
     router.front = front
     router.port = P.ReplyPort(front, log, "router")
@@ -482,6 +489,7 @@ def main() -> int:
     for d in router.dealers.values():
         d.close(0)
     ctx.term()
+    datadir.leave_program(claim)
     return EXIT_OK
 
 

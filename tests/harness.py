@@ -50,14 +50,21 @@ class Broker:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         return env
 
-    def start(self, timeout_s: float = 60.0) -> "Broker":
+    def spawn(self, *extra: str, stdout=None) -> subprocess.Popen:
+        """Run ``tailrace serve`` on this data directory without waiting for it (output to
+        ``serve.out`` unless ``stdout`` is given)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.data_dir / "serve.out", "ab")
+        log = open(self.data_dir / "serve.out", "ab") if stdout is None else None
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "client.cli", "serve", "--data-dir", str(self.data_dir)],
-            env=self.env(), stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT),
+            [sys.executable, "-m", "client.cli", "serve", "--data-dir", str(self.data_dir), *extra],
+            env=self.env(), stdout=log if log is not None else stdout, stderr=subprocess.STDOUT, cwd=str(ROOT),
         )
-        log.close()
+        if log is not None:
+            log.close()
+        return self.proc
+
+    def start(self, timeout_s: float = 60.0) -> "Broker":
+        self.spawn()
         self.wait_ready(timeout_s)
         return self
 
@@ -91,6 +98,10 @@ class Broker:
             if len(parts) >= 4 and parts[1] == "RUNNING" and parts[2] == "pid":
                 pids[parts[0].split(":")[-1]] = int(parts[3].rstrip(","))
         return pids
+
+    def supervisord_pid(self) -> int:
+        """supervisord's pid (``tailrace serve`` runs it as a child and stays in front of it)."""
+        return int(Path(self.run_dir, "supervisord.pid").read_text().strip())
 
     def kill9(self, name: str) -> int:
         pid = self.pids()[name]

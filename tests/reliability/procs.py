@@ -11,8 +11,11 @@ Some facts these tests depend on:
   ``<data_dir>/router.json``, bumped at every router start. An epoch of ``generation << 32 |
   HIGH`` therefore beats every assignment of the router generation that is running (or was
   stopped), and loses to the next one.
-- ``kill -9`` of supervisord itself leaves its programs running; a "host crash" is simulated by
-  killing supervisord, then every program, then unlinking the instance's shared memory.
+- Every program dies with supervisord (SIGTERM from the kernel: it stops cleanly), and
+  supervisord with ``tailrace serve``. A "host crash", where nobody is told anything, is
+  therefore simulated by freezing ``tailrace serve`` and supervisord (SIGSTOP), killing every
+  program with SIGKILL, then killing the two frozen ones; a test may then unlink the instance's
+  shared memory.
 """
 
 from __future__ import annotations
@@ -64,10 +67,12 @@ def wait_restarted(broker, old: dict, names, timeout_s: float = 30) -> dict:
 
 
 def hard_kill_all(broker) -> None:
-    """kill -9 supervisord, then every program: nothing runs, nothing was told to stop."""
+    """kill -9 every program with supervisord and ``tailrace serve`` frozen, then those two:
+    nothing runs, nothing was told to stop (nor restarted)."""
     pids = broker.pids()
-    os.kill(broker.proc.pid, signal.SIGKILL)
-    broker.proc.wait(30)
+    sv = broker.supervisord_pid()
+    for pid in (broker.proc.pid, sv):
+        os.kill(pid, signal.SIGSTOP)
     for pid in pids.values():
         try:
             os.kill(pid, signal.SIGKILL)
@@ -75,6 +80,12 @@ def hard_kill_all(broker) -> None:
             pass
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(_alive(p) for p in pids.values()):
+        time.sleep(0.02)
+    for pid in (sv, broker.proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    broker.proc.wait(30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(sv):
         time.sleep(0.02)
     broker.proc = None
 

@@ -1,0 +1,416 @@
+"""One live broker per data directory; a private run directory; private data files.
+
+Some facts about Linux that this module depends on:
+
+- An ``flock`` lock belongs to an open file description. The kernel drops it when the last file
+  descriptor of that description is closed, which happens whatever way the holder dies (exit,
+  SIGKILL, OOM): a lock left by dead processes never blocks anyone. A description is shared with
+  children through fork and survives exec, so a child that keeps the descriptor holds the lock
+  too. Converting a shared lock to exclusive (or back) is not atomic: the old lock is dropped
+  first.
+- ``prctl(PR_SET_PDEATHSIG, sig)`` makes the kernel send ``sig`` to a process when the thread
+  that forked it dies, SIGKILL included. It is kept across execve (for non-setuid programs) and
+  cleared by fork. A process whose parent died *before* it asked is already orphaned and must
+  check for itself.
+- supervisord closes every descriptor above 2 in the programs it starts, and puts each in its
+  own process group, so a terminal's SIGINT or SIGHUP never reaches them.
+- A Unix socket path holds at most 107 bytes. Anybody may create a directory under /tmp, and a
+  name derived from public facts (the data directory's path) can be created there first by
+  another user, who then owns it and everything it admits.
+
+What this means for us:
+
+- Every process of a broker holds ``<data_dir>/locks/broker.lock`` shared for its whole life
+  (``tailrace serve``, the supervisord it runs, the flusher, the router, each worker). A start
+  takes it exclusive for a moment: that succeeds only when no process of any broker is alive on
+  the directory. ``tailrace serve`` first takes ``locks/serve.lock`` exclusive (held by it and
+  its supervisord), so two starts at the same moment cannot both pass the moment of conversion.
+  Each program also takes its own role lock (``locks/flusher.lock``, ``router.lock``,
+  ``worker-<id>.lock``) exclusive, so a second flusher, router or worker started by hand
+  refuses while one lives.
+- Every program asks to die with its supervisor (SIGTERM: it stops cleanly, the flusher drains
+  what it can); ``tailrace serve`` asks the same for its supervisord.
+- The run directory (sockets, doorbells, pid files, supervisord's socket and the worker programs
+  it includes) is created by the broker, 0700, owned by its user, under a base only that user
+  can create in (``$XDG_RUNTIME_DIR``, ``/run`` for root, else ``<tmp>/tailrace-<uid>``, made
+  private), and refused when it exists with another owner, as a symlink, or with any group or
+  other permission bit (as ssh refuses a key file).
+- Data files are private: the broker runs with a umask derived from ``data_mode`` (default
+  0700: directories 0700, files 0600) and brings existing files to it at start.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import shutil
+import signal
+import stat
+import tempfile
+import time
+from pathlib import Path
+
+from .errors import TailraceError
+
+LOCK_DIR = "locks"
+BROKER_LOCK = "broker.lock"  # shared by every live process of the broker
+SERVE_LOCK = "serve.lock"  # exclusive: the one `tailrace serve` (and its supervisord)
+RUN_BASE_NAME = "tailrace"
+DEFAULT_DATA_MODE = 0o700
+UNIX_PATH_MAX = 107  # sun_path is 108 bytes with the terminating NUL
+PR_SET_PDEATHSIG = 1
+LOCK_POLL_S = 0.05
+
+
+class DataDirInUse(TailraceError):
+    """Raised when another live broker process uses the data directory (or holds the role)."""
+
+
+class UnsafeRunDir(TailraceError):
+    """Raised when the run directory exists but is not private to this user (owner, mode, link)."""
+
+
+# --- modes ------------------------------------------------------------------------------
+
+
+def parse_mode(text: str | int) -> int:
+    """``"0750"`` -> 0o750. The owner keeps rwx; bits beyond 0o777 are refused."""
+    mode = int(text, 8) if isinstance(text, str) else int(text)
+    if mode & ~0o777 or mode & 0o700 != 0o700:
+        raise ValueError(f"data_mode={text!r} must be an octal mode within 0777 that gives the owner rwx (e.g. 0700, 0750)")
+    return mode
+
+
+def umask_for(mode: int) -> int:
+    return 0o777 & ~mode
+
+
+def apply_data_mode(data_dir: str | os.PathLike, mode: int) -> None:
+    """Bring an existing data directory to ``mode``: directories ``mode``, files ``mode & 0o666``
+    (a directory made by an older version, or under another umask). Links are not followed."""
+    file_mode = mode & 0o666
+    for root, dirs, files in os.walk(data_dir):
+        os.chmod(root, mode)
+        for name in files:
+            p = os.path.join(root, name)
+            try:
+                if stat.S_ISREG(os.lstat(p).st_mode):
+                    os.chmod(p, file_mode)
+            except FileNotFoundError:
+                pass
+
+
+def make_data_dir(data_dir: str | os.PathLike, mode: int) -> None:
+    os.makedirs(data_dir, mode=mode, exist_ok=True)
+    os.chmod(data_dir, mode)
+
+
+# --- the run directory ------------------------------------------------------------------
+
+
+def _check_private(path: str) -> None:
+    """Refuse ``path`` unless it is a real directory, ours, with no group or other bit."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeRunDir(f"run directory {path} is not a directory of ours (a symlink or a file): "
+                               f"remove it, or choose another with --ipc-dir / TAILRACE_IPC_DIR") from None
+        raise
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if st.st_uid != os.geteuid():
+        raise UnsafeRunDir(f"run directory {path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()}): "
+                           f"someone else created it; remove it as root, or choose another with --ipc-dir")
+    if st.st_mode & 0o077:
+        raise UnsafeRunDir(f"run directory {path} has mode {stat.S_IMODE(st.st_mode):04o}: group or others may use it; "
+                           f"it must be 0700 (chmod 700 {path}, or remove it)")
+
+
+def ensure_private_dir(path: str) -> str:
+    """Create ``path`` 0700 if it is missing (parents too), then check it is private to us."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+    _check_private(path)
+    return path
+
+
+def default_run_base() -> str:
+    """A directory only this user can create entries in, for every broker of this user."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        try:
+            st = os.stat(xdg)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+                return os.path.join(xdg, RUN_BASE_NAME)
+        except OSError:
+            pass
+    if os.geteuid() == 0 and os.access("/run", os.W_OK):
+        return os.path.join("/run", RUN_BASE_NAME)
+    return os.path.join(tempfile.gettempdir(), f"{RUN_BASE_NAME}-{os.geteuid()}")
+
+
+def default_run_dir(instance: str) -> str:
+    return os.path.join(default_run_base(), instance)
+
+
+def prepare_run_dir(run_dir: str, default: bool) -> str:
+    """Make the run directory private (and its base, when it is the default one)."""
+    if default:
+        ensure_private_dir(os.path.dirname(run_dir))
+    ensure_private_dir(run_dir)
+    longest = os.path.join(run_dir, "worker-9999.sock")
+    if len(longest.encode()) > UNIX_PATH_MAX:
+        raise UnsafeRunDir(f"run directory {run_dir} is too long for Unix socket paths ({len(longest)} > {UNIX_PATH_MAX} bytes): "
+                           f"choose a shorter one with --ipc-dir")
+    return run_dir
+
+
+def clear_run_dir(run_dir: str, remove: bool) -> None:
+    """Empty the run directory (a previous broker's sockets, locks, pid files) or remove it.
+    Only call with the broker lock held exclusive: nobody alive uses it then."""
+    try:
+        _check_private(run_dir)
+    except (UnsafeRunDir, FileNotFoundError):
+        return
+    if remove:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    for entry in os.scandir(run_dir):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                pass
+
+
+# --- who holds a lock -------------------------------------------------------------------
+
+
+def holders(path: str | os.PathLike) -> list[int]:
+    """Pids of the live processes that have ``path`` open (from /proc; ours only, unless root)."""
+    target = os.path.realpath(path)
+    me, found = os.getpid(), []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == me:
+            continue
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            for fd in os.listdir(fd_dir):
+                try:
+                    if os.readlink(f"{fd_dir}/{fd}") == target:
+                        found.append(int(pid))
+                        break
+                except OSError:
+                    continue
+        except OSError:
+            continue
+    return sorted(found)
+
+
+def process_name(pid: int) -> str:
+    """``tailrace serve``, ``supervisord``, ``flusher``, ``worker 3``... from the command line."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return "?"
+    words = [a for a in argv if a]
+    for i, a in enumerate(words):
+        if a == "-m" and i + 1 < len(words):
+            mod = words[i + 1].rsplit(".", 1)[-1]
+            rest = words[i + 2:]
+            if mod == "worker" and "--id" in rest:
+                return f"worker {rest[rest.index('--id') + 1]}" if rest.index("--id") + 1 < len(rest) else "worker"
+            if mod in ("cli", "tailrace", "__main__") and "serve" in rest:
+                return "tailrace serve"
+            return "supervisord" if mod == "supervisord" else mod
+    if any(w.endswith("supervisord") for w in words[:2]):
+        return "supervisord"
+    if "serve" in words[1:3]:
+        return "tailrace serve"
+    return os.path.basename(words[0]) if words else "?"
+
+
+def in_use_message(data_dir, pids: list[int], what: str = "a running broker") -> str:
+    named = ", ".join(f"{p} ({process_name(p)})" for p in pids) or "unknown (they exited just now?)"
+    top = [p for p in pids if process_name(p) in ("tailrace serve", "supervisord")]
+    how = (f"stop it with `kill {top[0]}` (SIGTERM: a clean stop)" if top else
+           f"stop them with `kill {' '.join(map(str, pids))}` (SIGTERM: each stops cleanly)" if pids else "try again")
+    return f"data directory {data_dir} is in use by {what}: pids {named}; {how}"
+
+
+# --- the locks --------------------------------------------------------------------------
+
+
+def lock_path(data_dir, name: str) -> Path:
+    return Path(data_dir) / LOCK_DIR / name
+
+
+def _open_lock(data_dir, name: str) -> int:
+    d = Path(data_dir) / LOCK_DIR
+    d.mkdir(mode=0o777, parents=True, exist_ok=True)  # the umask (data_mode) decides
+    return os.open(d / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+
+
+def _try_flock(fd: int, how: int, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(LOCK_POLL_S)
+
+
+class Claim:
+    """The locks one process holds on a data directory. ``fds`` stay open for the process's life
+    (a child that inherits them holds the locks too); ``release`` lets go."""
+
+    def __init__(self, data_dir: str, fds: list[int]):
+        self.data_dir = data_dir
+        self.fds = fds  # [role lock fd, broker lock fd]
+
+    def last_out(self) -> bool:
+        """Whether this is the last live process of the broker (the broker lock turns exclusive).
+        Call only when about to exit: a failed attempt may have dropped the shared lock."""
+        return _try_flock(self.fds[-1], fcntl.LOCK_EX, 0.0)
+
+    def release(self) -> None:
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
+
+
+def claim_serve(data_dir: str, wait_s: float = 1.5) -> Claim:
+    """For ``tailrace serve``: refuse if any broker process lives on ``data_dir``.
+
+    Returns holding ``serve.lock`` exclusive and ``broker.lock`` exclusive: the caller clears
+    stale state, then calls ``share`` before it starts the programs."""
+    serve_fd = _open_lock(data_dir, SERVE_LOCK)
+    if not _try_flock(serve_fd, fcntl.LOCK_EX, wait_s):
+        pids = sorted(set(holders(lock_path(data_dir, SERVE_LOCK)) + holders(lock_path(data_dir, BROKER_LOCK))))
+        os.close(serve_fd)
+        raise DataDirInUse(in_use_message(data_dir, pids))
+    broker_fd = _open_lock(data_dir, BROKER_LOCK)
+    if not _try_flock(broker_fd, fcntl.LOCK_EX, wait_s):
+        pids = holders(lock_path(data_dir, BROKER_LOCK))
+        os.close(broker_fd)
+        os.close(serve_fd)
+        raise DataDirInUse(in_use_message(data_dir, pids, "broker processes left running (no supervisor)"
+                                          if pids else "a running broker"))
+    return Claim(data_dir, [serve_fd, broker_fd])
+
+
+def share(claim: Claim) -> None:
+    """Exclusive -> shared on the broker lock, so the programs can join. ``serve.lock`` is still
+    held exclusive, so no other start can slip in while the lock is briefly dropped."""
+    fcntl.flock(claim.fds[-1], fcntl.LOCK_SH)
+
+
+def claim_program(data_dir: str, role: str, wait_s: float = 2.0) -> Claim:
+    """For the flusher, the router and each worker: join the broker lock (shared) and take the
+    role's lock (exclusive); refuse while another process holds the role."""
+    broker_fd = _open_lock(data_dir, BROKER_LOCK)
+    if not _try_flock(broker_fd, fcntl.LOCK_SH, wait_s):  # a start holds it exclusive for a moment
+        pids = holders(lock_path(data_dir, BROKER_LOCK))
+        os.close(broker_fd)
+        raise DataDirInUse(in_use_message(data_dir, pids, "a broker that is starting"))
+    role_fd = _open_lock(data_dir, f"{role}.lock")
+    if not _try_flock(role_fd, fcntl.LOCK_EX, 0.0):
+        pids = holders(lock_path(data_dir, f"{role}.lock"))
+        os.close(role_fd)
+        os.close(broker_fd)
+        raise DataDirInUse(in_use_message(data_dir, pids, f"another {role}"))
+    return Claim(data_dir, [role_fd, broker_fd])
+
+
+# --- dying with the supervisor ------------------------------------------------------------
+
+
+def _prctl_pdeathsig(sig: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask the kernel for ``sig`` when our parent dies; if it died already, send it now.
+
+    Under supervisord (``SUPERVISOR_ENABLED``) the parent must be supervisord: a program whose
+    supervisord died while it was starting has been re-parented already."""
+    ppid = os.getppid()
+    _prctl_pdeathsig(sig)
+    orphaned = os.getppid() != ppid
+    if os.environ.get("SUPERVISOR_ENABLED") and process_name(os.getppid()) != "supervisord":
+        orphaned = True
+    if orphaned:
+        os.kill(os.getpid(), sig)
+
+
+def pdeathsig_preexec(parent_pid: int, sig: int = signal.SIGTERM):
+    """A ``preexec_fn`` for subprocess: the child gets ``sig`` when ``parent_pid`` dies."""
+
+    def preexec() -> None:
+        _prctl_pdeathsig(sig)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return preexec
+
+
+EXIT_REFUSED = 6  # a program's exit code when the data or run directory is not its to use
+
+
+def enter_program(settings, role: str, log) -> Claim | None:
+    """The first steps of every broker program (flusher, router, worker): die with the
+    supervisor, private files, join the data directory's broker lock and take the role's lock,
+    check the run directory. Returns None after logging why the program must not run."""
+    die_with_parent()
+    os.umask(umask_for(settings.data_mode_bits))
+    try:
+        claim = claim_program(settings.data_dir, role)
+        prepare_run_dir(settings.ipc_path(), default=not settings.ipc_dir)
+    except (DataDirInUse, UnsafeRunDir) as exc:
+        log.error("refused: %s", exc)
+        if os.environ.get("SUPERVISOR_ENABLED"):
+            time.sleep(1.0)  # supervisord restarts an exited program at once: not in a tight loop
+        return None
+    return claim
+
+
+def stop_on_signals(stop: list) -> None:
+    """SIGTERM, SIGINT and SIGHUP ask for a clean stop (``stop`` gets an item); a second one
+    exits at once. SIGHUP too: the kernel sends it to a stopped program whose supervisor died
+    (an orphaned process group), and a program has no configuration to reload."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.append(1) if not stop else os._exit(1))
+
+
+def leave_program(claim: Claim, own_files: tuple[str, ...] = ()) -> None:
+    """The last steps: remove this program's own run-directory files, drop the locks."""
+    for path in own_files:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    claim.release()

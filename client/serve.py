@@ -1,0 +1,127 @@
+"""``tailrace serve``: own the data directory, run supervisord, stop it cleanly on any signal.
+
+This process stays in front of supervisord for its whole life instead of exec'ing into it:
+
+- It takes the data directory (client/datadir.py): a second ``tailrace serve`` on the same
+  directory, or one while processes of an earlier broker still live, refuses within 2 s naming
+  their pids, and disturbs nothing.
+- SIGTERM, SIGINT (Ctrl-C) and SIGHUP (the terminal closed) all become one SIGTERM to supervisord:
+  a clean stop (workers, router, then the flusher, which drains every ring). supervisord runs in
+  its own session, so a terminal's signals reach it only through here, once.
+- supervisord's output is relayed to our stdout; when that breaks (``| tee`` killed by the same
+  Ctrl-C, the terminal gone) relaying stops and supervisord still never blocks or dies of it.
+- supervisord gets SIGTERM from the kernel if this process is killed (PR_SET_PDEATHSIG), and
+  each program gets SIGTERM if supervisord is: nothing is ever left running unsupervised.
+- After supervisord exits, once every program has released the broker lock, the run directory
+  is removed: a clean stop leaves nothing there.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from . import datadir
+from . import scaling
+from . import settings as settings_mod
+from .catalog import store_worker_count
+
+EXIT_OK = 0
+EXIT_IN_USE = 3  # the data directory belongs to a live broker
+EXIT_UNSAFE = 4  # the run directory is not private
+EXIT_SUPERVISOR_DIED = 5  # supervisord was killed; its programs stopped by themselves
+AFTER_STOP_WAIT_S = 15.0  # for the programs to exit after supervisord died
+
+
+def say(msg: str) -> None:
+    try:
+        print(f"tailrace serve: {msg}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def run(s: settings_mod.Settings, env: dict[str, str], argv: list[str], default_run_dir: bool) -> int:
+    """Claim ``s.data_dir``, prepare it and the run directory, run ``argv`` (supervisord)."""
+    mode = s.data_mode_bits
+    os.umask(datadir.umask_for(mode))  # inherited by supervisord, its log files and every program
+    log_dir, run_dir = env["TAILRACE_LOG_DIR"], env["TAILRACE_RUN_DIR"]
+    datadir.make_data_dir(s.data_dir, mode)
+    try:
+        claim = datadir.claim_serve(s.data_dir)
+    except datadir.DataDirInUse as exc:
+        say(f"refused: {exc}")
+        return EXIT_IN_USE
+    try:
+        datadir.prepare_run_dir(run_dir, default_run_dir)
+    except datadir.UnsafeRunDir as exc:
+        say(f"refused: {exc}")
+        claim.release()
+        return EXIT_UNSAFE
+    # Nobody alive uses the directory: what a crashed broker left in the run directory is stale.
+    datadir.clear_run_dir(run_dir, remove=False)
+    datadir.apply_data_mode(s.data_dir, mode)
+    os.makedirs(log_dir, mode=mode, exist_ok=True)
+    store_worker_count(s.data_dir, s.workers)
+    scaling.clear_extra_workers(run_dir)
+    datadir.share(claim)
+
+    stopping: list[int] = []  # the first stop signal, once one came
+    procs: list[subprocess.Popen] = []  # supervisord, once started
+
+    def on_signal(signum, _frame):
+        if not stopping:
+            say(f"{signal.Signals(signum).name}: stopping (workers, router, then the flusher drains to disk)")
+            stopping.append(signum)
+            for p in procs:
+                try:
+                    p.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            pass_fds=claim.fds, start_new_session=True,
+                            preexec_fn=datadir.pdeathsig_preexec(os.getpid()))
+    procs.append(proc)
+    if stopping:
+        proc.send_signal(signal.SIGTERM)
+    _relay(proc.stdout.fileno())
+    rc = proc.wait()
+    if rc < 0 and not stopping:
+        say(f"supervisord died of {signal.Signals(-rc).name}; its programs stop by themselves (they die with it)")
+    # Every program holds the broker lock shared: exclusive once they have all exited.
+    if datadir._try_flock(claim.fds[-1], datadir.fcntl.LOCK_EX, AFTER_STOP_WAIT_S):
+        datadir.clear_run_dir(run_dir, remove=True)
+    else:
+        pids = datadir.holders(datadir.lock_path(s.data_dir, datadir.BROKER_LOCK))
+        say(f"programs still running after {AFTER_STOP_WAIT_S:.0f} s: {pids}; run directory {run_dir} kept")
+    claim.release()
+    if rc < 0 and not stopping:
+        return EXIT_SUPERVISOR_DIED
+    return rc if rc >= 0 else EXIT_OK
+
+
+def _relay(fd: int) -> None:
+    """Copy supervisord's output to our stdout until it closes; a broken stdout stops the copying,
+    never the reading (supervisord must not block on a full pipe)."""
+    out = sys.stdout.buffer
+    broken = False
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            time.sleep(0.01)
+            continue
+        if not chunk:
+            return
+        if broken:
+            continue
+        try:
+            out.write(chunk)
+            out.flush()
+        except (OSError, ValueError):
+            broken = True
