@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from client.protocol import ErrorCode
-from client.records import BatchError, now_us, validate_frame
-from shm import layout
-from shm.layout import COL
-from shm.ring import ControlTable, Ring, RingFull, RingWriter, cut_batches
-from persistence.index import IndexFile
-from persistence.journal import JournalReader
+from tailrace.client.protocol import ErrorCode
+from tailrace.client.records import BatchError, now_us, validate_frame
+from tailrace.shm import layout
+from tailrace.shm.layout import COL
+from tailrace.shm.ring import ControlTable, Ring, RingFull, RingWriter, cut_batches
+from tailrace.persistence.index import IndexFile
+from tailrace.persistence.journal import JournalReader
 
 from .dedup import ProducerState
 from .fence import OwnerLock

@@ -24,8 +24,8 @@ import struct
 import time
 from collections import deque
 
-from client import protocol as P
-from client.unixwire import RECV_BYTES, WOULD_BLOCK, FrameReader, WireError, encode, listen
+from tailrace.client import protocol as P
+from tailrace.client.unixwire import RECV_BYTES, WOULD_BLOCK, FrameReader, WireError, encode, listen
 
 UNIX_IDENT = b"\x00UNX\x00"  # readable prefix of a Unix connection's identity (logs)
 _CONN = struct.Struct("<I")

@@ -27,18 +27,18 @@ import msgspec
 import posix_ipc
 import zmq
 
-from client import datadir
-from client import protocol as P
-from client import settings as settings_mod
-from client.catalog import Catalog
-from client import unixwire
-from shm import layout
-from shm.doorbell import Doorbell, Ringer
-from shm.layout import COL
-from shm.ring import ControlTable, LayoutMismatch
-from persistence.index import IndexFile
-from persistence.journal import JournalReader
-from persistence.recovery import data_dir_id
+from tailrace.broker import datadir
+from tailrace.client import protocol as P
+from tailrace.broker import settings as settings_mod
+from tailrace.broker.catalog import Catalog
+from tailrace.client import unixwire
+from tailrace.shm import layout
+from tailrace.shm.doorbell import Doorbell, Ringer
+from tailrace.shm.layout import COL
+from tailrace.shm.ring import ControlTable, LayoutMismatch
+from tailrace.persistence.index import IndexFile
+from tailrace.persistence.journal import JournalReader
+from tailrace.persistence.recovery import data_dir_id
 
 from . import partition as partition_mod
 from .partition import DiskRead, Fenced, FetchResult, PartitionActor, read_disk
@@ -428,7 +428,7 @@ def wait_for_table(s: settings_mod.Settings, timeout_s: float, stop: list) -> Co
 def main(argv=None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="actors.worker")
+    ap = argparse.ArgumentParser(prog="tailrace.actors.worker")
     ap.add_argument("--id", type=int, required=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker-{args.id} %(levelname)s %(message)s")

@@ -1,8 +1,8 @@
 """Run the same workloads on tailrace and on its peers (Redis Streams, NATS JetStream) in one run.
 
     bash bench/setup_peers.sh                       # once: installs the servers and clients
-    python -m bench.compare produce durable-single --messages 1000000 --repeat 3
-    python -m bench.compare --peers redis --json > compare.json
+    python -m tailrace.bench.compare produce durable-single --messages 1000000 --repeat 3
+    python -m tailrace.bench.compare --peers redis --json > compare.json
 
 Installs nothing. Each system is started fresh for each workload (peers.py for how, and with
 which durability settings), on loopback on a free port, and stopped by pid in a ``finally``.
@@ -29,7 +29,7 @@ PEERS = {"redis": (RedisSystem, "redis"), "nats": (NatsSystem, "nats")}  # name 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m tailrace.bench.compare", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_workload_options(ap)
     ap.add_argument("--peers", default="redis,nats", help="comma list of peers")

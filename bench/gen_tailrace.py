@@ -22,12 +22,12 @@ import numpy as np
 import zmq
 from crc32c import crc32c
 
-from client import protocol as P
-from client.connection import Connection, Pool
-from client.consumer import Consumer
-from client.errors import TailraceError
-from client.producer import Producer
-from client.records import CRC_START, HEADER_BYTES, HEADER_DTYPE, OFFSETS_DTYPE, batches_to_columns, encode_batch, iter_batches
+from tailrace.client import protocol as P
+from tailrace.client.connection import Connection, Pool
+from tailrace.client.consumer import Consumer
+from tailrace.client.errors import TailraceError
+from tailrace.client.producer import Producer
+from tailrace.client.records import CRC_START, HEADER_BYTES, HEADER_DTYPE, OFFSETS_DTYPE, batches_to_columns, encode_batch, iter_batches
 
 from .payload import STAMP, batch_buffers, value_stamps
 

@@ -1,7 +1,7 @@
 """Per-call cost of the per-message hot paths, in one process, no sockets: what a same-host
 single-message produce costs the worker, and what a tailing read costs the consumer.
 
-    python -m bench.hotpath [--calls 10000] [--rounds 7]
+    python -m tailrace.bench.hotpath [--calls 10000] [--rounds 7]
 
 - ``handle``: ``Worker.handle`` of a one-record produce (100 B, acks memory) addressed straight
   to the worker, as the same-host path delivers it (reply frames built, not sent);
@@ -14,9 +14,9 @@ single-message produce costs the worker, and what a tailing read costs the consu
   batches (what a cycle finds under durable-single/64), CPU time per cycle (``process_time``:
   the journal's O_DIRECT write is real, its wait is not counted; no fdatasync).
 
-Real shared memory and files on a temporary directory (the unit tests' storage stack, so run it
-from the source tree). Prints the minimum and the median over the rounds, in microseconds per
-call: compare before/after in one sitting, the machine is noisy.
+Real shared memory and files on a temporary directory (bench/inprocess.py, the stack the unit
+tests use). Prints the minimum and the median over the rounds, in microseconds per call: compare
+before/after in one sitting, the machine is noisy.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ import statistics
 import tempfile
 import time
 
-from actors.unix_server import UNIX_IDENT, UnixIdent
-from actors.worker import Worker
-from client import protocol as P
-from client.records import batches_to_columns, encode_batch, iter_batches
-from persistence.recovery import data_dir_id
-from shm.layout import COL
-from shm.tail import SharedRings
-from tests.unit.storage import make_storage
+from tailrace.actors.unix_server import UNIX_IDENT, UnixIdent
+from tailrace.actors.worker import Worker
+from tailrace.client import protocol as P
+from tailrace.client.records import batches_to_columns, encode_batch, iter_batches
+from tailrace.persistence.recovery import data_dir_id
+from tailrace.shm.layout import COL
+from tailrace.shm.tail import SharedRings
+from tailrace.bench.inprocess import make_storage
 
 
 class _Port:
@@ -84,7 +84,7 @@ def _flush_cycle(data_dir: str, cycles: int, rounds: int) -> tuple[float, float]
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="bench.hotpath", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="tailrace.bench.hotpath", description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args(argv)

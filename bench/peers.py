@@ -108,7 +108,7 @@ class _ServerSystem:
 
 class RedisSystem(_ServerSystem):
     name = "redis"
-    gen = "bench.gen_redis"
+    gen = "tailrace.bench.gen_redis"
 
     @property
     def endpoint(self) -> str:
@@ -131,7 +131,7 @@ class RedisSystem(_ServerSystem):
 
 class NatsSystem(_ServerSystem):
     name = "nats"
-    gen = "bench.gen_nats"
+    gen = "tailrace.bench.gen_nats"
 
     @property
     def endpoint(self) -> str:

@@ -1,6 +1,6 @@
 """Skewed load: one hot partition and 63 cool ones on 2 workers, rebalancing off vs on.
 
-    python -m bench.skew [--warmup 15] [--seconds 20] [--rate 1000] [--repeats 1] [--json FILE]
+    python -m tailrace.bench.skew [--warmup 15] [--seconds 20] [--rate 1000] [--repeats 1] [--json FILE]
 
 For each setting (``rebalance=0``, then ``rebalance=1``) a fresh broker with 2 workers gets a
 64-partition topic (placement puts partition 0, the hot one, and the 31 even cool partitions on
@@ -36,16 +36,16 @@ def one_run(rebalance: int, o) -> dict:
         system.create_topic(topic, PARTITIONS, 4 << 20)
         system.warm(topic, PARTITIONS)
         total_s = o.warmup + o.seconds
-        hot = Job("bench.gen_tailrace:produce", {
+        hot = Job("tailrace.bench.gen_tailrace:produce", {
             "endpoint": system.endpoint, "direct": True, "topic": topic, "partitions": [0], "messages": 10**10,
             "size": 100, "batch": o.hot_batch, "acks": "memory", "in_flight": o.hot_in_flight, "max_outstanding": 64,
             "max_seconds": total_s})
-        probe = Job("bench.gen_tailrace:paced", {
+        probe = Job("tailrace.bench.gen_tailrace:paced", {
             "endpoint": system.endpoint, "direct": True, "topic": topic, "partitions": list(range(1, PARTITIONS)),
             "rate": o.rate, "size": 100, "acks": "memory", "seconds": total_s})
         run = run_jobs([hot, probe], label=f"skew rebalance={rebalance}", total=int(o.rate * total_s),
                        timeout_s=total_s + 180, broker_pids=system.pids())
-        with_admin = __import__("client.admin", fromlist=["Admin"]).Admin(system.endpoint)
+        with_admin = Admin(system.endpoint)
         status = with_admin.status()
         owners = [p.worker for p in with_admin.describe_topic(topic).partitions]
         with_admin.close()
@@ -75,7 +75,7 @@ def _med(rs: list[dict], key: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="bench.skew", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="tailrace.bench.skew", description=__doc__.split("\n\n")[0])
     ap.add_argument("--warmup", type=float, default=15.0)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--rate", type=float, default=1000.0, help="cool probe messages per second")

@@ -1,13 +1,13 @@
 """Soak: mixed produce (acks none, memory, durable) and a tailing consumer while random broker
 processes are killed with SIGKILL every few seconds; then an audit of every record.
 
-    python -m bench.soak --minutes 10
-    python -m bench.soak --minutes 3 --rate 5000 --kill-every 2,6 --seed 7
+    python -m tailrace.bench.soak --minutes 10
+    python -m tailrace.bench.soak --minutes 3 --rate 5000 --kill-every 2,6 --seed 7
 
 Not a CI test: it runs for as long as it is told (bounded: ``--minutes``, then at most a few
-minutes of draining and auditing). One broker (tests/harness.py, the same supervisord tree as
+minutes of draining and auditing). One broker (bench/launcher.py, the same supervisord tree as
 ``tailrace serve``) on a temporary data directory; one topic per ack level; one producer thread
-per topic, paced to ``--rate`` records/s, each record auditable (tests/reliability/workload.py:
+per topic, paced to ``--rate`` records/s, each record auditable (bench/audit.py:
 partition, sequence and a pattern of both, sent in order with one batch in flight per partition
 and idempotence). Every ``--kill-every`` seconds (uniform in the range) a random victim gets
 SIGKILL: the flusher, the router, one worker, or every program at once; supervisord restarts it.
@@ -38,10 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
-from client import Admin, Consumer, Producer
-from client.errors import TailraceError
-from tests.harness import Broker
-from tests.reliability.workload import REC, Produced, records
+from tailrace import Admin, Consumer, Producer
+from tailrace.client.errors import TailraceError
+from tailrace.bench.launcher import Broker
+from tailrace.bench.audit import REC, Produced, records
 
 EXIT_OK, EXIT_LOST, EXIT_SETUP = 0, 1, 2
 LEVELS = ("none", "memory", "durable")
@@ -172,7 +172,7 @@ def wait_restarted(broker: Broker, old: dict, victim: str, timeout_s: float = 60
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m tailrace.bench.soak", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--minutes", type=float, default=10.0, help="how long to produce and kill")
     ap.add_argument("--rate", type=float, default=5000, help="records/s per ack level")

@@ -10,7 +10,7 @@ batches from this process alone.
 
     python bench/spark_bench.py --messages-per-partition 1000000 --repeats 3
 
-Starts its own broker (tests/harness.py) on a temporary directory unless --bootstrap is given,
+Starts its own broker (bench/launcher.py) on a temporary directory unless --bootstrap is given,
 and needs Java 17+. Prints one line per run and a median summary per scenario.
 """
 
@@ -28,20 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-# Run as a script, Python puts bench/ first on sys.path, where bench/profile.py would shadow the
-# standard library's profile module (which pyspark imports): import from the repository root.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from pyspark.sql.datasource import (  # noqa: E402
+from pyspark.sql.datasource import (
     DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition, WriterCommitMessage,
 )
 
-from client import Admin, Producer  # noqa: E402
-from client.records import Columns  # noqa: E402
-from spark_bridge.arrow import SCHEMA, to_record_batch  # noqa: E402
+from tailrace import Admin, Producer
+from tailrace.client.records import Columns
+from tailrace.spark_bridge.arrow import SCHEMA, to_record_batch
 
 MEMORY_NAME = "tailrace_memory"
 DISCARD_NAME = "tailrace_discard"
@@ -125,11 +118,11 @@ class DiscardSink(DataSource):
 
 
 def sink_in_process(bootstrap: str, topic: str, partitions: int, per_partition: int, size: int, arrow_rows: int) -> int:
-    """spark_bridge.sink without Spark: the same Arrow batches, produced from this process."""
+    """tailrace.spark_bridge.sink without Spark: the same Arrow batches, produced from this process."""
     import pyarrow as pa
 
-    from spark_bridge.options import parse_write_options
-    from spark_bridge.sink import produce as sink_produce
+    from tailrace.spark_bridge.options import parse_write_options
+    from tailrace.spark_bridge.sink import produce as sink_produce
 
     values, offsets = payload(0, 0, arrow_rows, size)
     value = pa.Array.from_buffers(pa.binary(), arrow_rows, [None, pa.py_buffer(offsets), pa.py_buffer(values)])
@@ -200,13 +193,12 @@ def timed(label: str, total: int, fn, results: dict, cpu: dict) -> None:
 
 def run(args) -> dict:
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     from pyspark.sql import SparkSession
 
-    from spark_bridge import TailraceDataSource
+    from tailrace.spark_bridge import TailraceDataSource
 
     # Registered through its module name (not __main__) so workers import it and keep _CACHE.
-    import bench.spark_bench as this
+    import tailrace.bench.spark_bench as this
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, from the JVM's first lookup on
     spark = (
@@ -280,7 +272,7 @@ def main() -> int:
 
     broker = None
     if args.bootstrap is None:
-        from tests.harness import Broker
+        from tailrace.bench.launcher import Broker
 
         per_topic = args.partitions * (8 << 20)
         broker = Broker(Path(tempfile.mkdtemp(prefix="tailrace-bench-broker-")), workers=2,

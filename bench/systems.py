@@ -19,8 +19,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from client.admin import Admin
-from client.producer import Producer
+from tailrace.client.admin import Admin
+from tailrace.client.producer import Producer
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -29,7 +29,7 @@ BROKER_SETTINGS = {"shm_budget_bytes": 4 * GiB, "max_batch_bytes": 512 * 1024}
 
 class TailraceSystem:
     name = "tailrace"
-    gen = "bench.gen_tailrace"
+    gen = "tailrace.bench.gen_tailrace"
     same_host = True  # latency workloads also run over the same-host transport (Unix sockets, rings)
 
     def __init__(self, bootstrap: str | None = None, workers: int = 2, data_root: str | None = None,
@@ -48,7 +48,7 @@ class TailraceSystem:
     def start(self, workload: str) -> None:
         if self.bootstrap:
             return
-        from tests.harness import Broker  # the test harness runs the broker exactly as `tailrace serve`
+        from tailrace.bench.launcher import Broker  # the test harness runs the broker exactly as `tailrace serve`
 
         self.data_dir = tempfile.mkdtemp(prefix=f"tailrace-bench-{workload}-", dir=self.data_root)
         self.broker = Broker(Path(self.data_dir), workers=self.workers, **self.settings)

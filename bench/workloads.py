@@ -289,7 +289,7 @@ def _profiler(o, system, case: str):
     """on_go hook: profile every server process for the run when --profile DIR is given."""
     if not getattr(o, "profile", None):
         return None
-    from .profile import start_profilers
+    from .profiles import start_profilers
 
     return lambda: start_profilers(o.profile, case, system.name, system.pids(), o.profile_seconds)
 

@@ -26,7 +26,7 @@ from .connection import DEFAULT_BOOTSTRAP, Pool
 from .routes import Routes
 from .errors import OffsetOutOfRangeError
 from .records import Columns, batches_to_columns, iter_batches
-from shm.tail import SharedRings, TailStatus
+from tailrace.shm.tail import SharedRings, TailStatus
 
 EARLIEST, LATEST = "earliest", "latest"
 RING_WAIT_S = 0.1  # longest futex sleep of a ring-reading consumer with nothing to read

@@ -52,6 +52,9 @@ BY_CODE: dict[int, type[TailraceError]] = {
 }
 
 
+__all__ = ["error_for", *(name for name, v in list(globals().items()) if isinstance(v, type) and issubclass(v, TailraceError))]
+
+
 def error_for(code: int, message: str, **details) -> TailraceError:
     cls = BY_CODE.get(code, TailraceError)
     return cls(message, code=code, **details)

@@ -29,7 +29,7 @@ def main() -> int:
 
     from pyspark.sql import SparkSession
 
-    from spark_bridge import TailraceDataSource
+    from tailrace.spark_bridge import TailraceDataSource
 
     spark = SparkSession.builder.master(args.master).appName("tailrace-drain-to-parquet").getOrCreate()
     spark.dataSource.register(TailraceDataSource)

@@ -31,13 +31,13 @@ import time
 import numpy as np
 import posix_ipc
 
-from client import datadir
-from client import settings as settings_mod
-from client.catalog import Catalog
-from shm import layout, region
-from shm.doorbell import Doorbell, Ringer
-from shm.layout import COL
-from shm.ring import ControlTable, LayoutMismatch, Ring
+from tailrace.broker import datadir
+from tailrace.broker import settings as settings_mod
+from tailrace.broker.catalog import Catalog
+from tailrace.shm import layout, region
+from tailrace.shm.doorbell import Doorbell, Ringer
+from tailrace.shm.layout import COL
+from tailrace.shm.ring import ControlTable, LayoutMismatch, Ring
 
 from .index import ENTRY_BYTES, IndexFile, entries_for
 from .journal import BLOCK, Journal, StorageError

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from client.catalog import Catalog, write_atomic
-from client.records import HEADER_BYTES, BatchError, read_header, validate_frame
+from tailrace.broker.catalog import Catalog, write_atomic
+from tailrace.client.records import HEADER_BYTES, BatchError, read_header, validate_frame
 
 from .index import ENTRY_DTYPE, IndexFile, entries_for, index_path
 from .journal import JOURNAL_DIR, check_segments, list_segments, segment_name

@@ -26,12 +26,12 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from client import datadir
-from client import protocol as P
-from client import settings as settings_mod
-from client.catalog import Catalog, store_worker_count, stored_worker_count, valid_topic_name, write_atomic
-from persistence.recovery import data_dir_id
-from shm.layout import ring_region_bytes
+from tailrace.broker import datadir
+from tailrace.client import protocol as P
+from tailrace.broker import settings as settings_mod
+from tailrace.broker.catalog import Catalog, store_worker_count, stored_worker_count, valid_topic_name, write_atomic
+from tailrace.persistence.recovery import data_dir_id
+from tailrace.shm.layout import ring_region_bytes
 
 from .scheduler import Rebalancer, StickyScheduler
 
@@ -56,7 +56,7 @@ _list_offsets_dec = P.decoder(P.ListOffsetsReply)
 
 def next_generation(data_dir: str) -> int:
     """Bump and durably store the router generation: owner epochs only ever grow."""
-    path = Path(data_dir) / "router.json"
+    path = Path(data_dir) / "tailrace.router.json"
     try:
         gen = int(json.loads(path.read_text())["generation"]) + 1
     except (FileNotFoundError, ValueError, KeyError):

@@ -1,6 +1,6 @@
 """tailrace for Spark: the ``tailrace`` PySpark data source (batch and streaming reads, writes).
 
-    from spark_bridge import TailraceDataSource
+    from tailrace.spark_bridge import TailraceDataSource
     spark.dataSource.register(TailraceDataSource)
     df = spark.read.format("tailrace").option("topic", "events").load()
 

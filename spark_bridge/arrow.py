@@ -24,7 +24,7 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
-from client.records import Columns
+from tailrace.client.records import Columns
 
 SCHEMA = StructType([
     StructField("key", BinaryType()),

@@ -29,10 +29,10 @@ import os
 import socket
 from typing import Iterator
 
-from client import protocol as P
-from client.connection import Connection
-from client.errors import NotOwnerError, OffsetOutOfRangeError, TimeoutError_
-from client.records import Columns, batches_to_columns, iter_batches
+from tailrace.client import protocol as P
+from tailrace.client.connection import Connection
+from tailrace.client.errors import NotOwnerError, OffsetOutOfRangeError, TimeoutError_
+from tailrace.client.records import Columns, batches_to_columns, iter_batches
 
 from .errors import DataLossError
 from .offsets import OffsetRange

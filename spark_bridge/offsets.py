@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Iterable, NamedTuple
 
-from client.protocol import PartitionOffsets
+from tailrace.client.protocol import PartitionOffsets
 
 from .errors import DataLossError, OptionError
 from .options import EARLIEST, LATEST, SPECIAL, OffsetSpec

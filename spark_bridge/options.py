@@ -16,8 +16,8 @@ import json
 from dataclasses import dataclass
 from typing import Mapping, Union
 
-from client.connection import DEFAULT_BOOTSTRAP
-from client.protocol import ACKS_BY_NAME
+from tailrace.client.connection import DEFAULT_BOOTSTRAP
+from tailrace.client.protocol import ACKS_BY_NAME
 
 from .errors import OptionError
 

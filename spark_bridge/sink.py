@@ -34,8 +34,8 @@ from pyspark.sql.types import (
     BinaryType, ByteType, IntegerType, LongType, ShortType, StringType, StructType,
 )
 
-from client.producer import Producer
-from client.records import HEADER_BYTES
+from tailrace.client.producer import Producer
+from tailrace.client.records import HEADER_BYTES
 
 from .errors import SchemaError
 from .options import WriteOptions

@@ -27,8 +27,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from client.admin import Admin
-from client.protocol import PartitionOffsets
+from tailrace.client.admin import Admin
+from tailrace.client.protocol import PartitionOffsets
 
 from .arrow import SCHEMA, to_record_batch
 from .errors import OptionError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.harness import Broker
+from tailrace.bench.launcher import Broker
 
 
 @pytest.fixture

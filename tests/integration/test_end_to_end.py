@@ -7,10 +7,10 @@ import time
 
 import numpy as np
 
-from client import Admin, Consumer, Producer
-from client import protocol as P
-from client.connection import Connection
-from client.records import encode_batch, iter_batches
+from tailrace import Admin, Consumer, Producer
+from tailrace.client import protocol as P
+from tailrace.client.connection import Connection
+from tailrace.client.records import encode_batch, iter_batches
 
 MSG_BYTES = 100
 
@@ -201,7 +201,7 @@ def test_cli_produce_and_consume_round_trip(broker):
     import sys
 
     def cli(*args, stdin=None):
-        return subprocess.run([sys.executable, "-m", "client.cli", *args, "--bootstrap", broker.bootstrap],
+        return subprocess.run([sys.executable, "-m", "tailrace", *args, "--bootstrap", broker.bootstrap],
                               input=stdin, capture_output=True, timeout=60, check=True)
 
     out = cli("topic", "create", "cli", "--partitions", "2").stdout.decode()

@@ -9,9 +9,9 @@ import sys
 import threading
 import time
 
-from client import Admin, Consumer, Producer
-from client.catalog import stored_worker_count
-from tests.reliability.workload import Produced, audit, check, produce_until, tail_until
+from tailrace import Admin, Consumer, Producer
+from tailrace.broker.catalog import stored_worker_count
+from tailrace.bench.audit import Produced, audit, check, produce_until, tail_until
 
 
 def _status(b):
@@ -73,7 +73,7 @@ def test_a_hung_worker_loses_its_partitions_after_the_grace_and_nothing_acked_is
 
 def _workers_set(b, n: int) -> str:
     """`tailrace workers set n` exactly as a user runs it, against this broker."""
-    out = subprocess.run([sys.executable, "-m", "client.cli", "workers", "set", str(n), "--bootstrap", b.bootstrap,
+    out = subprocess.run([sys.executable, "-m", "tailrace", "workers", "set", str(n), "--bootstrap", b.bootstrap,
                           "--data-dir", str(b.data_dir), "--timeout-s", "90"],
                          env=b.env(), capture_output=True, text=True, timeout=150)
     assert out.returncode == 0, out.stderr + out.stdout
@@ -176,7 +176,7 @@ def test_an_evenly_loaded_broker_with_tailing_consumers_moves_nothing(make_broke
     and a consumer long-polling every one: each heartbeat sees some fetches parked and some in
     flight. Loads built on those snapshots crossed the rebalancing band every few seconds and
     moved partitions of this evenly loaded broker (the raw producer then got NOT_OWNER)."""
-    from bench.gen_tailrace import e2e_consume, e2e_produce
+    from tailrace.bench.gen_tailrace import e2e_consume, e2e_produce
 
     class Ctx:
         t_start = time.monotonic()

@@ -13,12 +13,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from client import Admin, Consumer, Producer
-from client.records import batches_to_columns, iter_batches
-from client.unixwire import SCHEME
+from tailrace import Admin, Consumer, Producer
+from tailrace.client.records import batches_to_columns, iter_batches
+from tailrace.client.unixwire import SCHEME
 from tests.integration.test_end_to_end import MSG_BYTES, partition_payload
 from tests.reliability.procs import hard_kill_all, wait_restarted
-from tests.reliability.workload import Produced, check, records
+from tailrace.bench.audit import Produced, check, records
 
 RING = 512 << 10  # a small ring (>= 2 x max_batch_bytes, a multiple of 4096): wrapped many times
 MAX_BATCH = 256 << 10

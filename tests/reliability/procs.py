@@ -30,8 +30,8 @@ import time
 
 import zmq
 
-from client import protocol as P
-from tests.harness import ROOT
+from tailrace.client import protocol as P
+from tailrace.bench.launcher import SUPERVISORD_CONF
 
 ASSIGN = struct.Struct("<IQ")  # slot, owner epoch: the router's assign frame (actors/worker.py)
 HIGH = 0x7FFF_0000  # low 32 bits of a test epoch: above any router counter of one generation
@@ -41,12 +41,12 @@ def supervisorctl(broker, *args: str) -> str:
     """Run supervisorctl against this broker's supervisord; return its stdout."""
     env = {**broker.env(), "TAILRACE_PYTHON": sys.executable, "TAILRACE_LOG_DIR": str(broker.data_dir / "logs"),
            "TAILRACE_RUN_DIR": broker.run_dir}
-    return subprocess.run([sys.executable, "-m", "supervisor.supervisorctl", "-c", str(ROOT / "supervisord.conf"), *args],
+    return subprocess.run([sys.executable, "-m", "supervisor.supervisorctl", "-c", str(SUPERVISORD_CONF), *args],
                           env=env, capture_output=True, text=True, timeout=60).stdout
 
 
 def router_generation(broker) -> int:
-    return int(json.loads((broker.data_dir / "router.json").read_text())["generation"])
+    return int(json.loads((broker.data_dir / "tailrace.router.json").read_text())["generation"])
 
 
 def winning_epoch(broker, bump: int = 0) -> int:

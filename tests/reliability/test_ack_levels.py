@@ -13,7 +13,7 @@ import os
 import signal
 import time
 
-from client import Admin, Consumer, Producer
+from tailrace import Admin, Consumer, Producer
 
 from .procs import hard_kill_all
 

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from client import Admin, Consumer, Producer
-from client import protocol as P
-from client.catalog import Catalog
-from client.records import encode_batch
+from tailrace import Admin, Consumer, Producer
+from tailrace.client import protocol as P
+from tailrace.broker.catalog import Catalog
+from tailrace.client.records import encode_batch
 
 from .procs import ASSIGN, Raw, reply_code, supervisorctl, wait_restarted, winning_epoch
-from .workload import Produced, audit, produce_until
+from tailrace.bench.audit import Produced, audit, produce_until
 
 REFUSED = {P.ErrorCode.NOT_OWNER, P.ErrorCode.NOT_READY}
 

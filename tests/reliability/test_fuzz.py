@@ -28,14 +28,14 @@ from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from client import Admin, Consumer, Producer
-from client import protocol as P
-from client.catalog import Catalog
-from client.records import CRC_START, HEADER_BYTES, BatchError, encode_batch, iter_batches, read_header, validate_frame
-from persistence.index import ENTRY_DTYPE, index_path
-from persistence.journal import JOURNAL_DIR, list_segments, segment_name
-from persistence.recovery import recover, write_checkpoint
-from tests.unit.storage import make_storage
+from tailrace import Admin, Consumer, Producer
+from tailrace.client import protocol as P
+from tailrace.broker.catalog import Catalog
+from tailrace.client.records import CRC_START, HEADER_BYTES, BatchError, encode_batch, iter_batches, read_header, validate_frame
+from tailrace.persistence.index import ENTRY_DTYPE, index_path
+from tailrace.persistence.journal import JOURNAL_DIR, list_segments, segment_name
+from tailrace.persistence.recovery import recover, write_checkpoint
+from tailrace.bench.inprocess import make_storage
 
 from .procs import ASSIGN, Raw, reply_code, router_generation, supervisorctl, winning_epoch
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import time
 
-from client import Admin
-from client import protocol as P
-from client.connection import Connection
-from client.errors import TailraceError
-from client.records import encode_batch
+from tailrace import Admin
+from tailrace.client import protocol as P
+from tailrace.client.connection import Connection
+from tailrace.client.errors import TailraceError
+from tailrace.client.records import encode_batch
 
 from .procs import wait_restarted
 

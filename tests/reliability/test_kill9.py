@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from client import Admin, Consumer
+from tailrace import Admin, Consumer
 
-from .workload import Produced, audit, produce_until
+from tailrace.bench.audit import Produced, audit, produce_until
 
 VICTIMS = ["worker-0", "flusher", "router", "worker-1", "all", "flusher", "all"]
 

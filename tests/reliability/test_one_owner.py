@@ -1,5 +1,5 @@
 """One broker per data directory: no orphans, no second start, a private run directory, private
-data, and bounded input on every socket (client/datadir.py, client/serve.py)."""
+data, and bounded input on every socket (broker/datadir.py, ops/serve.py)."""
 
 from __future__ import annotations
 
@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from client import Admin, Consumer, Producer
-from client import datadir
-from client import protocol as P
-from client import serve
-from client.errors import InvalidRequestError
-from shm import region
-from tests.harness import ROOT, Broker
+from tailrace import Admin, Consumer, Producer
+from tailrace.broker import datadir
+from tailrace.client import protocol as P
+from tailrace.ops import serve
+from tailrace.client.errors import InvalidRequestError
+from tailrace.shm import region
+from tailrace.bench.launcher import Broker
 
 from .procs import Raw, _alive, reply_code, rss_kib
-from .workload import Produced, audit, produce_until
+from tailrace.bench.audit import Produced, audit, produce_until
 
 NOBODY = 65534
 
@@ -134,10 +134,10 @@ def test_two_serves_on_one_data_directory_started_at_the_same_moment_exactly_one
 @pytest.mark.parametrize("role", ["flusher", "router", "worker"])
 def test_a_second_program_started_by_hand_refuses_and_the_broker_keeps_serving(broker, role):
     before = broker.pids()
-    module = {"flusher": "persistence.flusher", "router": "router.server", "worker": "actors.worker"}[role]
+    module = {"flusher": "tailrace.persistence.flusher", "router": "tailrace.router.server", "worker": "tailrace.actors.worker"}[role]
     argv = [sys.executable, "-m", module] + (["--id", "0"] if role == "worker" else [])
     t0 = time.monotonic()
-    r = subprocess.run(argv, env=broker.env(), capture_output=True, text=True, timeout=30, cwd=str(ROOT))
+    r = subprocess.run(argv, env=broker.env(), capture_output=True, text=True, timeout=30)
     assert r.returncode == datadir.EXIT_REFUSED, r.stderr
     assert time.monotonic() - t0 < 2.0 + 2.0  # within 2 s of the lock wait, plus interpreter start
     holder = before["worker-0" if role == "worker" else role]

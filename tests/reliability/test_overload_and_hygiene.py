@@ -21,13 +21,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client import Admin, Consumer, Producer
-from client import protocol as P
-from client.catalog import Catalog
-from shm import region
+from tailrace import Admin, Consumer, Producer
+from tailrace.client import protocol as P
+from tailrace.broker.catalog import Catalog
+from tailrace.shm import region
 
 from .procs import Raw, broker_rss_kib, hard_kill_all, wait_restarted
-from .workload import Produced, audit, records
+from tailrace.bench.audit import Produced, audit, records
 
 RSS_GROWTH_LIMIT_KIB = 200 * 1024
 SMALL_RING = 128 * 1024

@@ -18,12 +18,12 @@ import zmq
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.unix_server import UNIX_IDENT
-from client import Admin, Consumer, Producer
-from client import protocol as P
-from client.connection import Connection
-from client.records import encode_batch, iter_batches
-from client.unixwire import MAX_FRAMES, U16, U32, FrameReader, WireError, encode, path_of
+from tailrace.actors.unix_server import UNIX_IDENT
+from tailrace import Admin, Consumer, Producer
+from tailrace.client import protocol as P
+from tailrace.client.connection import Connection
+from tailrace.client.records import encode_batch, iter_batches
+from tailrace.client.unixwire import MAX_FRAMES, U16, U32, FrameReader, WireError, encode, path_of
 
 from .procs import rss_kib
 from .test_fuzz import PROBE_TIMEOUT_MS, Prober, _code_name, _fuzz_broker, fuzz, mutated, probe_worker, produce_and_read_back, requests

@@ -20,20 +20,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client import Admin, Consumer, Producer
-from client import protocol as P
-from client import settings as settings_mod
-from client.connection import Connection
-from client.errors import StorageUnavailableError
-from client.records import BatchError, encode_batch, encode_batch_buffers, validate_frame
-from persistence.flusher import Flusher
-from persistence.index import ENTRY_DTYPE, index_path
-from persistence.journal import JOURNAL_DIR, segment_name
-from shm import region
-from tests.unit.storage import make_storage
+from tailrace import Admin, Consumer, Producer
+from tailrace.client import protocol as P
+from tailrace.broker import settings as settings_mod
+from tailrace.client.connection import Connection
+from tailrace.client.errors import StorageUnavailableError
+from tailrace.client.records import BatchError, encode_batch, encode_batch_buffers, validate_frame
+from tailrace.persistence.flusher import Flusher
+from tailrace.persistence.index import ENTRY_DTYPE, index_path
+from tailrace.persistence.journal import JOURNAL_DIR, segment_name
+from tailrace.shm import region
+from tailrace.bench.inprocess import make_storage
 
 from .procs import hard_kill_all
-from .workload import Produced, audit, records
+from tailrace.bench.audit import Produced, audit, records
 
 SEGMENT_BYTES = 1 << 20
 JOURNAL_TMPFS_BYTES = 6 << 20

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.harness import ROOT, Broker
+from tailrace.bench.launcher import Broker
 
 
 @pytest.fixture(scope="session")
@@ -47,10 +47,9 @@ def spark():
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, from the JVM's first lookup on
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     from pyspark.sql import SparkSession
 
-    from spark_bridge import TailraceDataSource
+    from tailrace.spark_bridge import TailraceDataSource
 
     session = (
         SparkSession.builder.master("local[2]")

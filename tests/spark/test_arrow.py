@@ -9,11 +9,11 @@ import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BinaryType, DoubleType, StringType, StructField, StructType
 
-from client.records import batches_to_columns, encode_batch, encode_batch_buffers, iter_batches
-from spark_bridge.arrow import ARROW_SCHEMA, SCHEMA, to_record_batch
-from spark_bridge.errors import SchemaError
-from spark_bridge.options import parse_write_options
-from spark_bridge.sink import check_input_schema, chunk_rows, chunks_of
+from tailrace.client.records import batches_to_columns, encode_batch, encode_batch_buffers, iter_batches
+from tailrace.spark_bridge.arrow import ARROW_SCHEMA, SCHEMA, to_record_batch
+from tailrace.spark_bridge.errors import SchemaError
+from tailrace.spark_bridge.options import parse_write_options
+from tailrace.spark_bridge.sink import check_input_schema, chunk_rows, chunks_of
 
 
 def stamped(frame: bytes, base_offset: int) -> bytes:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from client import Admin, Producer
-from spark_bridge.errors import DataLossError
-from spark_bridge.fetch import RangeFetcher, reachable
-from spark_bridge.offsets import OffsetRange
+from tailrace import Admin, Producer
+from tailrace.spark_bridge.errors import DataLossError
+from tailrace.spark_bridge.fetch import RangeFetcher, reachable
+from tailrace.spark_bridge.offsets import OffsetRange
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from client.protocol import PartitionOffsets
-from spark_bridge.errors import DataLossError, OptionError
-from spark_bridge.offsets import OffsetRange, check_ranges, from_json, rate_limit, resolve, split_ranges, to_json
-from spark_bridge.options import EARLIEST, LATEST, parse_offset_spec, parse_read_options, parse_write_options
+from tailrace.client.protocol import PartitionOffsets
+from tailrace.spark_bridge.errors import DataLossError, OptionError
+from tailrace.spark_bridge.offsets import OffsetRange, check_ranges, from_json, rate_limit, resolve, split_ranges, to_json
+from tailrace.spark_bridge.options import EARLIEST, LATEST, parse_offset_spec, parse_read_options, parse_write_options
 
 LOGS = {
     "events": [PartitionOffsets(0, 5, 100, 90), PartitionOffsets(1, 0, 40, 40), PartitionOffsets(2, 10, 10, 10)],

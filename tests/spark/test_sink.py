@@ -7,7 +7,7 @@ import time
 import pytest
 from pyspark.sql import functions as F
 
-from client import Admin, Consumer
+from tailrace import Admin, Consumer
 
 pytestmark = pytest.mark.spark
 
@@ -93,8 +93,8 @@ def test_a_fresh_topic_is_produced_to_straight_from_its_workers(spark_broker, to
     partition up); everything after goes straight to the owning worker."""
     import pyarrow as pa
 
-    from spark_bridge.options import parse_write_options
-    from spark_bridge.sink import produce
+    from tailrace.spark_bridge.options import parse_write_options
+    from tailrace.spark_bridge.sink import produce
 
     Admin(spark_broker.bootstrap).create_topic(topic_name, 2)
     options = parse_write_options({"bootstrap": spark_broker.bootstrap, "topic": topic_name, "acks": "memory",

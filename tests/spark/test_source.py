@@ -7,8 +7,8 @@ import json
 import pytest
 from pyspark.sql import functions as F
 
-from client import Admin, Producer
-from spark_bridge.offsets import to_json, from_json
+from tailrace import Admin, Producer
+from tailrace.spark_bridge.offsets import to_json, from_json
 
 pytestmark = pytest.mark.spark
 

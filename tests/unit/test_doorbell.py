@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 
-from shm.doorbell import Doorbell, Ringer
+from tailrace.shm.doorbell import Doorbell, Ringer
 
 
 def test_a_ring_wakes_the_bell_and_drain_returns_every_ring_once(tmp_path):
@@ -62,9 +62,9 @@ def test_a_successor_takes_the_path_over_and_the_old_owner_leaves_it_alone(tmp_p
 
 
 def test_the_flusher_rings_every_workers_bell_after_a_sync_and_drops_gone_ones(tmp_path):
-    from client.records import encode_batch
+    from tailrace.client.records import encode_batch
 
-    from .storage import make_storage
+    from tailrace.bench.inprocess import make_storage
 
     st = make_storage(tmp_path / "data", partitions=1)
     ipc = st.s.ipc_path()

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import sys
 
-from client.records import encode_batch
+from tailrace.client.records import encode_batch
 
-from .storage import make_storage
+from tailrace.bench.inprocess import make_storage
 
 
 def _lines(fn) -> int:

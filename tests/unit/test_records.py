@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from client.records import (
+from tailrace.client.records import (
     CRC_START, HEADER_BYTES, BatchError, align8, batches_to_columns, encode_batch, encode_batch_buffers,
     iter_batches, read_header, validate_frame,
 )
-from client import records
+from tailrace.client import records
 
 
 def test_round_trip_without_keys():

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client.records import align8, encode_batch
-from persistence.index import ENTRY_DTYPE, index_path
-from persistence.journal import JOURNAL_DIR, list_segments, segment_name
-from persistence.recovery import recover, write_checkpoint
+from tailrace.client.records import align8, encode_batch
+from tailrace.persistence.index import ENTRY_DTYPE, index_path
+from tailrace.persistence.journal import JOURNAL_DIR, list_segments, segment_name
+from tailrace.persistence.recovery import recover, write_checkpoint
 
-from .storage import make_storage
+from tailrace.bench.inprocess import make_storage
 
 
 def _fill(st, batches=40, seed=1):

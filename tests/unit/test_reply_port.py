@@ -10,7 +10,7 @@ import time
 import pytest
 import zmq
 
-from client import protocol as P
+from tailrace.client import protocol as P
 
 log = logging.getLogger("test")
 

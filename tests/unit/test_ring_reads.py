@@ -5,11 +5,11 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from client.protocol import ErrorCode
-from client.records import encode_batch, iter_batches
-from shm.layout import COL
+from tailrace.client.protocol import ErrorCode
+from tailrace.client.records import encode_batch, iter_batches
+from tailrace.shm.layout import COL
 
-from .storage import append_numbered, make_storage
+from tailrace.bench.inprocess import append_numbered, make_storage
 
 
 def test_random_appends_flushes_and_reads_always_return_the_right_batch(tmp_path):
@@ -72,10 +72,10 @@ def test_the_flusher_stages_a_partition_activated_after_its_scan_once_it_rescans
     """The flusher's cycles look only at the rows active at its last full scan; a partition a
     worker adopts later is staged (and made durable) after the rescan its kick b"N" causes, and
     untouched before it, with nothing lost."""
-    from actors.partition import PartitionActor
-    from client.catalog import Catalog
-    from persistence import flusher as flusher_mod
-    from shm.layout import COL
+    from tailrace.actors.partition import PartitionActor
+    from tailrace.broker.catalog import Catalog
+    from tailrace.persistence import flusher as flusher_mod
+    from tailrace.shm.layout import COL
 
     monkeypatch.setattr(flusher_mod, "RESCAN_NS", 1 << 62)  # no timed rescan during the test
     st = make_storage(tmp_path / "data", partitions=1)
@@ -104,8 +104,8 @@ def _stage_run(data_dir, monkeypatch, small: bool, frames: list, plan: list) -> 
     """Run ``plan`` (("append", partition, frame index) / ("cycle",)) on a fresh storage stack
     with the flusher's plain-Python staging on or off; returns the journal's and the indexes'
     bytes, and how often each staging path staged."""
-    from actors import partition as partition_mod
-    from persistence import flusher as flusher_mod
+    from tailrace.actors import partition as partition_mod
+    from tailrace.persistence import flusher as flusher_mod
 
     clock = iter(range(1, 1 << 40))
     monkeypatch.setattr(partition_mod, "now_us", lambda: next(clock))  # the append time is in the frame

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from router.scheduler import StickyScheduler
+from tailrace.router.scheduler import StickyScheduler
 
 
 def test_new_partitions_go_to_the_least_loaded_worker_ties_to_lowest_id():
@@ -81,7 +81,7 @@ def test_every_partition_has_exactly_one_owner_and_loads_add_up(ops, workers):
         assert max(s.load.values()) - min(s.load.values()) <= 1
 
 
-from router.scheduler import Rebalancer
+from tailrace.router.scheduler import Rebalancer
 
 
 def _two_workers_with(loads_w0, loads_w1):

@@ -8,14 +8,14 @@ import random
 import numpy as np
 import pytest
 
-from client.records import encode_batch, iter_batches
-from persistence.recovery import data_dir_id
-from shm.layout import COL
-from shm.ring import LayoutMismatch
-from shm import tail as tail_mod
-from shm.tail import SharedRings, TailStatus
+from tailrace.client.records import encode_batch, iter_batches
+from tailrace.persistence.recovery import data_dir_id
+from tailrace.shm.layout import COL
+from tailrace.shm.ring import LayoutMismatch
+from tailrace.shm import tail as tail_mod
+from tailrace.shm.tail import SharedRings, TailStatus
 
-from .storage import append_numbered, make_storage
+from tailrace.bench.inprocess import append_numbered, make_storage
 
 
 def _check(body: bytes, off: int, next_offset: int) -> int:

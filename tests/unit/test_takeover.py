@@ -7,11 +7,11 @@ import random
 import numpy as np
 import pytest
 
-from actors.partition import PartitionActor
-from client.records import encode_batch, iter_batches
-from persistence.recovery import scan
+from tailrace.actors.partition import PartitionActor
+from tailrace.client.records import encode_batch, iter_batches
+from tailrace.persistence.recovery import scan
 
-from .storage import make_storage
+from tailrace.bench.inprocess import make_storage
 
 
 class Killed(BaseException):

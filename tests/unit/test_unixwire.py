@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from client.unixwire import MAX_FRAMES, U16, U32, FrameReader, WireError, encode
+from tailrace.client.unixwire import MAX_FRAMES, U16, U32, FrameReader, WireError, encode
 
 LIMIT = 1 << 16
 STATS: Counter = Counter()

@@ -9,37 +9,17 @@ import sys
 import time
 from pathlib import Path
 
-from . import serve
-from . import settings as settings_mod
-from . import scaling
-from .catalog import stored_worker_count
-from .admin import Admin
-from .connection import DEFAULT_BOOTSTRAP
-from .consumer import Consumer
-from .errors import TailraceError
-from .producer import Producer
+from tailrace.broker import settings as settings_mod
+from tailrace.broker.catalog import stored_worker_count
+from tailrace.client.admin import Admin
+from tailrace.client.connection import DEFAULT_BOOTSTRAP
+from tailrace.client.consumer import Consumer
+from tailrace.client.errors import TailraceError
+from tailrace.client.producer import Producer
 
-SOURCE_ROOT = Path(__file__).resolve().parents[1]
+from tailrace.ops import scaling, serve
+
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
-
-
-def find_supervisord_conf() -> Path:
-    env = os.environ.get("TAILRACE_SUPERVISORD_CONF")
-    for cand in ([Path(env)] if env else []) + [SOURCE_ROOT / "supervisord.conf", Path.cwd() / "supervisord.conf"]:
-        if cand.is_file():
-            return cand
-    raise SystemExit("supervisord.conf not found: set TAILRACE_SUPERVISORD_CONF or run from the source tree")
-
-
-def serve_env(s: settings_mod.Settings) -> dict[str, str]:
-    """Everything supervisord.conf and the programs read, as environment variables."""
-    env = dict(os.environ)
-    env.update(settings_mod.to_env(s))
-    env["TAILRACE_PYTHON"] = sys.executable
-    env["TAILRACE_LOG_DIR"] = str(Path(s.data_dir) / "logs")
-    env["TAILRACE_RUN_DIR"] = s.ipc_path()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SOURCE_ROOT), env.get("PYTHONPATH", "")) if p)
-    return env
 
 
 def _data_dir(args) -> str:
@@ -65,13 +45,13 @@ def cmd_serve(args) -> int:
         return EXIT_USAGE
     default_run_dir = not s.ipc_dir
     s.ipc_dir = os.path.abspath(s.ipc_path())  # pinned: every program and supervisorctl agree
-    env = serve_env(s)
+    env = serve.serve_env(s)
     if args.print_env:
         for k, v in sorted(env.items()):
-            if k.startswith("TAILRACE_") or k == "PYTHONPATH":
+            if k.startswith("TAILRACE_"):
                 print(f"export {k}={v}")
         return EXIT_OK
-    conf = str(find_supervisord_conf())
+    conf = str(serve.find_supervisord_conf())
     argv = [sys.executable, "-m", "supervisor.supervisord", "-n", "-c", conf]
     return serve.run(s, env, argv, default_run_dir)
 
@@ -147,9 +127,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    # The benchmark suite lives in bench/ (not a dependency of the client); imported on use.
-    sys.path.insert(0, str(SOURCE_ROOT))
-    from bench.runner import main as bench_main
+    from tailrace.bench.runner import main as bench_main
 
     return bench_main(args.bench_args)
 

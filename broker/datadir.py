@@ -52,7 +52,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .errors import TailraceError
+from tailrace.client.errors import TailraceError
 
 LOCK_DIR = "locks"
 BROKER_LOCK = "broker.lock"  # shared by every live process of the broker

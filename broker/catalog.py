@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgspec
 
-from .protocol import MAX_TOPIC_BYTES
+from tailrace.client.protocol import MAX_TOPIC_BYTES
 
 CATALOG_FILE = "topics.json"
 

@@ -6,7 +6,7 @@ they finish. Files are py-spy's "raw" format, one collapsed stack per line with 
 ``outer (file.py:12);inner (file.py:34) 57``. Idle samples (a thread blocked in poll or recv)
 are left out by py-spy, so a process's samples / (rate x seconds) is its busy share.
 
-    python -m bench.profile DIR/*.txt           # top functions, self and inclusive, per file
+    python -m tailrace.bench.profiles DIR/*.txt           # top functions, self and inclusive, per file
 
 py-spy needs ptrace rights on the target (root, or kernel.yama.ptrace_scope = 0). It is
 installed by bench/setup_peers.sh; without it --profile says so and the run goes on.
@@ -107,7 +107,7 @@ def summarise(path: str, top: int = 15) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.profile", description="summarise py-spy raw profiles")
+    ap = argparse.ArgumentParser(prog="python -m tailrace.bench.profiles", description="summarise py-spy raw profiles")
     ap.add_argument("files", nargs="+")
     ap.add_argument("--top", type=int, default=15)
     args = ap.parse_args(argv)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from actors.partition import PartitionActor
-from client import settings as settings_mod
-from client.catalog import Catalog
-from persistence.flusher import Flusher
-from persistence.journal import JournalReader
-from client.records import encode_batch
-from shm import region
+from tailrace.actors.partition import PartitionActor
+from tailrace.broker import settings as settings_mod
+from tailrace.broker.catalog import Catalog
+from tailrace.persistence.flusher import Flusher
+from tailrace.persistence.journal import JournalReader
+from tailrace.client.records import encode_batch
+from tailrace.shm import region
 
 RING_BYTES = 256 * 1024
 

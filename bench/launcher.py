@@ -1,8 +1,10 @@
-"""Start and stop a real broker (supervisord + flusher + router + workers) for tests and benches.
+"""Start and stop a real broker (serve + supervisord + flusher + router + workers) for benches
+and tests.
 
-The broker runs exactly as ``tailrace serve`` runs it, on a temporary data directory and a free
-loopback port. It is stopped by pid (SIGTERM to supervisord, which stops its programs in order);
-``kill9`` kills one program (or all) by pid to simulate crashes.
+The broker runs as ``tailrace serve`` (it *is* ``python -m tailrace serve``), on a given data
+directory and a free loopback port. It is stopped by pid (SIGTERM to ``tailrace serve``, which
+stops supervisord, which stops its programs in order); ``kill9`` kills one program by pid to
+simulate a crash.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-from client.admin import Admin
-from client.errors import TailraceError
-from client import settings as settings_mod
-from shm import region
+from tailrace.client.admin import Admin
+from tailrace.client.errors import TailraceError
+from tailrace.broker import settings as settings_mod
+from tailrace.ops.serve import find_supervisord_conf
+from tailrace.shm import region
 
-ROOT = Path(__file__).resolve().parents[1]
+SUPERVISORD_CONF = find_supervisord_conf()  # the one `tailrace serve` runs (shipped in the package)
 
 
 def free_port() -> int:
@@ -47,7 +50,6 @@ class Broker:
     def env(self) -> dict:
         env = dict(os.environ)
         env.update(settings_mod.to_env(self.settings))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         return env
 
     def spawn(self, *extra: str, stdout=None) -> subprocess.Popen:
@@ -56,8 +58,8 @@ class Broker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.data_dir / "serve.out", "ab") if stdout is None else None
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "client.cli", "serve", "--data-dir", str(self.data_dir), *extra],
-            env=self.env(), stdout=log if log is not None else stdout, stderr=subprocess.STDOUT, cwd=str(ROOT),
+            [sys.executable, "-m", "tailrace", "serve", "--data-dir", str(self.data_dir), *extra],
+            env=self.env(), stdout=log if log is not None else stdout, stderr=subprocess.STDOUT,
         )
         if log is not None:
             log.close()
@@ -87,7 +89,7 @@ class Broker:
     def pids(self) -> dict[str, int]:
         """Program name -> pid, read from supervisorctl."""
         out = subprocess.run(
-            [sys.executable, "-m", "supervisor.supervisorctl", "-c", str(ROOT / "supervisord.conf"), "status"],
+            [sys.executable, "-m", "supervisor.supervisorctl", "-c", str(SUPERVISORD_CONF), "status"],
             env={**self.env(), "TAILRACE_PYTHON": sys.executable, "TAILRACE_LOG_DIR": str(self.data_dir / "logs"),
                  "TAILRACE_RUN_DIR": self.run_dir},
             capture_output=True, text=True, timeout=30,

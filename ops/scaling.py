@@ -20,15 +20,15 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
-from . import settings as settings_mod
-from .admin import Admin
-from .errors import TailraceError
+from tailrace.broker import settings as settings_mod
+from tailrace.client.admin import Admin
+from tailrace.client.errors import TailraceError
 
 BASE_GROUP = "worker"
 EXTRA_DIR = "workers.d"
 EXTRA_PROGRAM = """; written by `tailrace workers set`; removed when the worker is retired
 [program:worker-{k}]
-command=%(ENV_TAILRACE_PYTHON)s -m actors.worker --id {k}
+command=%(ENV_TAILRACE_PYTHON)s -m tailrace.actors.worker --id {k}
 priority=300
 autorestart=true
 startsecs=0

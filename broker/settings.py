@@ -31,7 +31,7 @@ class Settings(msgspec.Struct, kw_only=True):
     write_buffer_bytes: int = 8 * MiB  # the flusher's aligned staging buffer
     checkpoint_interval_ms: int = 10_000  # how often index files are synced and checkpointed
     direct_io: str = "auto"  # "auto": O_DIRECT where the filesystem allows it; "off"
-    ipc_dir: str = ""  # the run directory (sockets, doorbells, pid files); default: client/datadir.py
+    ipc_dir: str = ""  # the run directory (sockets, doorbells, pid files); default: broker/datadir.py
     data_mode: str = "0700"  # data directory and subdirectories; files get this & 0666 (umask rule)
     worker_timeout_ms: int = 3000  # a worker silent this long is declared dead...
     reassign_grace_ms: int = 5000  # ...and its partitions move after this grace unless it returns
@@ -48,7 +48,7 @@ class Settings(msgspec.Struct, kw_only=True):
         return hashlib.sha1(real.encode()).hexdigest()[:10]
 
     def ipc_path(self) -> str:
-        """The run directory: private to the broker's user (client/datadir.py says where and why)."""
+        """The run directory: private to the broker's user (broker/datadir.py says where and why)."""
         return self.ipc_dir or datadir.default_run_dir(self.instance)
 
     @property

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from client import Consumer, Producer
-from client.errors import TailraceError
+from tailrace import Consumer, Producer
+from tailrace.client.errors import TailraceError
 
 REC = 32
 

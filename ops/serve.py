@@ -2,7 +2,7 @@
 
 This process stays in front of supervisord for its whole life instead of exec'ing into it:
 
-- It takes the data directory (client/datadir.py): a second ``tailrace serve`` on the same
+- It takes the data directory (broker/datadir.py): a second ``tailrace serve`` on the same
   directory, or one while processes of an earlier broker still live, refuses within 2 s naming
   their pids, and disturbs nothing.
 - SIGTERM, SIGINT (Ctrl-C) and SIGHUP (the terminal closed) all become one SIGTERM to supervisord:
@@ -23,17 +23,40 @@ import signal
 import subprocess
 import sys
 import time
+from importlib import resources
+from pathlib import Path
 
-from . import datadir
+from tailrace.broker import datadir
+from tailrace.broker import settings as settings_mod
+from tailrace.broker.catalog import store_worker_count
+
 from . import scaling
-from . import settings as settings_mod
-from .catalog import store_worker_count
 
 EXIT_OK = 0
 EXIT_IN_USE = 3  # the data directory belongs to a live broker
 EXIT_UNSAFE = 4  # the run directory is not private
 EXIT_SUPERVISOR_DIED = 5  # supervisord was killed; its programs stopped by themselves
 AFTER_STOP_WAIT_S = 15.0  # for the programs to exit after supervisord died
+
+
+def find_supervisord_conf() -> Path:
+    """The supervisord.conf the broker runs: ``TAILRACE_SUPERVISORD_CONF``, else the one shipped
+    inside the package (the repository's top-level file, in a wheel as in a source checkout)."""
+    env = os.environ.get("TAILRACE_SUPERVISORD_CONF")
+    cand = Path(env) if env else Path(str(resources.files("tailrace") / "supervisord.conf"))
+    if not cand.is_file():
+        raise SystemExit(f"supervisord.conf not found at {cand}")
+    return cand
+
+
+def serve_env(s: settings_mod.Settings) -> dict[str, str]:
+    """Everything supervisord.conf and the programs read, as environment variables."""
+    env = dict(os.environ)
+    env.update(settings_mod.to_env(s))
+    env["TAILRACE_PYTHON"] = sys.executable
+    env["TAILRACE_LOG_DIR"] = str(Path(s.data_dir) / "logs")
+    env["TAILRACE_RUN_DIR"] = s.ipc_path()
+    return env
 
 
 def say(msg: str) -> None:
