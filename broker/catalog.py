@@ -18,7 +18,7 @@ import msgspec
 
 from tailrace.client.protocol import MAX_TOPIC_BYTES
 
-CATALOG_FILE = "topics.json"
+from .datadir import CATALOG_FILE, WORKERS_FILE, write_atomic
 
 
 class TopicEntry(msgspec.Struct):
@@ -34,30 +34,6 @@ class CatalogData(msgspec.Struct):
     next_topic_id: int = 1
     next_slot: int = 0
     topics: dict[str, TopicEntry] = {}
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new content."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-WORKERS_FILE = "workers.json"
 
 
 def stored_worker_count(data_dir) -> int | None:

@@ -54,10 +54,109 @@ from pathlib import Path
 
 from tailrace.client.errors import TailraceError
 
+# --- every name under the data directory and the run directory -----------------------------
+#
+#   <data_dir>/                        mode data_mode (0700), files data_mode & 0666 (0600)
+#     instance.json                    {"id": random}: the directory's identity (shm carries it)
+#     topics.json                      the topic catalog (broker/catalog.py), router writes
+#     workers.json                     {"workers": n}: the count last set
+#     router.json                      {"generation": g}: bumped at every router start (epochs)
+#     journal/<20-digit position>.log  the journal segments (persistence/journal.py)
+#     journal/checkpoint               where recovery may start (persistence/recovery.py)
+#     index/<slot>.index               one dense index per partition (persistence/index.py)
+#     locks/broker.lock, serve.lock,   the ownership locks (this module)
+#       flusher.lock, router.lock, worker-<id>.lock
+#     logs/supervisord.log, <program>.log
+#
+#   <run_dir>/                         0700, ours, made by the broker (prepare_run_dir)
+#     supervisord.pid, supervisor.sock supervisord's own (supervisord.conf)
+#     workers.d/worker-<k>.conf        worker programs added while running (ops/scaling.py)
+#     flusher.bell, worker-<id>.bell   doorbells (shm/doorbell.py)
+#     worker-<id>.ipc, worker-<id>.sock, worker-<id>.pid
+#     slot-<n>.lock                    partition owner locks (actors/fence.py)
+#
+# Every other module takes these names from here; none spells one.
+INSTANCE_FILE = "instance.json"
+CATALOG_FILE = "topics.json"
+WORKERS_FILE = "workers.json"
+ROUTER_FILE = "router.json"
+JOURNAL_DIR = "journal"
+SEGMENT_SUFFIX = ".log"
+CHECKPOINT_FILE = "checkpoint"
+INDEX_DIR = "index"
+INDEX_SUFFIX = ".index"
+LOG_DIR = "logs"
 LOCK_DIR = "locks"
 BROKER_LOCK = "broker.lock"  # shared by every live process of the broker
 SERVE_LOCK = "serve.lock"  # exclusive: the one `tailrace serve` (and its supervisord)
+SUPERVISOR_SOCKET = "supervisor.sock"
+EXTRA_WORKERS_DIR = "workers.d"
+FLUSHER_BELL = "flusher.bell"
 RUN_BASE_NAME = "tailrace"
+
+
+def segment_name(start: int) -> str:
+    """A journal segment's file name: its start position, zero-padded to 20 digits (Kafka's)."""
+    return f"{start:020d}{SEGMENT_SUFFIX}"
+
+
+def index_name(slot: int) -> str:
+    return f"{slot}{INDEX_SUFFIX}"
+
+
+def worker_file(worker_id: int, suffix: str) -> str:
+    """``worker-<id>.<suffix>`` in the run directory: bell, ipc, sock, pid."""
+    return f"worker-{worker_id}.{suffix}"
+
+
+def worker_id_of(name: str, suffix: str) -> int | None:
+    """The id in a ``worker-<id>.<suffix>`` name, else None."""
+    if name.startswith("worker-") and name.endswith("." + suffix):
+        mid = name[len("worker-") : -len(suffix) - 1]
+        return int(mid) if mid.isdigit() else None
+    return None
+
+
+def extra_worker_conf(worker_id: int) -> str:
+    return f"worker-{worker_id}.conf"
+
+
+def slot_lock_name(slot: int) -> str:
+    return f"slot-{slot}.lock"
+
+
+def role_lock_name(role: str) -> str:
+    return f"{role}.lock"
+
+
+def log_dir(data_dir) -> Path:
+    return Path(data_dir) / LOG_DIR
+
+
+# --- small files: replaced atomically ------------------------------------------------------
+
+
+def fsync_dir(path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves the old or the new content: write a
+    temp file, fsync it, rename it over, fsync the directory (the rename is durable only then)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
 DEFAULT_DATA_MODE = 0o700
 UNIX_PATH_MAX = 107  # sun_path is 108 bytes with the terminating NUL
 PR_SET_PDEATHSIG = 1
@@ -334,9 +433,9 @@ def claim_program(data_dir: str, role: str, wait_s: float = 2.0) -> Claim:
         pids = holders(lock_path(data_dir, BROKER_LOCK))
         os.close(broker_fd)
         raise DataDirInUse(in_use_message(data_dir, pids, "a broker that is starting"))
-    role_fd = _open_lock(data_dir, f"{role}.lock")
+    role_fd = _open_lock(data_dir, role_lock_name(role))
     if not _try_flock(role_fd, fcntl.LOCK_EX, 0.0):
-        pids = holders(lock_path(data_dir, f"{role}.lock"))
+        pids = holders(lock_path(data_dir, role_lock_name(role)))
         os.close(role_fd)
         os.close(broker_fd)
         raise DataDirInUse(in_use_message(data_dir, pids, f"another {role}"))

@@ -64,18 +64,21 @@ class Settings(msgspec.Struct, kw_only=True):
 
     def worker_unix_endpoint(self, worker_id: int) -> str:
         """The worker's same-host endpoint (client/unixwire.py), beside its ZeroMQ one."""
-        return f"unix://{self.ipc_path()}/worker-{worker_id}.sock"
+        return "unix://" + os.path.join(self.ipc_path(), datadir.worker_file(worker_id, "sock"))
 
     def worker_endpoint(self, worker_id: int) -> str:
-        return f"ipc://{self.ipc_path()}/worker-{worker_id}.ipc"
+        return "ipc://" + os.path.join(self.ipc_path(), datadir.worker_file(worker_id, "ipc"))
+
+    def worker_pid_path(self, worker_id: int) -> str:
+        return os.path.join(self.ipc_path(), datadir.worker_file(worker_id, "pid"))
 
     def flusher_bell_path(self) -> str:
         """The flusher's doorbell (shm/doorbell.py), which workers ring with their kicks."""
-        return os.path.join(self.ipc_path(), "flusher.bell")
+        return os.path.join(self.ipc_path(), datadir.FLUSHER_BELL)
 
     def worker_bell_path(self, worker_id: int) -> str:
         """A worker's doorbell, which the flusher rings after every sync."""
-        return os.path.join(self.ipc_path(), f"worker-{worker_id}.bell")
+        return os.path.join(self.ipc_path(), datadir.worker_file(worker_id, "bell"))
 
     def validate(self) -> None:
         if self.max_batch_bytes * 4 > self.segment_bytes:

@@ -15,29 +15,43 @@ interface, the one ``supervisorctl`` uses.
 
 from __future__ import annotations
 
+import configparser
 import os
 import time
 import xmlrpc.client
+from importlib import resources
 from pathlib import Path
 
+from tailrace.broker import datadir
 from tailrace.broker import settings as settings_mod
 from tailrace.client.admin import Admin
 from tailrace.client.errors import TailraceError
 
 BASE_GROUP = "worker"
-EXTRA_DIR = "workers.d"
-EXTRA_PROGRAM = """; written by `tailrace workers set`; removed when the worker is retired
-[program:worker-{k}]
-command=%(ENV_TAILRACE_PYTHON)s -m tailrace.actors.worker --id {k}
-priority=300
-autorestart=true
-startsecs=0
-startretries=100
-stopsignal=TERM
-stopwaitsecs=20
-redirect_stderr=true
-stdout_logfile=%(ENV_TAILRACE_LOG_DIR)s/worker-{k}.log
-"""
+
+
+def find_supervisord_conf() -> Path:
+    """The supervisord.conf the broker runs: ``TAILRACE_SUPERVISORD_CONF``, else the one shipped
+    inside the package (the repository's top-level file, in a wheel as in a source checkout)."""
+    env = os.environ.get("TAILRACE_SUPERVISORD_CONF")
+    cand = Path(env) if env else Path(str(resources.files("tailrace") / "supervisord.conf"))
+    if not cand.is_file():
+        raise SystemExit(f"supervisord.conf not found at {cand}")
+    return cand
+
+
+def extra_program(k: int) -> str:
+    """supervisord's ``[program:worker-<k>]`` for one extra worker, made from the ``[program:worker]``
+    section of the supervisord.conf the broker runs (not a copy kept here): the same command,
+    priority, restarts and log, with ``%(process_num)d`` fixed at ``k``."""
+    conf = configparser.RawConfigParser()
+    conf.read(find_supervisord_conf())
+    lines = ["; written by `tailrace workers set`; removed when the worker is retired", f"[program:worker-{k}]"]
+    for key, value in conf.items(f"program:{BASE_GROUP}"):
+        if key in ("numprocs", "process_name"):
+            continue
+        lines.append(f"{key}={value.replace('%(process_num)d', str(k))}")
+    return "\n".join(lines) + "\n"
 
 
 class ScalingError(TailraceError):
@@ -47,14 +61,14 @@ class ScalingError(TailraceError):
 def supervisor(run_dir: str):
     from supervisor.xmlrpc import SupervisorTransport
 
-    sock = os.path.join(run_dir, "supervisor.sock")
+    sock = os.path.join(run_dir, datadir.SUPERVISOR_SOCKET)
     if not os.path.exists(sock):
         raise ScalingError(f"no supervisord socket at {sock}: is `tailrace serve` running for this data directory?")
     return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=SupervisorTransport(None, None, "unix://" + sock))
 
 
 def extra_conf_dir(run_dir: str) -> Path:
-    return Path(run_dir) / EXTRA_DIR
+    return Path(run_dir) / datadir.EXTRA_WORKERS_DIR
 
 
 def clear_extra_workers(run_dir: str) -> None:
@@ -93,7 +107,7 @@ def start_workers(sv, run_dir: str, ids: list[int]) -> None:
     d = extra_conf_dir(run_dir)
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     for k in write:
-        (d / f"worker-{k}.conf").write_text(EXTRA_PROGRAM.format(k=k))
+        (d / datadir.extra_worker_conf(k)).write_text(extra_program(k))
     added, _changed, _removed = sv.supervisor.reloadConfig()[0]
     for k in write:
         if f"worker-{k}" in added:
@@ -110,7 +124,7 @@ def stop_workers(sv, run_dir: str, ids: list[int]) -> None:
             if procs[_extra_name(k)]["statename"] in ("RUNNING", "STARTING", "BACKOFF"):
                 sv.supervisor.stopProcess(_extra_name(k), True)
             sv.supervisor.removeProcessGroup(f"worker-{k}")
-        conf = extra_conf_dir(run_dir) / f"worker-{k}.conf"
+        conf = extra_conf_dir(run_dir) / datadir.extra_worker_conf(k)
         if conf.exists():
             conf.unlink()
 

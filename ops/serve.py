@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import time
-from importlib import resources
 from pathlib import Path
 
 from tailrace.broker import datadir
@@ -31,6 +30,7 @@ from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import store_worker_count
 
 from . import scaling
+from .scaling import find_supervisord_conf
 
 EXIT_OK = 0
 EXIT_IN_USE = 3  # the data directory belongs to a live broker
@@ -39,22 +39,12 @@ EXIT_SUPERVISOR_DIED = 5  # supervisord was killed; its programs stopped by them
 AFTER_STOP_WAIT_S = 15.0  # for the programs to exit after supervisord died
 
 
-def find_supervisord_conf() -> Path:
-    """The supervisord.conf the broker runs: ``TAILRACE_SUPERVISORD_CONF``, else the one shipped
-    inside the package (the repository's top-level file, in a wheel as in a source checkout)."""
-    env = os.environ.get("TAILRACE_SUPERVISORD_CONF")
-    cand = Path(env) if env else Path(str(resources.files("tailrace") / "supervisord.conf"))
-    if not cand.is_file():
-        raise SystemExit(f"supervisord.conf not found at {cand}")
-    return cand
-
-
 def serve_env(s: settings_mod.Settings) -> dict[str, str]:
     """Everything supervisord.conf and the programs read, as environment variables."""
     env = dict(os.environ)
     env.update(settings_mod.to_env(s))
     env["TAILRACE_PYTHON"] = sys.executable
-    env["TAILRACE_LOG_DIR"] = str(Path(s.data_dir) / "logs")
+    env["TAILRACE_LOG_DIR"] = str(datadir.log_dir(s.data_dir))
     env["TAILRACE_RUN_DIR"] = s.ipc_path()
     return env
 

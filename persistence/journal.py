@@ -40,19 +40,15 @@ import os
 import threading
 from pathlib import Path
 
+from tailrace.broker.datadir import JOURNAL_DIR, SEGMENT_SUFFIX, fsync_dir, segment_name
+
 log = logging.getLogger("tailrace.journal")
 
-SEGMENT_SUFFIX = ".log"
-JOURNAL_DIR = "journal"
 BLOCK = 4096
 
 
 class StorageError(OSError):
     """Raised when the journal cannot be written; latched until the flusher restarts."""
-
-
-def segment_name(start: int) -> str:
-    return f"{start:020d}{SEGMENT_SUFFIX}"
 
 
 def list_segments(journal_dir: Path) -> list[int]:
@@ -149,11 +145,7 @@ class Journal:
             else:
                 os.close(fd)
             os.replace(tmp, final)
-            dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            fsync_dir(self.dir)
 
     def prewrite_next_async(self) -> None:
         nxt = self.segment_start + self.segment_bytes

@@ -50,6 +50,7 @@ def cmd_serve(args) -> int:
         for k, v in sorted(env.items()):
             if k.startswith("TAILRACE_"):
                 print(f"export {k}={v}")
+        print(f"# then: supervisord -n -c {serve.find_supervisord_conf()}")
         return EXIT_OK
     conf = str(serve.find_supervisord_conf())
     argv = [sys.executable, "-m", "supervisor.supervisord", "-n", "-c", conf]
@@ -127,7 +128,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from tailrace.bench.runner import main as bench_main
+    from tailrace.bench.runner import main as bench_main  # on use: the command starts without the suite
 
     return bench_main(args.bench_args)
 
