@@ -1,9 +1,10 @@
 """One partition's actor: the single writer of its ring, and its fetch path.
 
 Concurrency contract: an actor lives in exactly one worker process and is driven by that
-worker's one thread. It writes line 1 of its control-table row and its ring; it only reads line 2
-(the flusher's). Its ``RingWriter`` holds the owner epoch it was given: once another actor
-writes a higher epoch into the row, this one is fenced and refuses to append.
+worker's one thread. It writes line 1 of its control-table row (through its ``OwnerRow``, which
+cannot store anything else) and its ring; it only reads line 2 (the flusher's). Its
+``RingWriter`` holds the owner epoch it was given: once another actor writes a higher epoch into
+the row, this one is fenced and refuses to append.
 
 Reads: an offset at or above ``ring_start_offset`` is served from the ring (the ring is the read
 cache; data is readable there before it reaches disk); below it, from the journal through the
@@ -14,32 +15,30 @@ flusher already copied out, so every offset is always in one of the two.
 from __future__ import annotations
 
 import logging
-import struct
+import os
 import time
 from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
+from tailrace.broker.datadir import slot_lock_name
 from tailrace.client.protocol import ErrorCode
-from tailrace.client.records import BatchError, now_us, validate_frame
+from tailrace.client.records import (
+    BASE_OFFSET, COUNT, COUNT_AT, HEADER_BYTES, IDEMPOTENCE, IDEMPOTENCE_AT, LENGTH, STAMP, STAMP_AT, BatchError,
+    align8_array, now_us, validate_frame,
+)
 from tailrace.shm import layout
-from tailrace.shm.layout import COL
-from tailrace.shm.ring import ControlTable, Ring, RingFull, RingWriter, cut_batches
+from tailrace.shm.ring import READ_WINDOW, ControlTable, Ring, RingFull, RingWriter, cut_batches
+from tailrace.shm.rows import OwnerRow
 from tailrace.persistence.index import IndexFile
 from tailrace.persistence.journal import JournalReader
 
 from .dedup import ProducerState
 from .fence import OwnerLock
 
-_COUNT_AT = struct.Struct("<i")  # record_count at byte 36 of a batch header
-_BASE_AT = struct.Struct("<q")  # base_offset at byte 8
-_COUNT_OFFSET = 36
-_IDEMPOTENCE = struct.Struct("<qi")  # producer_id, base_sequence at byte 40 of a batch header
-_IDEMPOTENCE_OFFSET = 40
 DEDUP_LOAD_BATCHES = 4096  # batch headers read from the ring at takeover
 DEDUP_DISK_BATCHES = 64  # ... and from disk when the ring holds fewer
-DESC_WINDOW = 4096  # descriptors looked at per fetch
 READ_DELAY_S = 0.0  # fault injection for tests (settings.debug_read_delay_ms): a slow disk
 log = logging.getLogger("tailrace.partition")
 
@@ -63,23 +62,19 @@ class PartitionActor:
         self.data_dir = data_dir
         self.journal = journal
         row = table.row(slot)
-        if int(row[COL["owner_epoch"]]) > epoch:
-            raise Fenced(f"slot={slot} owner_epoch={int(row[COL['owner_epoch']])} > epoch={epoch}")
-        if not row[COL["active"]]:
+        own = OwnerRow(row)
+        if own.owner_epoch > epoch:
+            raise Fenced(f"slot={slot} owner_epoch={own.owner_epoch} > epoch={epoch}")
+        if not own.active:
             # A partition created after boot: nothing on disk, nothing in any ring yet.
-            row[:] = 0
-            row[COL["slot"]] = slot
-            row[COL["topic_id"]] = topic_id
-            row[COL["partition"]] = partition
-            row[COL["ring_bytes"]] = ring_bytes
-            row[COL["desc_capacity"]] = layout.desc_capacity_for(ring_bytes)
-            row[COL["active"]] = 1
-        self.row = row
-        self.ring = Ring.create_or_attach(instance, slot, int(row[COL["ring_bytes"]]))
-        row[COL["owner_epoch"]] = epoch  # the fence: a previous owner stops at its next check
-        self.writer = RingWriter(self.ring, row, epoch)
+            own.init_identity(slot, topic_id, partition, ring_bytes, layout.desc_capacity_for(ring_bytes))
+        self.row = row  # the raw int64 words (the worker reads them); stores go through owner_row
+        self.owner_row = own  # line 1 is ours to write; lines 0 and 2 are read only
+        self.ring = Ring.create_or_attach(instance, slot, own.ring_bytes)
+        own.owner_epoch = epoch  # the fence: a previous owner stops at its next check
+        self.writer = RingWriter(self.ring, own, epoch)
         self.epoch = epoch
-        self.lock = OwnerLock(f"{lock_dir}/slot-{slot}.lock")
+        self.lock = OwnerLock(os.path.join(lock_dir, slot_lock_name(slot)))
         self.producers = ProducerState()
         self.index: IndexFile | None = None
         self.durable_waiters: deque = deque()  # of (end_offset, reply frames)
@@ -89,9 +84,10 @@ class PartitionActor:
     # --- ownership -----------------------------------------------------------------------
     def reassign(self, epoch: int) -> None:
         """The router re-confirmed this worker as owner under a newer epoch (e.g. it restarted)."""
-        if int(self.row[COL["owner_epoch"]]) > epoch:
-            raise Fenced(f"slot={self.slot} owner_epoch={int(self.row[COL['owner_epoch']])} > epoch={epoch}")
-        self.row[COL["owner_epoch"]] = epoch
+        own = self.owner_row
+        if own.owner_epoch > epoch:
+            raise Fenced(f"slot={self.slot} owner_epoch={own.owner_epoch} > epoch={epoch}")
+        own.owner_epoch = epoch
         self.epoch = self.writer.epoch = epoch
 
     def check_ownership(self) -> bool:
@@ -113,21 +109,21 @@ class PartitionActor:
         """First moment with the lock: state the previous owner left is final now."""
         self.writer.repair()
         self._load_producer_state()
-        log.info("slot %d taken over at epoch %d at offset %d", self.slot, self.epoch, int(self.row[COL["next_offset"]]))
+        log.info("slot %d taken over at epoch %d at offset %d", self.slot, self.epoch, self.owner_row.next_offset)
 
     def _load_producer_state(self) -> None:
-        row, ring = self.row, self.ring
-        tail, head = int(row[COL["desc_tail"]]), int(row[COL["desc_head"]])
+        row, ring = self.owner_row, self.ring
+        tail, head = row.desc_tail, row.desc_head
         first = max(tail, head - DEDUP_LOAD_BATCHES)
         self.producers = ProducerState()
-        if first >= head and int(row[COL["flushed_offset"]]) > 0:
-            self._load_producer_state_from_disk(int(row[COL["ring_start_offset"]]))
+        if first >= head and row.flushed_offset > 0:
+            self._load_producer_state_from_disk(row.ring_start_offset)
         if first >= head:
             return
         descs = ring.descriptors(first, head)
-        at = (descs["position"] % ring.ring_bytes)[:, None] + np.arange(_IDEMPOTENCE_OFFSET, _IDEMPOTENCE_OFFSET + 12)
+        at = (descs["position"] % ring.ring_bytes)[:, None] + np.arange(IDEMPOTENCE_AT, IDEMPOTENCE_AT + IDEMPOTENCE.size)
         raw = np.ascontiguousarray(ring.data[at])
-        pids = raw[:, :8].copy().view("<i8")[:, 0]
+        pids = raw[:, :8].copy().view("<i8")[:, 0]  # IDEMPOTENCE: producer_id (int64), base_sequence (int32)
         seqs = raw[:, 8:12].copy().view("<i4")[:, 0]
         times = np.zeros(len(descs), dtype=np.int64)
         self.producers.load(pids, seqs, descs["count"], descs["base_offset"], times)
@@ -139,9 +135,9 @@ class PartitionActor:
         entries = self.index.read(lo, end_offset - lo)
         starts = np.flatnonzero(entries["rel"] == 0)[-DEDUP_DISK_BATCHES:]
         for i in starts.tolist():
-            head = self.journal.read(int(entries[i]["position"]), 64)
-            pid, seq = _IDEMPOTENCE.unpack_from(head, _IDEMPOTENCE_OFFSET)
-            count = _COUNT_AT.unpack_from(head, _COUNT_OFFSET)[0]
+            head = self.journal.read(int(entries[i]["position"]), HEADER_BYTES)
+            pid, seq = IDEMPOTENCE.unpack_from(head, IDEMPOTENCE_AT)
+            count = COUNT.unpack_from(head, COUNT_AT)[0]
             self.producers.record(pid, seq, count, lo + i, 0)
 
     # --- produce -------------------------------------------------------------------------
@@ -150,12 +146,12 @@ class PartitionActor:
 
         A retried batch (same producer id, base sequence and count as a recent one) is not
         appended again: the original base offset comes back with code OK."""
-        row = self.row
+        row = self.owner_row
         if not self.check_ownership():
             if self.writer.fenced:
                 return ErrorCode.NOT_OWNER, "partition moved to another owner", -1, 0, 0
             return ErrorCode.NOT_READY, "previous owner still holds the partition", -1, 0, 0
-        if row[COL["io_error"]]:
+        if row.io_error:
             return ErrorCode.STORAGE_UNAVAILABLE, "journal cannot be written", -1, 0, 0
         try:
             size, count = validate_frame(body, 0, len(body), max_batch_bytes)
@@ -166,27 +162,33 @@ class PartitionActor:
             return ErrorCode.MALFORMED, f"frame holds {len(body)} bytes, batch frame is {size}", -1, 0, 0
         if size > self.ring.ring_bytes // 2:
             return ErrorCode.BATCH_TOO_LARGE, f"batch of {size} bytes over half the ring ({self.ring.ring_bytes})", -1, 0, 0
-        pid, seq = _IDEMPOTENCE.unpack_from(body, _IDEMPOTENCE_OFFSET)
+        pid, seq = IDEMPOTENCE.unpack_from(body, IDEMPOTENCE_AT)
         if pid >= 0:
             dup = self.producers.find(pid, seq, count)
             if dup is not None:
                 return ErrorCode.OK, "duplicate", dup[2], count, dup[3]
-        base = int(row[COL["next_offset"]])
+        base = row.next_offset
         t = now_us()
+        w = self.writer
         try:
-            self.writer.append(memoryview(body), count, base, t, self.partition, self.topic_id)
+            pos = w.claim(size)
         except RingFull:
             return ErrorCode.BACKPRESSURE, "partition ring full; flusher behind", -1, 0, 0
+        # Claim, copy, stamp, publish: the stamp lands between copy and publish, so no reader
+        # ever sees the frame unstamped, and the ring stays free of record fields.
+        frame = w.copy(pos, memoryview(body), base)
+        STAMP.pack_into(frame, STAMP_AT, base, t, self.partition, self.topic_id)
+        w.publish(pos, size, LENGTH.unpack_from(body)[0], base, count)
         self.producers.record(pid, seq, count, base, t)
         return ErrorCode.OK, "", base, count, t
 
     # --- fetch ---------------------------------------------------------------------------
     @property
     def high_watermark(self) -> int:
-        return int(self.row[COL["next_offset"]])
+        return self.owner_row.next_offset
 
     def watermark(self, isolation: str) -> int:
-        return int(self.row[COL["durable_offset"]]) if isolation == "durable" else int(self.row[COL["next_offset"]])
+        return self.owner_row.durable_offset if isolation == "durable" else self.owner_row.next_offset
 
     def read(self, offset: int, max_bytes: int, max_records: int, isolation: str) -> FetchResult:
         """Serve a fetch here and now, from the ring or (below it) the journal."""
@@ -197,7 +199,7 @@ class PartitionActor:
 
     def _read_disk(self, offset, max_bytes, max_records, hw) -> FetchResult:
         """The journal read on this thread (``read``; tests)."""
-        limit = min(hw, int(self.row[COL["flushed_offset"]]))
+        limit = min(hw, self.owner_row.flushed_offset)
         if offset >= limit:
             return FetchResult(ErrorCode.OK, [], offset, "disk")
         if self.index is None:
@@ -207,36 +209,36 @@ class PartitionActor:
     def read_cached(self, offset: int, max_bytes: int, max_records: int, isolation: str) -> FetchResult | DiskRead:
         """A fetch's answer if it is in memory (the ring, or nothing to read), else the
         ``DiskRead`` to hand to a reader thread: the worker's loop never waits on a disk."""
-        row = self.row
+        row = self.owner_row
         hw = self.watermark(isolation)
-        log_start = int(row[COL["log_start_offset"]])
+        log_start = row.log_start_offset
         if offset < log_start or offset > hw:
             return FetchResult(ErrorCode.OFFSET_OUT_OF_RANGE, [], offset, "")
         if offset == hw:
             return FetchResult(ErrorCode.OK, [], offset, "")
         max_records = max(1, min(max_records, hw - offset))
-        if offset >= int(row[COL["ring_start_offset"]]):
+        if offset >= row.ring_start_offset:
             res = self._read_ring(offset, max_bytes, max_records, hw)
             if res is not None:
                 return res
-        limit = min(hw, int(row[COL["flushed_offset"]]))
+        limit = min(hw, row.flushed_offset)
         if offset >= limit:
             return FetchResult(ErrorCode.OK, [], offset, "disk")
         return DiskRead(self.slot, offset, max_bytes, max_records, limit)
 
     def _read_ring(self, offset, max_bytes, max_records, hw) -> FetchResult | None:
-        row = self.row
-        tail, head = int(row[COL["desc_tail"]]), int(row[COL["desc_head"]])
+        row = self.owner_row
+        tail, head = row.desc_tail, row.desc_head
         if tail >= head:
             return None
         seq = self.ring.find_seq(tail, head, offset)
         if seq < tail:
             return None
-        descs = self.ring.descriptors(seq, min(head, seq + DESC_WINDOW))
+        descs = self.ring.descriptors(seq, min(head, seq + READ_WINDOW))
         k = cut_batches(descs, offset, max_bytes, max_records, hw)
         take = descs[:k]
         first_pos = int(take[0]["position"]) % self.ring.ring_bytes
-        stamped = _BASE_AT.unpack_from(self.ring.mv, first_pos + 8)[0]
+        stamped = BASE_OFFSET.unpack_from(self.ring.mv, first_pos + STAMP_AT)[0]
         if stamped != int(take[0]["base_offset"]):
             # Never serve bytes a descriptor no longer describes; the journal has them.
             log.error("slot %d: ring descriptor seq %d says base %d, bytes say %d (row %s); reading disk",
@@ -279,7 +281,7 @@ def read_disk(index: IndexFile, journal: JournalReader, r: DiskRead) -> FetchRes
     starts[0] = True
     idx = np.flatnonzero(starts)
     bpos = entries["position"][idx]
-    sizes = (entries["length"][idx].astype(np.int64) + 7) & ~7
+    sizes = align8_array(entries["length"][idx])
     bases = offset + idx - entries["rel"][idx]
     k = max(1, int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")))
     bpos, sizes = bpos[:k], sizes[:k]
@@ -297,5 +299,5 @@ def read_disk(index: IndexFile, journal: JournalReader, r: DiskRead) -> FetchRes
         journal.read_into(mv[at : at + n], int(bpos[a]))
         at += n
     mv.release()
-    last_count = _COUNT_AT.unpack_from(out, len(out) - int(sizes[k - 1]) + _COUNT_OFFSET)[0]
+    last_count = COUNT.unpack_from(out, len(out) - int(sizes[k - 1]) + COUNT_AT)[0]
     return FetchResult(ErrorCode.OK, [out], int(bases[k - 1]) + last_count, "disk")

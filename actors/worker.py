@@ -8,7 +8,7 @@ Socket: a ROUTER bound at ``ipc://<ipc_dir>/worker-<id>.ipc``. Two kinds of peer
 - a client addressing the worker directly: ``[client_id, routing, header, body?]``; served only
   for partitions this worker already owns, otherwise NOT_OWNER.
 
-Durable acks wait for the flusher: the worker kicks it (rings its doorbell with ``b"D"``,
+Durable acks wait for the flusher: the worker kicks it (rings its doorbell with ``KICK_DURABLE``,
 shm/doorbell.py) and releases the waiters when the flusher rings this worker's bell after a sync
 and the row's ``durable_offset`` covers them.
 """
@@ -33,7 +33,8 @@ from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import Catalog
 from tailrace.client import unixwire
 from tailrace.shm import layout
-from tailrace.shm.doorbell import Doorbell, Ringer
+from tailrace.persistence.flusher import STAGE_MIN_BYTES
+from tailrace.shm.doorbell import KICK_ADOPTED, KICK_DATA, KICK_DURABLE, Doorbell, Ringer
 from tailrace.shm.layout import COL
 from tailrace.shm.ring import ControlTable, LayoutMismatch
 from tailrace.persistence.index import IndexFile
@@ -46,13 +47,11 @@ from .unix_server import PortMux, UnixServer
 
 log = logging.getLogger("tailrace.worker")
 
-ROUTER_IDENTITY = b"router"
-ASSIGN = struct.Struct("<IQ")
 EXIT_OK = 0
 EXIT_NO_BROKER = 4
 DRAIN_MAX = 512
 KICK_INTERVAL_S = 0.002
-KICK_MIN_BYTES = 64 << 10  # plain data waiting before a worker kicks the flusher (= its STAGE_MIN_BYTES)
+KICK_MIN_BYTES = STAGE_MIN_BYTES  # plain data waiting before a worker kicks the flusher: what it stages at once
 READS_ENDPOINT = "inproc://tailrace-disk-reads"
 
 
@@ -145,11 +144,11 @@ class Worker:
         self.boot_ns = time.time_ns()
         self.reader: DiskReader | None = None  # cold reads off the loop (None: read inline)
         self.appended_bytes: dict[int, int] = {}  # slot -> bytes appended since the last PING
-        self.adopted_new = False  # an actor was made here: tell the flusher (kick b"N") to rescan its rows
+        self.adopted_new = False  # an actor was made here: tell the flusher (kick KICK_ADOPTED) to rescan its rows
 
     # --- dispatch ------------------------------------------------------------------------
     def handle(self, frames: list[bytes]) -> None:
-        if frames[0] == ROUTER_IDENTITY and len(frames) >= 4:
+        if frames[0] == P.ROUTER_IDENTITY and len(frames) >= 4:
             ident, assign, rest = frames[:2], frames[2], frames[3:]
         else:
             ident, assign, rest = frames[:1], None, frames[1:]
@@ -179,9 +178,8 @@ class Worker:
             elif op == P.Op.PING:
                 held = {slot: len(a.parked) + len(a.durable_waiters) for slot, a in self.actors.items()
                         if a.parked or a.durable_waiters}
-                reply(P.ErrorCode.OK, {"worker": self.worker_id, "pid": os.getpid(), "boot_ns": self.boot_ns,
-                                       "partitions": len(self.actors), "bytes": self.appended_bytes,
-                                       "busy": list(held), "held": held})
+                reply(P.ErrorCode.OK, P.PingReply(self.worker_id, os.getpid(), self.boot_ns, len(self.actors),
+                                                  self.appended_bytes, list(held), held))
                 self.appended_bytes = {}
             elif op == P.Op.ADOPT:
                 if assign is not None and self.actor_for(assign, topic, partition, reply) is not None:
@@ -197,10 +195,10 @@ class Worker:
     def actor_for(self, assign: bytes | None, topic: bytes, partition: int, reply):
         """The actor for this request, adopting the partition if the router says we own it."""
         if assign is not None:
-            if len(assign) != ASSIGN.size:
+            if len(assign) != P.ASSIGN.size:
                 reply(P.ErrorCode.MALFORMED, P.ErrorReply("bad assignment frame"))
                 return None
-            slot, epoch = ASSIGN.unpack(assign)
+            slot, epoch = P.ASSIGN.unpack(assign)
             if epoch >= 1 << 63:  # the control row holds epochs as int64
                 reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"owner epoch {epoch} out of range"))
                 return None
@@ -410,6 +408,29 @@ def _with_code(routing: bytes, code: int) -> bytes:
     return P.ROUTING.pack(v, op, code, partition, rid) + routing[P.ROUTING_BYTES:]
 
 
+class KickPolicy:
+    """When a worker rings the flusher's doorbell, after each loop turn.
+
+    - ``KICK_ADOPTED`` first, when an actor was made here: the flusher looks at active rows only.
+    - ``KICK_DURABLE`` at once for a durable waiter: its latency is the ack's latency.
+    - ``KICK_DATA`` for plain data only once KICK_MIN_BYTES wait (or a ring was full), and at most
+      every KICK_INTERVAL_S: the flusher stages a trickle on its own timer, and a kick per loop
+      turn woke it once per message at low rates.
+    A bell that cannot be rung (the flusher is restarting) is tried again next turn."""
+
+    def __init__(self, ringer: Ringer, flusher_bell: str):
+        self.ringer, self.flusher_bell = ringer, flusher_bell
+        self.last_kick = 0.0  # monotonic seconds of the last data or durable kick
+
+    def after_turn(self, worker: "Worker", now: float) -> None:
+        if worker.adopted_new and self.ringer.ring(self.flusher_bell, KICK_ADOPTED):
+            worker.adopted_new = False
+        if worker.durable_added or (worker.unkicked_bytes >= KICK_MIN_BYTES and now - self.last_kick > KICK_INTERVAL_S):
+            if self.ringer.ring(self.flusher_bell, KICK_DURABLE if worker.durable_added else KICK_DATA):
+                self.last_kick = now
+                worker.unkicked_bytes = 0
+
+
 def wait_for_table(s: settings_mod.Settings, timeout_s: float, stop: list) -> ControlTable | None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not stop:
@@ -425,6 +446,107 @@ def wait_for_table(s: settings_mod.Settings, timeout_s: float, stop: list) -> Co
     return None
 
 
+class WorkerProcess:
+    """The worker's sockets and its loop: ``do_work`` is one turn (returns the events served),
+    ``stop`` answers what is parked, gives durable waiters a last chance and closes in reverse."""
+
+    def __init__(self, s: settings_mod.Settings, worker_id: int, table: ControlTable):
+        self.s, self.worker_id, self.table = s, worker_id, table
+        self.worker = worker = Worker(s, worker_id, table)
+        self.ctx = ctx = zmq.Context()
+        self.sock = sock = ctx.socket(zmq.ROUTER)
+        P.ReplyPort.configure(sock)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.MAXMSGSIZE, s.max_frame_bytes)  # a larger part drops the peer, unread
+        sock.bind(s.worker_endpoint(worker_id))
+        self.bell = Doorbell(s.worker_bell_path(worker_id))  # the flusher rings it after every sync
+        self.ringer, self.flusher_bell = Ringer(), s.flusher_bell_path()  # ... and we ring its bell to kick it
+        worker.sock = sock
+        self.reads = ctx.socket(zmq.PULL)
+        self.reads.bind(READS_ENDPOINT)
+        partition_mod.READ_DELAY_S = s.debug_read_delay_ms / 1000
+        worker.reader = DiskReader(ctx, s.data_dir, s.segment_bytes)
+        worker.reader.start()
+        try:  # the same-host socket is an extra: a worker serves ZeroMQ without it
+            self.unix = UnixServer(unixwire.path_of(s.worker_unix_endpoint(worker_id)), log, f"worker {worker_id}",
+                                   max_message=s.max_frame_bytes)
+        except OSError as exc:
+            log.warning("no Unix socket for same-host clients (%s); ZeroMQ only", exc)
+            self.unix = None
+        worker.port = PortMux(P.ReplyPort(sock, log, f"worker {worker_id}"), self.unix)
+        self.poller = zmq.Poller()
+        self.poller.register(sock, zmq.POLLIN)
+        self.unix_fd = self.unix.fileno() if self.unix is not None else -1
+        if self.unix is not None:
+            self.poller.register(self.unix_fd, zmq.POLLIN)
+        self.poller.register(self.bell.fileno(), zmq.POLLIN)
+        self.poller.register(self.reads, zmq.POLLIN)
+        self.kicks = KickPolicy(self.ringer, self.flusher_bell)
+        self.timeout_ms = 100
+        self.last_fence_check = 0.0
+
+    def do_work(self) -> int:
+        """One turn: serve requests, wake ring readers, kick the flusher, release and answer."""
+        worker = self.worker
+        events = dict(self.poller.poll(self.timeout_ms))
+        if self.sock in events:
+            P.drain(self.sock, worker.handle, DRAIN_MAX)
+        if self.unix_fd in events:
+            self.unix.service(worker.handle)
+        if worker.appended:
+            self.table.wake_readers(self.worker_id % layout.WAKE_FLUSHER)  # same-host ring readers (client/ring_reader.py)
+        if self.reads in events:
+            P.drain(self.reads, _ignore, DRAIN_MAX)
+            worker.reader.finish()
+        synced = self.bell.fileno() in events
+        if synced:
+            self.bell.drain()
+        now = time.monotonic()
+        self.kicks.after_turn(worker, now)
+        if worker.waiting_slots:
+            worker.release_durable()
+        next_ms = worker.service_parked(time.monotonic_ns(), synced) if worker.parked_slots else -1
+        worker.appended.clear()
+        worker.durable_added = False
+        if now - self.last_fence_check > 0.05:
+            worker.check_fences()
+            self.last_fence_check = now
+        if worker.port.backlog:
+            worker.port.flush()
+        timeout = 20 if worker.waiting_slots else 100  # a lost sync notice must not strand a waiter
+        if worker.port.backlog:
+            timeout = 2  # replies wait for room in a peer's queue
+        if next_ms >= 0:
+            timeout = min(timeout, max(next_ms, 1))
+        self.timeout_ms = timeout
+        return len(events)
+
+    def stop(self) -> None:
+        """Answer what is parked, give durable waiters a last chance, finish disk reads, close."""
+        worker = self.worker
+        worker.service_parked(1 << 62)
+        deadline = time.monotonic() + 2.0
+        while worker.waiting_slots and time.monotonic() < deadline:
+            self.ringer.ring(self.flusher_bell, KICK_DURABLE)
+            if self.bell.wait(0.05):
+                self.bell.drain()
+            worker.release_durable()
+        deadline = time.monotonic() + 2.0
+        while worker.reader.pending and time.monotonic() < deadline:
+            if self.reads.poll(50):
+                P.drain(self.reads, _ignore, DRAIN_MAX)
+            worker.reader.finish()
+        worker.reader.stop()
+        worker.close()
+        if self.unix is not None:
+            self.unix.close()
+        for sock in (self.sock, self.reads):
+            sock.close(0)
+        self.bell.close()
+        self.ringer.close()
+        self.ctx.term()
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -438,7 +560,7 @@ def main(argv=None) -> int:
         return datadir.EXIT_REFUSED
     stop: list = []
     datadir.stop_on_signals(stop)
-    pid_file = os.path.join(s.ipc_path(), f"worker-{args.id}.pid")
+    pid_file = s.worker_pid_path(args.id)
     with open(pid_file, "w") as f:
         f.write(str(os.getpid()))
     table = wait_for_table(s, 120.0, stop)
@@ -446,102 +568,11 @@ def main(argv=None) -> int:
         log.error("control table not ready (is the flusher running?)")
         datadir.leave_program(claim, (pid_file,))
         return EXIT_NO_BROKER
-    worker = Worker(s, args.id, table)
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    P.ReplyPort.configure(sock)
-    sock.setsockopt(zmq.RCVHWM, 100_000)
-    sock.setsockopt(zmq.MAXMSGSIZE, s.max_frame_bytes)  # a larger part drops the peer, unread
-    sock.bind(s.worker_endpoint(args.id))
-    bell = Doorbell(s.worker_bell_path(args.id))  # the flusher rings it after every sync
-    ringer, flusher_bell = Ringer(), s.flusher_bell_path()  # ... and we ring its bell to kick it
-    worker.sock = sock
-    reads = ctx.socket(zmq.PULL)
-    reads.bind(READS_ENDPOINT)
-    partition_mod.READ_DELAY_S = s.debug_read_delay_ms / 1000
-    worker.reader = DiskReader(ctx, s.data_dir, s.segment_bytes)
-    worker.reader.start()
-    try:  # the same-host socket is an extra: a worker serves ZeroMQ without it
-        unix = UnixServer(unixwire.path_of(s.worker_unix_endpoint(args.id)), log, f"worker {args.id}",
-                          max_message=s.max_frame_bytes)
-    except OSError as exc:
-        log.warning("no Unix socket for same-host clients (%s); ZeroMQ only", exc)
-        unix = None
-    worker.port = PortMux(P.ReplyPort(sock, log, f"worker {args.id}"), unix)
-    poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
-    unix_fd = unix.fileno() if unix is not None else -1
-    if unix is not None:
-        poller.register(unix_fd, zmq.POLLIN)
-    bell_fd = bell.fileno()
-    poller.register(bell_fd, zmq.POLLIN)
-    poller.register(reads, zmq.POLLIN)
+    proc = WorkerProcess(s, args.id, table)
     log.info("worker %d serving on %s", args.id, s.worker_endpoint(args.id))
-    timeout = 100
-    last_fence_check = last_kick = 0.0
     while not stop:
-        events = dict(poller.poll(timeout))
-        if sock in events:
-            P.drain(sock, worker.handle, DRAIN_MAX)
-        if unix_fd in events:
-            unix.service(worker.handle)
-        if worker.appended:
-            table.wake_readers(args.id % layout.WAKE_FLUSHER)  # same-host ring readers (shm/tail.py)
-        if reads in events:
-            P.drain(reads, _ignore, DRAIN_MAX)
-            worker.reader.finish()
-        synced = bell_fd in events
-        if synced:
-            bell.drain()
-        now = time.monotonic()
-        if worker.adopted_new:  # before any data kick of this turn: the flusher looks at active rows only
-            if ringer.ring(flusher_bell, b"N"):
-                worker.adopted_new = False
-        # Kick the flusher at once for a durable waiter (its latency is the ack's latency); for
-        # plain data only once KICK_MIN_BYTES wait (or a ring was full), and at most every
-        # KICK_INTERVAL_S: the flusher stages a trickle on its own timer, and a kick per loop
-        # turn woke it once per message at low rates.
-        if worker.durable_added or (worker.unkicked_bytes >= KICK_MIN_BYTES and now - last_kick > KICK_INTERVAL_S):
-            if ringer.ring(flusher_bell, b"D" if worker.durable_added else b"F"):
-                last_kick = now
-                worker.unkicked_bytes = 0
-        if worker.waiting_slots:
-            worker.release_durable()
-        next_ms = worker.service_parked(time.monotonic_ns(), synced) if worker.parked_slots else -1
-        worker.appended.clear()
-        worker.durable_added = False
-        if now - last_fence_check > 0.05:
-            worker.check_fences()
-            last_fence_check = now
-        if worker.port.backlog:
-            worker.port.flush()
-        timeout = 20 if worker.waiting_slots else 100  # a lost sync notice must not strand a waiter
-        if worker.port.backlog:
-            timeout = 2  # replies wait for room in a peer's queue
-        if next_ms >= 0:
-            timeout = min(timeout, max(next_ms, 1))
-    # Stop: answer what is parked, give durable waiters a last chance, then close.
-    worker.service_parked(1 << 62)
-    deadline = time.monotonic() + 2.0
-    while worker.waiting_slots and time.monotonic() < deadline:
-        ringer.ring(flusher_bell, b"D")
-        if bell.wait(0.05):
-            bell.drain()
-        worker.release_durable()
-    deadline = time.monotonic() + 2.0
-    while worker.reader.pending and time.monotonic() < deadline:
-        if reads.poll(50):
-            P.drain(reads, _ignore, DRAIN_MAX)
-        worker.reader.finish()
-    worker.reader.stop()
-    worker.close()
-    if unix is not None:
-        unix.close()
-    for s_ in (sock, reads):
-        s_.close(0)
-    bell.close()
-    ringer.close()
-    ctx.term()
+        proc.do_work()
+    proc.stop()
     time.sleep(s.debug_stop_delay_ms / 1000)
     datadir.leave_program(claim, (pid_file, s.worker_endpoint(args.id).removeprefix("ipc://")))
     return EXIT_OK

@@ -238,7 +238,7 @@ def partitions(system, o) -> list[dict]:
 def e2e_latency(system, o) -> list[dict]:
     """One case per transport: ``zmq`` (ZeroMQ produce, long-poll fetches: any host) and, for
     tailrace, ``same-host`` (produce over the workers' Unix sockets, the consumer reading the
-    rings: shm/tail.py)."""
+    rings: client/ring_reader.py)."""
     return [_e2e_case(system, o, transport) for transport in _transports(system, o)]
 
 

@@ -26,7 +26,7 @@ from .connection import DEFAULT_BOOTSTRAP, Pool
 from .routes import Routes
 from .errors import OffsetOutOfRangeError
 from .records import Columns, batches_to_columns, iter_batches
-from tailrace.shm.tail import SharedRings, TailStatus
+from .ring_reader import SharedRings, TailStatus
 
 EARLIEST, LATEST = "earliest", "latest"
 RING_WAIT_S = 0.1  # longest futex sleep of a ring-reading consumer with nothing to read
@@ -52,7 +52,7 @@ class _Assigned:
     sent: float = 0.0  # when it was sent (a fetch lost with a broker process is sent again)
     wait_s: float = 0.0  # the max_wait it asked for
     via: str | None = None  # endpoint of the fetch in flight (None: the router)
-    tail: object = None  # shm.tail.PartitionTail when read from the ring (shm=True)
+    tail: object = None  # ring_reader.PartitionTail when read from the ring (shm=True)
     below: bool = False  # the position is below the ring: fetch it
 
 
@@ -72,11 +72,11 @@ class Consumer:
         self.assigned: dict[tuple[str, int], _Assigned] = {}
         self._by_rid: dict[int, _Assigned] = {}
         self.last_reply: dict[tuple[str, int], P.FetchReply] = {}
-        # same_host: read partitions straight from the broker's shared-memory rings (shm/tail.py)
+        # same_host: read partitions straight from the broker's shared-memory rings (client/ring_reader.py)
         # and fetch what is below them over the workers' Unix sockets; falls back to ordinary
         # fetches wherever the rings cannot be mapped (another host or user)
         self.same_host = same_host
-        self._rings = None  # shm.tail.SharedRings once mapped
+        self._rings = None  # ring_reader.SharedRings once mapped
         self._tailed: list[_Assigned] = []
         self._tail_slots = self._tail_pos = np.zeros(0, dtype=np.int64)
         self._fetching = False

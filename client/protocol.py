@@ -38,6 +38,15 @@ PROTOCOL_VERSION = 1
 ROUTING = struct.Struct("<BBHiQ")
 ROUTING_BYTES = ROUTING.size
 MAX_TOPIC_BYTES = 200  # a topic name's UTF-8 bytes at most (catalog.valid_topic_name)
+
+# Router -> worker. The router's DEALER to each worker presents the identity ROUTER_IDENTITY, and
+# every request it forwards carries one frame more than the client sent, right after the client's
+# identity: the assign frame, the partition's slot (u32) and the owner epoch the router placed it
+# with (u64), little-endian. A worker that sees a higher epoch for a slot adopts the partition
+# (fencing the old owner). Only the router sends it; a client never does (PROTOCOL.md, 8).
+ROUTER_IDENTITY = b"router"
+ASSIGN = struct.Struct("<IQ")  # slot, owner epoch
+assert ASSIGN.size == 12
 assert ROUTING_BYTES == 16
 
 
@@ -200,6 +209,44 @@ def echo_topic(topic: bytes) -> bytes:
 # What a header decode can raise on hostile bytes: msgspec's own error, bad UTF-8 in a topic,
 # and RecursionError for msgpack nested past the interpreter's depth (every one is MALFORMED).
 DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
+
+
+class PingReply(msgspec.Struct):
+    """A worker's answer to the router's PING (every HEARTBEAT_S): who and what it is, and the
+    load it saw since its last answer (router/load.py turns these into partition loads)."""
+
+    worker: int
+    pid: int
+    boot_ns: int  # changes when the worker restarts
+    partitions: int  # actors it hosts
+    bytes: dict[int, int] = {}  # slot -> bytes appended since the last PING
+    busy: list[int] = []  # slots with parked fetches or durable waiters now
+    held: dict[int, int] = {}  # slot -> how many of those
+
+
+class WorkerStatus(msgspec.Struct):
+    worker: int
+    endpoint: str
+    partitions: int
+    alive: bool
+    retiring: bool
+
+
+class StatusReply(msgspec.Struct):
+    """The router's STATUS (and SET_WORKERS) answer; ``Admin.status()`` returns it as a dict."""
+
+    pid: int
+    uptime_s: float
+    bind: str
+    data_dir: str
+    generation: int
+    forwarded: int  # produce and fetch requests forwarded to workers
+    moves: list[list[int]]  # [slot, from worker, to worker] of every move since start
+    topics: int
+    partitions: int
+    worker_count: int
+    spread_pending: bool
+    workers: list[WorkerStatus]
 
 
 class Empty(msgspec.Struct):

@@ -42,6 +42,8 @@ from typing import Sequence
 import numpy as np
 from crc32c import crc32c
 
+from tailrace.shm.layout import FRAME_ALIGN, align_frame, align_frames
+
 MAGIC = 0x5452  # "TR"
 VERSION = 1
 HAS_KEYS = 0x01
@@ -66,7 +68,6 @@ HEADER_DTYPE = np.dtype(
 )
 HEADER_BYTES = HEADER_DTYPE.itemsize
 CRC_START = HEADER_DTYPE.fields["record_count"][1]
-FRAME_ALIGN = 8
 OFFSETS_DTYPE = np.dtype("<i4")
 
 # The same header as a struct, for reading one header without making a numpy view.
@@ -81,13 +82,30 @@ assert HEADER_DTYPE.fields["crc"][1] == 32 and CRC_START == 36
 assert HEADER_DTYPE.fields["base_offset"][1] == 8
 assert HEADER_BYTES % FRAME_ALIGN == 0
 
+# Single fields, for code that reads or writes one without a numpy view (the broker's append path,
+# recovery, same-host readers). Positions derive from HEADER_DTYPE, never retyped.
+LENGTH = struct.Struct("<i")  # at LENGTH_AT: the batch's own length (its frame is align8 of it)
+LENGTH_AT = HEADER_DTYPE.fields["length"][1]
+STAMP = struct.Struct("<qqiI")  # what the broker stamps at append: base_offset, append_time_us, partition, topic_id
+STAMP_AT = HEADER_DTYPE.fields["base_offset"][1]
+BASE_OFFSET = struct.Struct("<q")  # at STAMP_AT
+COUNT = struct.Struct("<i")  # record_count, at COUNT_AT
+COUNT_AT = HEADER_DTYPE.fields["record_count"][1]
+IDEMPOTENCE = struct.Struct("<qi")  # producer_id, base_sequence, at IDEMPOTENCE_AT
+IDEMPOTENCE_AT = HEADER_DTYPE.fields["producer_id"][1]
+assert LENGTH_AT == 0 and STAMP_AT == 8 and COUNT_AT == CRC_START == 36 and IDEMPOTENCE_AT == 40
+assert STAMP_AT + STAMP.size == HEADER_DTYPE.fields["crc"][1]  # the stamp ends where the CRC'd part begins
+assert HEADER_DTYPE.fields["base_sequence"][1] == IDEMPOTENCE_AT + 8
+assert [HEADER_DTYPE.fields[f][0].str for f in ("base_offset", "append_time_us", "partition", "topic_id")] == [
+    "<i8", "<i8", "<i4", "<u4"]  # STAMP's "<qqiI", field by field
+
 # Largest count a header may claim before we even look at the body (keeps a lying count from
 # making us allocate): one record needs at least one int32 offset.
 MAX_RECORDS_PER_BATCH = 1 << 24
 
 
-def align8(n: int) -> int:
-    return (n + FRAME_ALIGN - 1) & ~(FRAME_ALIGN - 1)
+align8 = align_frame  # a frame's size for a batch of n bytes (the ring's FRAME_ALIGN)
+align8_array = align_frames  # the same over an array of lengths, as int64
 
 
 def now_us() -> int:

@@ -10,12 +10,13 @@ partition's pending batches), or ``flush_interval_ms`` passed, or ``flush_bytes`
 publish ``durable_offset`` for all partitions at once and notify the workers.
 
 Doorbells (shm/doorbell.py, Unix datagrams in the ipc directory): ``flusher.bell``, which workers
-ring with b"F" ("new data"), b"D" ("a durable waiter") or b"N" ("I adopted a new partition": its
-row is active now); and each worker's ``worker-<id>.bell``, which the flusher rings with b"D"
-after every sync and b"E" once after a latched I/O error.
+ring with ``KICK_DATA`` ("new data"), ``KICK_DURABLE`` ("a durable waiter") or ``KICK_ADOPTED``
+("I adopted a new partition": its row is active now); and each worker's ``worker-<id>.bell``,
+which the flusher rings with ``SYNCED`` after every sync and ``IO_ERROR`` once after a latched
+I/O error.
 
 The flusher is also the boot owner: it creates the control table, runs recovery and marks the
-table READY; workers wait for that before they serve.
+table READY; workers wait for that before they serve (persistence/boot.py).
 """
 
 from __future__ import annotations
@@ -25,23 +26,23 @@ import mmap
 import os
 import select
 import signal
-import struct
 import time
 
 import numpy as np
-import posix_ipc
 
 from tailrace.broker import datadir
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import Catalog
+from tailrace.client.records import align8, align8_array
 from tailrace.shm import layout, region
-from tailrace.shm.doorbell import Doorbell, Ringer
+from tailrace.shm.doorbell import IO_ERROR, KICK_ADOPTED, KICK_DURABLE, SYNCED, Doorbell, Ringer
 from tailrace.shm.layout import COL
-from tailrace.shm.ring import ControlTable, LayoutMismatch, Ring
+from tailrace.shm.ring import ControlTable, Ring
 
-from .index import ENTRY_BYTES, IndexFile, entries_for
+from . import boot as boot_mod
+from .index import ENTRY, IndexFile, entries_for
 from .journal import BLOCK, Journal, StorageError
-from .recovery import data_dir_id, recover, write_checkpoint
+from .recovery import write_checkpoint
 
 log = logging.getLogger("tailrace.flusher")
 
@@ -55,15 +56,13 @@ STORAGE_RETRY_S = 2.0
 # idle tick): at a trickle of single records, staging on every worker kick rewrote the same
 # 4 KiB tail block thousands of times a second and kept a core a third busy for 0.5 MB/s.
 STAGE_MIN_BYTES = 64 << 10
-RESCAN_NS = 1_000_000_000  # full control-table scan for active rows at least this often (kick b"N" sooner)
+RESCAN_NS = 1_000_000_000  # full control-table scan for active rows at least this often (KICK_ADOPTED sooner)
 
 
 # A partition's new batches are staged in plain Python (``Flusher._stage_small``) when there are at
 # most this many and each holds one record: for a few items a struct step beats numpy's ~5 us
 # per call.
 SMALL_RUN = 16
-ENTRY = struct.Struct("<qii")  # index.ENTRY_DTYPE: journal position, batch length, record within the batch
-assert ENTRY.size == ENTRY_BYTES
 
 
 def _align_up(n: int) -> int:
@@ -90,7 +89,7 @@ class Flusher:
         # Slots whose rows are active, as of the last full scan: the per-cycle work looks at
         # these rows only, not all max_slots (4096 strided rows: ~40 us a scan, several scans a
         # cycle). A row becomes active at boot or when a worker adopts a new partition, and the
-        # worker then kicks b"N" (rescan); a scan every RESCAN_NS besides, in case a kick is lost.
+        # worker then kicks KICK_ADOPTED (rescan); a scan every RESCAN_NS besides, in case a kick is lost.
         self.slots = np.zeros(0, dtype=np.int64)
         self.rescanned_ns = 0
         self.ringer: Ringer | None = None  # rings the workers' bells (None in-process: tests)
@@ -106,10 +105,10 @@ class Flusher:
             except FileNotFoundError:
                 names = []
             self.worker_bells = [os.path.join(self.s.ipc_path(), n) for n in sorted(names)
-                                 if n.startswith("worker-") and n.endswith(".bell")]
+                                 if datadir.worker_id_of(n, "bell") is not None]
 
     def notify(self, message: bytes) -> None:
-        """Ring every worker's bell (a worker that adopts a partition kicks b"N" first, and the
+        """Ring every worker's bell (a worker that adopts a partition kicks KICK_ADOPTED first, and the
         rescan that follows finds its bell; gone ones drop out until a rescan finds them again)."""
         if self.ringer is not None:
             self.worker_bells = [p for p in self.worker_bells if self.ringer.ring(p, message)]
@@ -119,93 +118,10 @@ class Flusher:
             self.rescan()
         return self.slots
 
-    # --- boot ----------------------------------------------------------------------------
+    # --- boot (persistence/boot.py) ----------------------------------------------------
     def boot(self) -> None:
-        instance = self.s.instance
-        data_id = data_dir_id(self.s.data_dir, create=True)
-        fresh = False
-        try:
-            self.table = ControlTable.attach(instance)
-            if int(self.table.header["data_id"]) != data_id:
-                log.warning("shared memory belongs to another data directory at this path (data id %d, ours %d): "
-                            "discarding it", int(self.table.header["data_id"]), data_id)
-                self.table.close()
-                self.table = None
-                region.unlink(region.control_name(instance))
-                fresh = True
-        except posix_ipc.ExistentialError:
-            fresh = True
-        except LayoutMismatch as exc:
-            log.warning("%s; discarding it", exc)
-            region.unlink(region.control_name(instance))
-            fresh = True
-        if fresh:
-            stale = region.reclaim_rings(instance)
-            if stale:
-                log.info("reclaimed %d stale ring regions", len(stale))
-            self.table = ControlTable.create(instance, self.s.max_slots)
-            self.table.header["data_id"] = data_id
-        rec = recover(self.s.data_dir, self.s.segment_bytes, self.s.max_batch_bytes, self.catalog)
-        if rec.cut_bytes:
-            log.warning("recovery cut %d bytes of torn journal tail", rec.cut_bytes)
-        self._open_at(rec.end_position)
-        if fresh:
-            self._init_rows(rec.next_offsets)
-            self.table.header["boot_id"] = time.time_ns()
-        else:
-            self._reconcile(rec.next_offsets)
-        self.rescan()
-        self.table.header["flusher_pid"] = os.getpid()
-        self.table.header["state"] = layout.STATE_READY
-        log.info("flusher ready: journal end %d, %d partitions, fresh=%s", rec.end_position, len(rec.next_offsets), fresh)
-
-    def _open_at(self, position: int) -> None:
-        seg = self.journal.segment_of(position)
-        self.journal.open_segment(seg)
-        self.buf_base = position - position % BLOCK
-        self.buf_len = position - self.buf_base
-        if self.buf_len:
-            with open(self.journal.path(seg), "rb") as f:
-                f.seek(self.buf_base - seg)
-                self.buf[: self.buf_len] = f.read(self.buf_len)
-
-    def _init_rows(self, next_offsets: dict[int, int]) -> None:
-        rows = self.table.rows
-        for slot, (topic, partition) in self.catalog.by_slot.items():
-            if slot >= self.table.max_slots:
-                continue
-            nxt = next_offsets.get(slot, 0)
-            r = rows[slot]
-            r[:] = 0
-            r[COL["slot"]] = slot
-            r[COL["topic_id"]] = topic.topic_id
-            r[COL["partition"]] = partition
-            r[COL["ring_bytes"]] = topic.ring_bytes
-            r[COL["desc_capacity"]] = layout.desc_capacity_for(topic.ring_bytes)
-            for name in ("next_offset", "ring_start_offset", "flushed_offset", "durable_offset"):
-                r[COL[name]] = nxt
-            r[COL["active"]] = 1
-
-    def _reconcile(self, next_offsets: dict[int, int]) -> None:
-        """After a flusher-only restart: the journal is the truth for what was flushed."""
-        rows = self.table.rows
-        for slot, journal_next in next_offsets.items():
-            r = rows[slot]
-            if not r[COL["active"]]:
-                continue
-            if int(r[COL["flushed_offset"]]) < journal_next:
-                ring = self._ring(slot)
-                first, head = int(r[COL["flushed_desc"]]), int(r[COL["desc_head"]])
-                descs = ring.descriptors(first, head)
-                k = int(np.searchsorted(descs["base_offset"], journal_next, side="left"))
-                if k:
-                    last = descs[k - 1]
-                    r[COL["flushed_position"]] = int(last["position"]) + ((int(last["length"]) + 7) & ~7)
-                    r[COL["flushed_desc"]] = first + k
-                r[COL["flushed_offset"]] = journal_next
-                log.info("slot %d: journal already held offsets up to %d", slot, journal_next)
-            r[COL["durable_offset"]] = max(int(r[COL["durable_offset"]]), journal_next)
-            r[COL["io_error"]] = 0
+        """Attach or create the control table, recover the journal, publish READY."""
+        boot_mod.boot(self)
 
     # --- the cycle -----------------------------------------------------------------------
     def _ring(self, slot: int) -> Ring:
@@ -266,7 +182,7 @@ class Flusher:
                     return small
         while first < head:
             descs = ring.descriptors(first, head)
-            sizes = (descs["length"].astype(np.int64) + 7) & ~7
+            sizes = align8_array(descs["length"])
             cum = np.cumsum(sizes)
             seg_room = self.journal.segment_start + self.s.segment_bytes - (self.buf_base + self.buf_len)
             room = min(len(self.buf) - self.buf_len, seg_room)
@@ -307,7 +223,7 @@ class Flusher:
         descs = [desc[seq % cap].item() for seq in range(first, head)]  # (position, base, length, count)
         if any(d[3] != 1 for d in descs):
             return None
-        total = sum((d[2] + 7) & ~7 for d in descs)
+        total = sum(align8(d[2]) for d in descs)
         seg_room = self.journal.segment_start + self.s.segment_bytes - (self.buf_base + self.buf_len)
         if total > min(len(self.buf) - self.buf_len, seg_room):
             return None
@@ -317,13 +233,13 @@ class Flusher:
             if base != expect:
                 log.error("slot %d: descriptors not contiguous: offset %d where %d was due; row %s", slot, base,
                           expect, self.table.rows[slot].tolist())
-            size, at, jpos = (length + 7) & ~7, pos % ring_bytes, self.buf_base + self.buf_len
+            size, at, jpos = align8(length), pos % ring_bytes, self.buf_base + self.buf_len
             buf[self.buf_len : self.buf_len + size] = mv[at : at + size]
             self.buf_len += size
             entries.append(ENTRY.pack(jpos, length, 0))
             expect = base + 1
         pos, base, length, _count = descs[-1]
-        self.staged.append((slot, descs[0][1], b"".join(entries), head, pos + ((length + 7) & ~7), base + 1))
+        self.staged.append((slot, descs[0][1], b"".join(entries), head, pos + align8(length), base + 1))
         return total
 
     def _write_out(self) -> None:
@@ -364,7 +280,7 @@ class Flusher:
         self.unsynced_bytes = 0
         self.last_sync_ns = time.monotonic_ns()
         self.table.wake_readers(layout.WAKE_FLUSHER)  # durable_offset moved: isolation "durable" readers
-        self.notify(b"D")
+        self.notify(SYNCED)
 
     def checkpoint(self) -> None:
         """Sync indexes and journal, then name the journal end as the recovery start."""
@@ -383,7 +299,7 @@ class Flusher:
         self.failed = True
         rows = self.table.rows
         rows[rows[:, COL["active"]] == 1, COL["io_error"]] = 1
-        self.notify(b"E")
+        self.notify(IO_ERROR)
 
     # --- shutdown ------------------------------------------------------------------------
     def drain_and_close(self) -> None:
@@ -419,7 +335,7 @@ class Flusher:
 def _workers_alive(s: settings_mod.Settings) -> bool:
     d = s.ipc_path()
     try:
-        names = [n for n in os.listdir(d) if n.startswith("worker-") and n.endswith(".pid")]
+        names = [n for n in os.listdir(d) if datadir.worker_id_of(n, "pid") is not None]
     except FileNotFoundError:
         return False
     for n in names:
@@ -430,6 +346,41 @@ def _workers_alive(s: settings_mod.Settings) -> bool:
         except (ValueError, OSError):
             continue
     return False
+
+
+def run(flusher: Flusher, bell: Doorbell, stop: list) -> None:
+    """The loop: wait for a kick or a tick, stage when it pays, heartbeat; until ``stop`` or a
+    latched storage error has been visible for STORAGE_RETRY_S."""
+    s = flusher.s
+    kicks = select.poll()
+    kicks.register(bell.fileno(), select.POLLIN)
+    idle_ms = max(1, min(10, s.flush_interval_ms))
+    interval_ns = s.flush_interval_ms * 1_000_000
+    failed_at = None
+    busy = False
+    last_work = 0.0
+    while not stop:
+        if flusher.failed:
+            failed_at = failed_at or time.monotonic()
+            if time.monotonic() - failed_at > STORAGE_RETRY_S:
+                log.error("exiting after a storage error; supervisord restarts the flusher")
+                break
+        if kicks.poll(0 if busy else idle_ms):
+            rung = bell.drain()
+            if KICK_DURABLE in rung:
+                flusher.durable_wanted = True
+            if KICK_ADOPTED in rung:  # a worker adopted a new partition: its row is active now
+                flusher.rescan()
+        now = time.monotonic()
+        # A trickle (under STAGE_MIN_BYTES, nobody waiting to be durable) is staged once per
+        # flush interval, when the sync is due, not every tick: each cycle rewrites the
+        # journal's partial tail block. Idle, a tick still runs do_work (checkpoints).
+        sync_due = time.monotonic_ns() - flusher.last_sync_ns >= interval_ns
+        if busy or flusher.durable_wanted or (sync_due and now - last_work >= idle_ms / 1000) \
+                or flusher.unflushed_bytes() >= STAGE_MIN_BYTES:
+            busy = flusher.do_work() >= STAGE_MIN_BYTES
+            last_work = now
+        flusher.table.header["flusher_heartbeat_ns"] = time.monotonic_ns()
 
 
 def main() -> int:
@@ -445,8 +396,6 @@ def main() -> int:
     flusher = Flusher(s)
     bell = Doorbell(s.flusher_bell_path())
     flusher.ringer = Ringer()
-    kicks = select.poll()
-    kicks.register(bell.fileno(), select.POLLIN)
     try:
         flusher.boot()
     except (OSError, StorageError) as exc:
@@ -458,33 +407,7 @@ def main() -> int:
         flusher.ringer.close()
         datadir.leave_program(claim)
         return EXIT_STORAGE
-    idle_ms = max(1, min(10, s.flush_interval_ms))
-    interval_ns = s.flush_interval_ms * 1_000_000
-    failed_at = None
-    busy = False
-    last_work = 0.0
-    while not stop:
-        if flusher.failed:
-            failed_at = failed_at or time.monotonic()
-            if time.monotonic() - failed_at > STORAGE_RETRY_S:
-                log.error("exiting after a storage error; supervisord restarts the flusher")
-                break
-        if kicks.poll(0 if busy else idle_ms):
-            rung = bell.drain()
-            if b"D" in rung:
-                flusher.durable_wanted = True
-            if b"N" in rung:  # a worker adopted a new partition: its row is active now
-                flusher.rescan()
-        now = time.monotonic()
-        # A trickle (under STAGE_MIN_BYTES, nobody waiting to be durable) is staged once per
-        # flush interval, when the sync is due, not every tick: each cycle rewrites the
-        # journal's partial tail block. Idle, a tick still runs do_work (checkpoints).
-        sync_due = time.monotonic_ns() - flusher.last_sync_ns >= interval_ns
-        if busy or flusher.durable_wanted or (sync_due and now - last_work >= idle_ms / 1000) \
-                or flusher.unflushed_bytes() >= STAGE_MIN_BYTES:
-            busy = flusher.do_work() >= STAGE_MIN_BYTES
-            last_work = now
-        flusher.table.header["flusher_heartbeat_ns"] = time.monotonic_ns()
+    run(flusher, bell, stop)
     flusher.drain_and_close()
     bell.close()
     flusher.ringer.close()

@@ -22,18 +22,23 @@ Concurrency contract: the flusher is the only writer; workers read entries below
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
 
-INDEX_DIR = "index"
+from tailrace.broker.datadir import INDEX_DIR, index_name
+
 ENTRY_DTYPE = np.dtype([("position", "<i8"), ("length", "<i4"), ("rel", "<i4")])
 ENTRY_BYTES = ENTRY_DTYPE.itemsize
-assert ENTRY_BYTES == 16
+ENTRY = struct.Struct("<qii")  # one entry without numpy (the flusher's few-batch path)
+assert ENTRY_BYTES == 16 == ENTRY.size
+assert [ENTRY_DTYPE.fields[f][1] for f in ENTRY_DTYPE.names] == [0, 8, 12]
+assert np.array([(-2, -3, 5)], dtype=ENTRY_DTYPE).tobytes() == ENTRY.pack(-2, -3, 5)  # one encoding, two spellings
 
 
 def index_path(data_dir: str | os.PathLike, slot: int) -> Path:
-    return Path(data_dir) / INDEX_DIR / f"{slot}.index"
+    return Path(data_dir) / INDEX_DIR / index_name(slot)
 
 
 def entries_for(positions: np.ndarray, lengths: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -35,17 +35,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tailrace.broker.catalog import Catalog, write_atomic
-from tailrace.client.records import HEADER_BYTES, BatchError, read_header, validate_frame
+from tailrace.broker.catalog import Catalog
+from tailrace.broker.datadir import CHECKPOINT_FILE, INSTANCE_FILE, JOURNAL_DIR, segment_name, write_atomic
+from tailrace.client.records import HEADER_BYTES, BatchError, align8_array, read_header, validate_frame
 
 from .index import ENTRY_DTYPE, IndexFile, entries_for, index_path
-from .journal import JOURNAL_DIR, check_segments, list_segments, segment_name
+from .journal import check_segments, list_segments
 
 log = logging.getLogger("tailrace.recovery")
-CHECKPOINT_FILE = "checkpoint"
-
-
-INSTANCE_FILE = "instance.json"
 
 
 def data_dir_id(data_dir, create: bool = False) -> int | None:
@@ -165,7 +162,7 @@ def _cut_at_first_inconsistent(res: ScanResult, catalog: Catalog, full: bool) ->
             bad = res.position[i]
             log.warning("journal: batch at position %d names topic %d partition %d offset %d, expected %s: cut there",
                         bad, key[0], key[1], base, want if key in known else "a known partition")
-            res.cut_bytes += sum((n + 7) & ~7 for n in res.length[i:])
+            res.cut_bytes += int(align8_array(np.asarray(res.length[i:], dtype=np.int64)).sum())
             for name in ("topic_id", "partition", "base_offset", "count", "position", "length"):
                 del getattr(res, name)[i:]
             res.end = bad

@@ -157,8 +157,8 @@ class StickyScheduler:
 class Rebalancer:
     """When and what to move off an overloaded worker. Pure: the router feeds it loads and time.
 
-    Load of a partition: ``inflight + bytes_per_s / RATE_UNIT`` (requests the worker holds for
-    it, such as parked fetches and durable waiters, plus its decayed append rate in MiB/s);
+    Load of a partition comes from the load model (router/load.py: requests the worker holds
+    for it, such as parked fetches and durable waiters, plus its decayed append rate in MiB/s);
     a worker's load is the sum over its partitions. A move is proposed only when
 
     - the most loaded live worker carries more than ``ratio`` x the least loaded one's load and
@@ -172,8 +172,6 @@ class Rebalancer:
       decayed averages of heartbeat snapshots, and an evenly loaded broker's averages cross the
       band now and then for a beat or two; a real hot spot stays).
     """
-
-    RATE_UNIT = 1 << 20
 
     def __init__(self, ratio: float = 1.5, min_gap: float = 1.0, cooldown_s: float = 30.0, interval_s: float = 2.0,
                  persist_s: float = 0.0):

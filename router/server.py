@@ -23,30 +23,25 @@ import struct
 import time
 from pathlib import Path
 
-import msgspec
 import zmq
 
 from tailrace.broker import datadir
+from tailrace.broker.datadir import ROUTER_FILE, write_atomic
 from tailrace.client import protocol as P
 from tailrace.broker import settings as settings_mod
-from tailrace.broker.catalog import Catalog, store_worker_count, stored_worker_count, valid_topic_name, write_atomic
+from tailrace.broker.catalog import Catalog, stored_worker_count, valid_topic_name
 from tailrace.persistence.recovery import data_dir_id
 from tailrace.shm.layout import ring_region_bytes
 
-from .scheduler import Rebalancer, StickyScheduler
+from .liveness import HEARTBEAT_S, MAX_WORKERS, WorkerLiveness
+from .scheduler import StickyScheduler
 
-HELD_DECAY = 0.5 ** (1 / 4)  # per heartbeat: requests held decay with a half-life of 4 beats
 
 log = logging.getLogger("tailrace.router")
 
-ROUTER_IDENTITY = b"router"
-ASSIGN = struct.Struct("<IQ")
 DRAIN_MAX = 512
 MAX_PARTITIONS = 1024
 MIN_RING_BYTES = 64 * 1024
-HEARTBEAT_S = 0.5
-MAX_WORKERS = 256
-RETIRE_FORCE_S = 5.0  # a retiring worker's partitions with requests in flight move anyway after this
 EXIT_OK = 0
 
 _create_dec = P.decoder(P.CreateTopicRequest)
@@ -56,7 +51,7 @@ _list_offsets_dec = P.decoder(P.ListOffsetsReply)
 
 def next_generation(data_dir: str) -> int:
     """Bump and durably store the router generation: owner epochs only ever grow."""
-    path = Path(data_dir) / "tailrace.router.json"
+    path = Path(data_dir) / ROUTER_FILE
     try:
         gen = int(json.loads(path.read_text())["generation"]) + 1
     except (FileNotFoundError, ValueError, KeyError):
@@ -66,7 +61,10 @@ def next_generation(data_dir: str) -> int:
     return gen
 
 
-class Router:
+class Router(WorkerLiveness):
+    """The front door: client requests, replies, forwarding to owners, topic metadata. Worker
+    liveness and placement over time are router/liveness.py's."""
+
     def __init__(self, s: settings_mod.Settings):
         self.s = s
         self.data_id = 0  # the data directory's identity (for DESCRIBE), once the flusher made it
@@ -83,18 +81,7 @@ class Router:
         self.ctx: zmq.Context | None = None
         self.poller: zmq.Poller | None = None
         self.dealers: dict[int, zmq.Socket] = {}  # worker -> DEALER connected to its endpoint
-        now = time.monotonic()
-        self.last_pong: dict[int, float] = {w: now for w in range(self.count)}  # worker -> last heartbeat
-        self.retiring: dict[int, float] = {}  # worker -> when it was told to retire (workers >= count)
-        self.spread_pending = False  # new workers joined: even out partitions once they answer
-        self.down_since: dict[int, float] = {}  # worker -> when it stopped answering
-        self.seen: set[int] = set()  # workers that answered at least one heartbeat
-        self.rebalancer = Rebalancer(interval_s=s.rebalance_interval_ms / 1000, cooldown_s=s.rebalance_cooldown_ms / 1000,
-                                     persist_s=s.rebalance_persist_ms / 1000)
-        self.rate: dict[int, float] = {}  # slot -> decayed append rate, bytes/s (from heartbeats)
-        self.busy: set[int] = set()  # slots whose owner holds requests for them
-        self.held: dict[int, float] = {}  # slot -> decayed count of requests its owner holds
-        self.moves: list[tuple[int, int, int]] = []  # (slot, from, to), for status and tests
+        WorkerLiveness.__init__(self, s)
         self.started = time.time()
         self.forwarded = 0  # produce and fetch requests forwarded to workers
         # (topic, partition) -> the assignment its owner was last sent (a forwarded request or an
@@ -113,7 +100,7 @@ class Router:
         tb = name.encode()
         for p, slot in enumerate(t.slots):
             w = self.scheduler.place(slot)
-            self.routes[(tb, p)] = (w, ASSIGN.pack(slot, self._epoch()))
+            self.routes[(tb, p)] = (w, P.ASSIGN.pack(slot, self._epoch()))
 
     # --- front door ----------------------------------------------------------------------
     def on_client(self, frames: list[bytes]) -> None:
@@ -220,7 +207,7 @@ class Router:
         rid = self._internal_id
         self.pending[rid] = (ident, routing, name)
         worker, _ = self.routes[(topic, 0)]
-        P.send_frames(self.dealers[worker], [b"", b"\0" * ASSIGN.size, P.pack_routing(P.Op.LIST_OFFSETS, -1, rid, topic), P.EMPTY_MAP])
+        P.send_frames(self.dealers[worker], [b"", b"\0" * P.ASSIGN.size, P.pack_routing(P.Op.LIST_OFFSETS, -1, rid, topic), P.EMPTY_MAP])
 
     def on_worker_reply(self, frames: list[bytes]) -> None:
         """A reply from a worker: to its client as it is, or to the router itself (empty id)."""
@@ -232,7 +219,7 @@ class Router:
     def on_internal_reply(self, frames: list[bytes]) -> None:
         _v, op, code, _p, rid, topic = P.unpack_routing(frames[1])
         if op == P.Op.PING:
-            self.on_heartbeat(msgspec.msgpack.decode(frames[2]))
+            self.on_ping_reply(frames[2])
             return
         if op == P.Op.ADOPT:
             return
@@ -257,188 +244,26 @@ class Router:
             self.data_id = data_dir_id(self.s.data_dir) or 0
         self.port.send([ident, head, P.encode(P.DescribeReply(_info(t), parts, self.s.instance, self.data_id))])
 
-    def status(self) -> dict:
+    def status(self) -> P.StatusReply:
         now = time.monotonic()
-        return {
-            "pid": os.getpid(),
-            "uptime_s": round(time.time() - self.started, 3),
-            "bind": self.s.bind,
-            "data_dir": os.path.realpath(self.s.data_dir),
-            "generation": self.generation,
-            "forwarded": self.forwarded,
-            "moves": [list(m) for m in self.moves],
-            "topics": len(self.catalog.data.topics),
-            "partitions": sum(t.partitions for t in self.catalog.data.topics.values()),
-            "worker_count": self.count,
-            "spread_pending": self.spread_pending,
-            "workers": [
-                {"worker": w, "endpoint": self.s.worker_endpoint(w), "partitions": len(self.scheduler.partitions_of(w)),
-                 "alive": self._answering(w, now), "retiring": w in self.retiring}
+        return P.StatusReply(
+            pid=os.getpid(),
+            uptime_s=round(time.time() - self.started, 3),
+            bind=self.s.bind,
+            data_dir=os.path.realpath(self.s.data_dir),
+            generation=self.generation,
+            forwarded=self.forwarded,
+            moves=[list(m) for m in self.moves],
+            topics=len(self.catalog.data.topics),
+            partitions=sum(t.partitions for t in self.catalog.data.topics.values()),
+            worker_count=self.count,
+            spread_pending=self.spread_pending,
+            workers=[
+                P.WorkerStatus(w, self.s.worker_endpoint(w), len(self.scheduler.partitions_of(w)), self._answering(w, now),
+                               w in self.retiring)
                 for w in sorted(set(range(self.count)) | set(self.retiring))
             ],
-        }
-
-    def _answering(self, w: int, now: float) -> bool:
-        return w in self.seen and w not in self.down_since and now - self.last_pong.get(w, 0.0) < self.s.worker_timeout_ms / 1000
-
-    # --- growing and shrinking the worker set ------------------------------------------------
-    def set_workers(self, n: int) -> None:
-        """Place partitions on workers 0..n-1 from now on (``tailrace workers set``).
-
-        Growing: new workers get a DEALER now and partitions once they answer a heartbeat (then
-        ``spread`` evens partition counts out, moving only idle partitions). Shrinking: workers
-        n.. take no new partitions and are drained by ``drain_retiring``; the command stops
-        their processes once the status shows them empty. Every move is a new owner epoch plus
-        ADOPT, as for rebalancing: the old owner is fenced before the new one appends."""
-        now = time.monotonic()
-        for w in range(n):
-            if w in self.retiring:  # retiring, wanted again
-                del self.retiring[w]
-                if w in self.seen and w not in self.down_since:
-                    self.scheduler.mark_alive(w)
-            elif w >= self.count:
-                self._connect(w)
-                self.scheduler.add_worker(w)
-                self.last_pong[w] = now
-                self.seen.discard(w)
-                self.down_since.pop(w, None)
-        for w in range(n, self.count):
-            self.retiring[w] = now
-            self.scheduler.mark_dead(w)  # takes nothing new; its partitions move in drain_retiring
-        if n > self.count:
-            self.spread_pending = True
-        log.info("worker count %d -> %d (retiring %s)", self.count, n, sorted(self.retiring))
-        self.count = n
-        store_worker_count(self.s.data_dir, n)
-        self.drain_retiring()
-
-    def _connect(self, w: int) -> None:
-        if w in self.dealers or self.ctx is None:
-            return
-        d = self.ctx.socket(zmq.DEALER)
-        d.setsockopt(zmq.IDENTITY, ROUTER_IDENTITY)
-        d.setsockopt(zmq.SNDHWM, 100_000)
-        d.setsockopt(zmq.RCVHWM, 100_000)
-        d.setsockopt(zmq.LINGER, 0)
-        d.connect(self.s.worker_endpoint(w))
-        self.dealers[w] = d
-        self.poller.register(d, zmq.POLLIN)
-
-    def _disconnect(self, w: int) -> None:
-        d = self.dealers.pop(w, None)
-        if d is not None:
-            self.poller.unregister(d)
-            d.close(0)
-
-    def drain_retiring(self) -> None:
-        if not self.scheduler.alive:
-            return  # nowhere to move to yet (every remaining worker silent): wait
-        now = time.monotonic()
-        for w, since in list(self.retiring.items()):
-            force = now - since > RETIRE_FORCE_S
-            for slot in self.scheduler.partitions_of(w):
-                if slot in self.busy and not force:
-                    continue
-                to = self.scheduler.least_loaded()
-                self.scheduler.move(slot, to)
-                self._moved(slot, w, to)
-            if not self.scheduler.partitions_of(w):
-                del self.retiring[w]
-                self.scheduler.forget(w)
-                self._disconnect(w)
-                self.last_pong.pop(w, None)
-                self.down_since.pop(w, None)
-                self.seen.discard(w)
-                log.info("worker %d retired: it owns no partitions", w)
-
-    def maybe_spread(self) -> None:
-        if not self.spread_pending:
-            return
-        now = time.monotonic()
-        if not all(self._answering(w, now) for w in range(self.count)):
-            return  # wait for every new worker's first heartbeat
-        moves, balanced = self.scheduler.spread(self.busy)
-        for slot, src, dst in moves:
-            self._moved(slot, src, dst)
-        self.spread_pending = not balanced
-
-    # --- placement over time: heartbeats, dead workers, rebalancing -------------------------
-    def on_heartbeat(self, info: dict) -> None:
-        w, now = info["worker"], time.monotonic()
-        if w >= self.count and w not in self.retiring:
-            return  # a worker outside the set (retired, or left over): it gets nothing
-        dt = max(now - self.last_pong.get(w, now - 1.0), 0.1)
-        self.last_pong[w] = now
-        self.seen.add(w)
-        if self.down_since.pop(w, None) is not None:
-            log.info("worker %d answers again", w)
-        if w not in self.retiring:
-            self.scheduler.mark_alive(w)
-        got = {int(k): v for k, v in info.get("bytes", {}).items()}
-        for slot in self.scheduler.partitions_of(w):
-            self.rate[slot] = 0.5 * self.rate.get(slot, 0.0) + 0.5 * got.get(slot, 0) / dt  # half-life: one beat
-        mine = set(self.scheduler.partitions_of(w))
-        self.busy = (self.busy - mine) | (set(info.get("busy", ())) & mine)
-        # Requests the worker holds per partition (parked fetches + durable waiters), decayed like
-        # the rate: one heartbeat's snapshot flickers (a tailing consumer's fetch is parked at one
-        # beat and in flight at the next), and load built on snapshots moved partitions of an
-        # evenly loaded broker.
-        held = {int(k): v for k, v in info.get("held", {}).items()}
-        for slot in mine:  # half-life: four beats (2 s)
-            self.held[slot] = HELD_DECAY * self.held.get(slot, 0.0) + (1 - HELD_DECAY) * held.get(slot, 0)
-        self.scheduler.set_traffic(w, sum(self.slot_load(slot) for slot in mine))
-
-    def slot_load(self, slot: int) -> float:
-        """A partition's load: requests held (decayed) + its decayed append rate in MiB/s."""
-        return self.held.get(slot, 0.0) + self.rate.get(slot, 0.0) / Rebalancer.RATE_UNIT
-
-    def check_workers(self) -> None:
-        """Declare silent workers dead; move their partitions after the grace (Talos' delay)."""
-        now = time.monotonic()
-        for w in range(self.count):
-            silent = now - self.last_pong.get(w, now)
-            if silent > self.s.worker_timeout_ms / 1000 and w not in self.down_since:
-                self.down_since[w] = now
-                log.warning("worker %d silent for %.1f s: declared dead, reassigning in %.1f s unless it returns",
-                            w, silent, self.s.reassign_grace_ms / 1000)
-            since = self.down_since.get(w)
-            if since is not None and now - since > self.s.reassign_grace_ms / 1000 and w in self.scheduler.alive \
-                    and len(self.scheduler.alive) > 1:
-                self.scheduler.mark_dead(w)
-                for slot, to in self.scheduler.evacuate(w):
-                    self._moved(slot, w, to)
-
-    def maybe_rebalance(self) -> None:
-        if not self.s.rebalance:
-            return
-        load = {slot: self.slot_load(slot) for slot in self.scheduler.owner}
-        plan = self.rebalancer.plan(self.scheduler, load, self.busy, time.monotonic())
-        if plan is not None:
-            slot, src, dst = plan
-            self.scheduler.move(slot, dst)
-            self.rebalancer.moved(slot, time.monotonic())
-            self._moved(slot, src, dst)
-
-    def _moved(self, slot: int, src: int, dst: int) -> None:
-        """Route ``slot`` to ``dst`` under a new epoch and have it adopt (which fences ``src``)."""
-        found = self.catalog.topic_of_slot(slot)
-        if found is None:
-            return
-        topic, p = found
-        assign = ASSIGN.pack(slot, self._epoch())
-        self.routes[(topic.name.encode(), p)] = (dst, assign)
-        self.moves.append((slot, src, dst))
-        log.info("partition %s/%d (slot %d) moved from worker %d to worker %d", topic.name, p, slot, src, dst)
-        P.send_frames(self.dealers[dst], [b"", assign, P.pack_routing(P.Op.ADOPT, p, 0, topic.name.encode()), P.EMPTY_MAP])
-        self.told[(topic.name.encode(), p)] = assign
-
-    def ping_workers(self) -> None:
-        for d in self.dealers.values():
-            try:  # a worker that is down queues pings up to the HWM; never block the loop on it
-                P.send_frames(d, [b"", b"\0" * ASSIGN.size, P.pack_routing(P.Op.PING, -1, 0, b""), P.EMPTY_MAP], P.NOBLOCK)
-            except zmq.Again:
-                pass
-
+        )
 
 def _info(t) -> P.TopicInfo:
     return P.TopicInfo(t.name, t.topic_id, t.partitions, t.ring_bytes)
@@ -479,11 +304,7 @@ def main() -> int:
             router.port.flush()
         now = time.monotonic()
         if now - last_ping > HEARTBEAT_S:
-            router.ping_workers()
-            router.check_workers()
-            router.drain_retiring()
-            router.maybe_spread()
-            router.maybe_rebalance()
+            router.tick()
             last_ping = now
     front.close(0)
     for d in router.dealers.values():

@@ -1,8 +1,8 @@
 """Doorbells: one-byte Unix datagrams that wake a process blocked in poll.
 
-The flusher's kicks (a worker says b"D": a durable ack waits; b"F": plain data waits; b"N": it
-adopted a new partition) and its sync notices to the workers (b"D" after every sync, b"E" after a
-latched I/O error) go straight from one process's main thread to the other's: one ``sendto`` on a
+The flusher's kicks (a worker rings ``KICK_DURABLE``: a durable ack waits; ``KICK_DATA``: plain
+data waits; ``KICK_ADOPTED``: it adopted a new partition) and its notices to the workers
+(``SYNCED`` after every sync, ``IO_ERROR`` after a latched I/O error) go straight from one process's main thread to the other's: one ``sendto`` on a
 Unix datagram socket bound in the broker's 0700 ipc directory, one ``recv`` at the other end. Over
 ZeroMQ each also crossed the I/O threads of both ends, so a kick or a sync notice woke three
 threads instead of one, on the durable ack's path (docs/BENCHMARKS.md, "The flusher's cycle
@@ -20,6 +20,13 @@ from __future__ import annotations
 import os
 import select
 import socket
+
+# The messages: one byte each. Every sender and receiver uses these names.
+KICK_DURABLE = b"D"  # worker -> flusher: a durable ack waits; sync soon (group commit)
+KICK_DATA = b"F"  # worker -> flusher: plain data waits past the kick threshold
+KICK_ADOPTED = b"N"  # worker -> flusher: I adopted a partition; its control row is active now
+SYNCED = b"D"  # flusher -> workers: a sync finished; durable watermarks moved
+IO_ERROR = b"E"  # flusher -> workers: the journal latched an I/O error
 
 DRAIN_MAX = 10_000  # datagrams read per drain (each is one byte; the queue holds a few hundred)
 

@@ -16,7 +16,7 @@ Two kinds of POSIX shared-memory region exist per broker instance (one instance 
         slot | topic_id | partition | active | ring_bytes | desc_capacity | log_start_offset | -
     line 1  (written only by the actor that owns the partition)
         owner_epoch | write_position | next_offset | desc_head | desc_tail | ring_start_offset
-        | durable_wanted | -
+        | - | -
     line 2  (written only by the flusher)
         flushed_desc | flushed_position | flushed_offset | durable_offset | io_error | - | - | -
 
@@ -82,7 +82,7 @@ ROW_FIELDS = [
     "slot", "topic_id", "partition", "active", "ring_bytes", "desc_capacity", "log_start_offset", "_r0",
     # line 1: the owning actor
     "owner_epoch", "write_position", "next_offset", "desc_head", "desc_tail", "ring_start_offset",
-    "durable_wanted", "_r1",
+    "_r1a", "_r1",  # _r1a (byte 112) was durable_wanted, never used: reserved, zero
     # line 2: the flusher
     "flushed_desc", "flushed_position", "flushed_offset", "durable_offset", "io_error", "_r2", "_r3", "_r4",
 ]
@@ -91,6 +91,20 @@ ROW_BYTES = ROW_DTYPE.itemsize
 ROW_WORDS = ROW_BYTES // 8
 # Column index of every field in the int64[max_slots, ROW_WORDS] view (derived, never retyped).
 COL = {name: ROW_DTYPE.fields[name][1] // 8 for name in ROW_FIELDS}
+# Named columns, for the code that indexes rows (row[C_WRITE_POSITION]) without a dict lookup.
+(C_SLOT, C_TOPIC_ID, C_PARTITION, C_ACTIVE, C_RING_BYTES, C_DESC_CAPACITY, C_LOG_START_OFFSET) = (
+    COL[n] for n in ("slot", "topic_id", "partition", "active", "ring_bytes", "desc_capacity", "log_start_offset"))
+(C_OWNER_EPOCH, C_WRITE_POSITION, C_NEXT_OFFSET, C_DESC_HEAD, C_DESC_TAIL, C_RING_START_OFFSET) = (
+    COL[n] for n in ("owner_epoch", "write_position", "next_offset", "desc_head", "desc_tail", "ring_start_offset"))
+(C_FLUSHED_DESC, C_FLUSHED_POSITION, C_FLUSHED_OFFSET, C_DURABLE_OFFSET, C_IO_ERROR) = (
+    COL[n] for n in ("flushed_desc", "flushed_position", "flushed_offset", "durable_offset", "io_error"))
+# Which cache line (and so which single writer) each column belongs to; shm/rows.py turns this
+# into types (OwnerRow stores OWNER_COLUMNS only, FlusherRow FLUSHER_COLUMNS only).
+IDENTITY_COLUMNS = range(0, 8)  # boot / attach
+OWNER_COLUMNS = range(8, 16)  # the owning actor
+FLUSHER_COLUMNS = range(16, 24)  # the flusher
+assert C_OWNER_EPOCH in OWNER_COLUMNS and C_RING_START_OFFSET in OWNER_COLUMNS
+assert C_FLUSHED_DESC in FLUSHER_COLUMNS and C_IO_ERROR in FLUSHER_COLUMNS
 assert ROW_BYTES == 3 * CACHE_LINE
 assert ROW_DTYPE.fields["owner_epoch"][1] == CACHE_LINE
 assert ROW_DTYPE.fields["flushed_desc"][1] == 2 * CACHE_LINE
@@ -119,6 +133,21 @@ DESCRIPTOR_DTYPE = np.dtype(
 )
 DESCRIPTOR_BYTES = DESCRIPTOR_DTYPE.itemsize
 assert DESCRIPTOR_BYTES == 24
+
+# Frames in a ring (and in the journal, which copies them) start at multiples of FRAME_ALIGN:
+# a batch of ``length`` bytes takes ``align_frame(length)``. The ring knows this much of a frame
+# and nothing more; client/records.py re-exports it as the format's padding (align8).
+FRAME_ALIGN = 8
+
+
+def align_frame(length: int) -> int:
+    return (length + FRAME_ALIGN - 1) & ~(FRAME_ALIGN - 1)
+
+
+def align_frames(lengths: np.ndarray) -> np.ndarray:
+    """``align_frame`` of every element, as int64 (no Python step per element)."""
+    return (lengths.astype(np.int64) + (FRAME_ALIGN - 1)) & ~(FRAME_ALIGN - 1)
+
 
 # One descriptor per this many ring bytes: batches smaller than this on average fill the
 # descriptor ring before the data ring (the writer then reports backpressure just the same).

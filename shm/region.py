@@ -8,12 +8,12 @@ last mapping goes. Fresh pages are slow to touch the first time (about 1 GiB/s h
 What this means for us: a region outlives a crash of any broker process. That is what makes an
 acknowledgement at level ``memory`` survive a process crash; it is also why regions must be
 unlinked on a clean shutdown and why stale ones must be found by name at boot. Names carry an
-instance id derived from the data directory, so two brokers on one host never share a region.
+instance id derived from the data directory (``Settings.instance``, broker/settings.py), so two
+brokers on one host never share a region.
 """
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 from pathlib import Path
@@ -23,11 +23,6 @@ import posix_ipc
 SHM_DIR = Path("/dev/shm")
 NAME_PREFIX = "tailrace-"
 MODE = 0o600  # owner-only
-
-
-def instance_id(data_dir: str | os.PathLike) -> str:
-    real = os.path.realpath(os.fspath(data_dir))
-    return hashlib.sha1(real.encode()).hexdigest()[:10]
 
 
 def control_name(instance: str) -> str:

@@ -1,9 +1,10 @@
 """The control table and the per-partition single-producer ring (layouts in shm/layout.py).
 
 Concurrency contract: for a partition, exactly one actor (the owner, fenced by ``owner_epoch``)
-calls ``RingWriter.append``; the flusher reads ``[flushed, head)`` and never writes line 1 of
-the row; the writer never overwrites bytes the flusher has not yet copied out (it checks
-``flushed_position`` and ``flushed_desc`` before claiming space). Reads of already-published
+claims, copies and publishes through ``RingWriter``, which stores only line 1 of the row (an
+``OwnerRow``, shm/rows.py); the flusher reads ``[flushed, head)`` and never writes line 1; the
+writer never overwrites bytes the flusher has not yet copied out (it checks ``flushed_position``
+and ``flushed_desc`` before claiming space). Reads of already-published
 batches by the owner (fetch) are safe because only the owner overwrites them.
 NOT safe: two writers on one ring; a reader outside the owner relying on bytes below
 ``desc_tail`` (they may be overwritten at any time).
@@ -12,16 +13,12 @@ NOT safe: two writers on one ring; a reader outside the owner relying on bytes b
 from __future__ import annotations
 
 import ctypes
-import struct
 
 import numpy as np
 
 from . import futex, layout
-from .layout import COL
 from .region import Region, control_name, ring_name
-
-_STAMP = struct.Struct("<qqiI")  # base_offset, append_time_us, partition, topic_id at byte 8
-_LENGTH = struct.Struct("<i")  # the batch length at byte 0
+from .rows import OwnerRow
 
 
 class LayoutMismatch(RuntimeError):
@@ -177,7 +174,7 @@ class Ring:
         if len(descs) == 0:
             return []
         pos = descs["position"]
-        ends = pos + ((descs["length"].astype(np.int64) + 7) & ~7)
+        ends = pos + layout.align_frames(descs["length"])
         # A run ends where positions jump (the skipped tail of a lap) and also where a batch
         # starts a new lap exactly at byte 0: contiguous positions, but not contiguous bytes.
         breaks = np.flatnonzero((pos[1:] != ends[:-1]) | (pos[1:] % self.ring_bytes == 0)) + 1
@@ -197,12 +194,15 @@ class Ring:
         self.region.close()
 
 
+READ_WINDOW = 4096  # descriptors one read looks at (a fetch on the worker, a same-host ring read)
+
+
 def cut_batches(descs: np.ndarray, offset: int, max_bytes: int, max_records: int, hw: int) -> int:
     """How many of these consecutive descriptors (the first holds ``offset``) one read returns:
     at least one; stop at ``max_bytes`` of frames, ``max_records`` records from ``offset``, and
     batches wholly below the watermark ``hw``."""
     bases, counts = descs["base_offset"], descs["count"]
-    sizes = (descs["length"].astype(np.int64) + 7) & ~7
+    sizes = layout.align_frames(descs["length"])
     ends = bases + counts
     k = len(bases)
     k = min(k, int(np.searchsorted(ends, hw, side="right")))
@@ -217,55 +217,62 @@ class RingFull(Exception):
 
 
 class RingWriter:
-    """The single writer of one ring. Holds the owner epoch it was given; ``fenced`` tells
-    whether another owner has since taken over (then it must not write)."""
+    """The single writer of one ring: ``claim`` a position, ``copy`` the frame in, ``publish``
+    it (Aeron's tryClaim/commit). Between copy and publish the caller may change the frame's
+    bytes (the partition actor stamps the header there): the ring itself knows no record field.
+    Holds the owner epoch it was given and the row's ``OwnerRow`` (it stores line 1 only);
+    ``fenced`` tells whether another owner has since taken over (then it must not write)."""
 
-    def __init__(self, ring: Ring, row: np.ndarray, epoch: int):
+    def __init__(self, ring: Ring, row: OwnerRow, epoch: int):
         self.ring = ring
         self.row = row
         self.epoch = epoch
 
     @property
     def fenced(self) -> bool:
-        return int(self.row[COL["owner_epoch"]]) != self.epoch
+        return self.row.owner_epoch != self.epoch
 
     def claim(self, frame_bytes: int) -> int:
         """Return the absolute position where a frame of this size goes; raise RingFull."""
         row, cap = self.row, self.ring.ring_bytes
         if frame_bytes > cap // 2:
             raise ValueError(f"frame of {frame_bytes} bytes can never fit a ring of {cap}")
-        pos = int(row[COL["write_position"]])
+        pos = row.write_position
         idx = pos % cap
         if idx + frame_bytes > cap:
             pos += cap - idx  # skip to the next lap: batches never straddle the end
-        if pos + frame_bytes - cap > int(row[COL["flushed_position"]]):
+        if pos + frame_bytes - cap > row.flushed_position:
             raise RingFull
-        head = int(row[COL["desc_head"]])
-        if head - int(row[COL["flushed_desc"]]) >= self.ring.desc_capacity:
+        if row.desc_head - row.flushed_desc >= self.ring.desc_capacity:
             raise RingFull
         return pos
 
-    def append(self, frame: memoryview, count: int, base_offset: int, append_time_us: int,
-               partition: int, topic_id: int) -> int:
-        """Copy one validated batch frame in, stamp it, publish it. Returns its position.
+    def copy(self, pos: int, frame: memoryview, base_offset: int) -> memoryview:
+        """Copy a frame in at ``pos`` (from ``claim``); return the ring's bytes of it, which the
+        caller may change (stamp) until it calls ``publish``. ``base_offset`` is the first
+        offset the frame will hold (the ring's start offset when it drops every other batch).
 
         Crash order: first forget the batches whose bytes or descriptor slot this one reuses
-        (``desc_tail``), then overwrite, then publish (``desc_head`` is the commit point). A
-        writer killed anywhere in between leaves no descriptor pointing at overwritten bytes."""
-        row, ring = self.row, self.ring
-        n = frame.nbytes
-        pos = self.claim(n)
-        head = int(row[COL["desc_head"]])
-        self._drop_reused(pos + n - ring.ring_bytes, head, base_offset)
+        (``desc_tail``), then overwrite. A writer killed here leaves no descriptor pointing at
+        overwritten bytes, only bytes no descriptor points to (never acknowledged)."""
+        ring, n = self.ring, frame.nbytes
+        self._drop_reused(pos + n - ring.ring_bytes, self.row.desc_head, base_offset)
         idx = pos % ring.ring_bytes
-        ring.mv[idx : idx + n] = frame
-        _STAMP.pack_into(ring.mv, idx + 8, base_offset, append_time_us, partition, topic_id)
-        # (position, base offset, the batch's own length unpadded, count): one store, not four
-        ring.desc[head % ring.desc_capacity] = (pos, base_offset, _LENGTH.unpack_from(frame)[0], count)
-        row[COL["desc_head"]] = head + 1
-        row[COL["write_position"]] = pos + n
-        row[COL["next_offset"]] = base_offset + count
-        return pos
+        view = ring.mv[idx : idx + n]
+        view[:] = frame
+        return view
+
+    def publish(self, pos: int, frame_bytes: int, length: int, base_offset: int, count: int) -> None:
+        """Make the frame copied at ``pos`` visible: its descriptor (position, base offset, the
+        batch's own ``length``, ``count``: one store), then ``desc_head``, the commit point, then
+        ``write_position`` and ``next_offset`` (``repair`` derives these two from the descriptors
+        after a crash between)."""
+        row, ring = self.row, self.ring
+        head = row.desc_head
+        ring.desc[head % ring.desc_capacity] = (pos, base_offset, length, count)
+        row.desc_head = head + 1
+        row.write_position = pos + frame_bytes
+        row.next_offset = base_offset + count
 
     def repair(self) -> None:
         """Make line 1 of the row agree with the descriptors (call with ownership, at takeover).
@@ -274,25 +281,24 @@ class RingWriter:
         ``write_position``/``next_offset`` left those behind; one killed before it left bytes
         no descriptor points to (never acknowledged, overwritten by the next append)."""
         row, ring = self.row, self.ring
-        head, tail = int(row[COL["desc_head"]]), int(row[COL["desc_tail"]])
+        head, tail = row.desc_head, row.desc_tail
         if head > tail:
             last = ring.desc[(head - 1) % ring.desc_capacity]
-            row[COL["write_position"]] = int(last["position"]) + ((int(last["length"]) + 7) & ~7)  # frames are 8-aligned
-            row[COL["next_offset"]] = int(last["base_offset"]) + int(last["count"])
-            row[COL["ring_start_offset"]] = int(ring.desc[tail % ring.desc_capacity]["base_offset"])
+            row.write_position = int(last["position"]) + layout.align_frame(int(last["length"]))
+            row.next_offset = int(last["base_offset"]) + int(last["count"])
+            row.ring_start_offset = int(ring.desc[tail % ring.desc_capacity]["base_offset"])
         else:
-            row[COL["ring_start_offset"]] = row[COL["next_offset"]]
+            row.ring_start_offset = row.next_offset
 
     def _drop_reused(self, overwritten_below: int, head: int, new_base_offset: int) -> None:
         """Forget batches whose bytes (absolute positions below ``overwritten_below``) or whose
         descriptor slot (seq ``head - desc_capacity``) the next batch is about to reuse."""
         row, ring = self.row, self.ring
-        tail = int(row[COL["desc_tail"]])
+        tail = row.desc_tail
         floor = max(tail, head + 1 - ring.desc_capacity)
         while floor < head and int(ring.desc[floor % ring.desc_capacity]["position"]) < overwritten_below:
             floor += 1
         if floor != tail:
             start = int(ring.desc[floor % ring.desc_capacity]["base_offset"]) if floor < head else new_base_offset
-            row[COL["ring_start_offset"]] = start
-            row[COL["desc_tail"]] = floor
-
+            row.ring_start_offset = start
+            row.desc_tail = floor

@@ -52,7 +52,7 @@ def test_bench_durable_single_and_e2e_latency_report_every_message():
 
 
 def test_bench_hop_reports_every_round_trip_of_both_transports():
-    proc = subprocess.run([sys.executable, "-m", "tailrace.bench.hop", "--round-trips", "300", "--in-flight", "1,8", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "tailrace.bench.probes.hop", "--round-trips", "300", "--in-flight", "1,8", "--json"],
                           cwd=str(ROOT), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = json.loads(proc.stdout)

@@ -11,19 +11,8 @@ from tailrace import Admin, Consumer, Producer
 from tailrace.client import protocol as P
 from tailrace.client.connection import Connection
 from tailrace.client.records import encode_batch, iter_batches
+from tests.helpers import MSG_BYTES, partition_payload
 
-MSG_BYTES = 100
-
-
-def partition_payload(partition: int, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """``count`` distinct 100-byte values for a partition: (values uint8 buffer, int32 offsets)."""
-    seq = np.arange(start, start + count, dtype=np.int64)
-    vals = np.zeros((count, MSG_BYTES), dtype=np.uint8)
-    vals[:, 0] = partition
-    vals[:, 1:9] = seq.view(np.uint8).reshape(count, 8)
-    vals[:, 9:] = ((seq[:, None] * 31 + np.arange(MSG_BYTES - 9)) % 251).astype(np.uint8)
-    offsets = np.arange(count + 1, dtype=np.int32) * MSG_BYTES
-    return vals.reshape(-1), offsets
 
 
 def produce_partitions(bootstrap, topic, partitions, per_partition, acks, batch=4000, start=0):

@@ -1,6 +1,6 @@
 """The same-host path end to end, with real router, worker and flusher processes: producers send to
 the workers' Unix sockets, consumers read the shared-memory rings read-only and fetch what is
-below them over the same sockets (client/unixwire.py, actors/unix_server.py, shm/tail.py)."""
+below them over the same sockets (client/unixwire.py, actors/unix_server.py, client/ring_reader.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 from tailrace import Admin, Consumer, Producer
 from tailrace.client.records import batches_to_columns, iter_batches
 from tailrace.client.unixwire import SCHEME
-from tests.integration.test_end_to_end import MSG_BYTES, partition_payload
-from tests.reliability.procs import hard_kill_all, wait_restarted
+from tests.helpers import MSG_BYTES, partition_payload
+from tests.helpers import hard_kill_all, wait_restarted
 from tailrace.bench.audit import Produced, check, records
 
 RING = 512 << 10  # a small ring (>= 2 x max_batch_bytes, a multiple of 4096): wrapped many times

@@ -15,7 +15,7 @@ import time
 
 from tailrace import Admin, Consumer, Producer
 
-from .procs import hard_kill_all
+from tests.helpers import hard_kill_all
 
 
 def _read(bootstrap: str, isolation: str, topic: str = "acks") -> list[bytes]:

@@ -2,7 +2,7 @@
 
 The race is forced by speaking to the workers as the router does (identity ``b"router"``, an
 assign frame naming the slot and an owner epoch), one socket per worker, with the real router
-stopped (a worker hears one peer per identity: see procs.py). Epochs are above every assignment
+stopped (a worker hears one peer per identity: see tests/helpers.py). Epochs are above every assignment
 of the stopped router generation, so when the router starts again its new generation takes the
 partition back, and the log is read through it with the ordinary Consumer.
 """
@@ -21,7 +21,7 @@ from tailrace.client import protocol as P
 from tailrace.broker.catalog import Catalog
 from tailrace.client.records import encode_batch
 
-from .procs import ASSIGN, Raw, reply_code, supervisorctl, wait_restarted, winning_epoch
+from tests.helpers import ASSIGN, Raw, reply_code, supervisorctl, wait_restarted, winning_epoch
 from tailrace.bench.audit import Produced, audit, produce_until
 
 REFUSED = {P.ErrorCode.NOT_OWNER, P.ErrorCode.NOT_READY}

@@ -33,11 +33,12 @@ from tailrace.client import protocol as P
 from tailrace.broker.catalog import Catalog
 from tailrace.client.records import CRC_START, HEADER_BYTES, BatchError, encode_batch, iter_batches, read_header, validate_frame
 from tailrace.persistence.index import ENTRY_DTYPE, index_path
-from tailrace.persistence.journal import JOURNAL_DIR, list_segments, segment_name
+from tailrace.broker.datadir import JOURNAL_DIR, segment_name
+from tailrace.persistence.journal import list_segments
 from tailrace.persistence.recovery import recover, write_checkpoint
 from tailrace.bench.inprocess import make_storage
 
-from .procs import ASSIGN, Raw, reply_code, router_generation, supervisorctl, winning_epoch
+from tests.helpers import ASSIGN, Raw, reply_code, router_generation, supervisorctl, winning_epoch
 
 PROBE_TIMEOUT_MS = 10_000
 KNOWN_OPS = [int(op) for op in P.Op]
@@ -335,7 +336,7 @@ def test_worker_survives_random_and_mutated_frames_from_a_direct_client(make_bro
 def test_worker_survives_random_assign_frames_from_a_peer_posing_as_the_router(make_broker):
     """Identity ``b"router"``: any slot, any epoch (u64), wrong-sized assign frames, any client id.
 
-    The real router is stopped for this (a worker hears one peer per identity, see procs.py); the
+    The real router is stopped for this (a worker hears one peer per identity, see tests/helpers.py); the
     probe speaks as the router too, for the probe partitions, with an epoch above the stopped
     generation's. Fuzzed assignments never name a probe slot: a higher epoch for a partition is
     a legitimate takeover, and the fuzz uses those on the ``fz`` partitions and on free slots."""

@@ -16,7 +16,7 @@ from tailrace.client.connection import Connection
 from tailrace.client.errors import TailraceError
 from tailrace.client.records import encode_batch
 
-from .procs import wait_restarted
+from tests.helpers import wait_restarted
 
 PRODUCER_ID = 0x1DE4_0000_0001
 COUNT = 5

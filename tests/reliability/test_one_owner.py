@@ -24,7 +24,7 @@ from tailrace.client.errors import InvalidRequestError
 from tailrace.shm import region
 from tailrace.bench.launcher import Broker
 
-from .procs import Raw, _alive, reply_code, rss_kib
+from tests.helpers import Raw, _alive, reply_code, rss_kib
 from tailrace.bench.audit import Produced, audit, produce_until
 
 NOBODY = 65534

@@ -26,7 +26,7 @@ from tailrace.client import protocol as P
 from tailrace.broker.catalog import Catalog
 from tailrace.shm import region
 
-from .procs import Raw, broker_rss_kib, hard_kill_all, wait_restarted
+from tests.helpers import Raw, broker_rss_kib, hard_kill_all, wait_restarted
 from tailrace.bench.audit import Produced, audit, records
 
 RSS_GROWTH_LIMIT_KIB = 200 * 1024

@@ -25,7 +25,7 @@ from tailrace.client.connection import Connection
 from tailrace.client.records import encode_batch, iter_batches
 from tailrace.client.unixwire import MAX_FRAMES, U16, U32, FrameReader, WireError, encode, path_of
 
-from .procs import rss_kib
+from tests.helpers import rss_kib
 from .test_fuzz import PROBE_TIMEOUT_MS, Prober, _code_name, _fuzz_broker, fuzz, mutated, probe_worker, produce_and_read_back, requests
 
 

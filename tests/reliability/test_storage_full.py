@@ -28,11 +28,11 @@ from tailrace.client.errors import StorageUnavailableError
 from tailrace.client.records import BatchError, encode_batch, encode_batch_buffers, validate_frame
 from tailrace.persistence.flusher import Flusher
 from tailrace.persistence.index import ENTRY_DTYPE, index_path
-from tailrace.persistence.journal import JOURNAL_DIR, segment_name
+from tailrace.broker.datadir import JOURNAL_DIR, segment_name
 from tailrace.shm import region
 from tailrace.bench.inprocess import make_storage
 
-from .procs import hard_kill_all
+from tests.helpers import hard_kill_all
 from tailrace.bench.audit import Produced, audit, records
 
 SEGMENT_BYTES = 1 << 20

@@ -11,7 +11,8 @@ import pytest
 
 from tailrace.client.records import align8, encode_batch
 from tailrace.persistence.index import ENTRY_DTYPE, index_path
-from tailrace.persistence.journal import JOURNAL_DIR, list_segments, segment_name
+from tailrace.broker.datadir import JOURNAL_DIR, segment_name
+from tailrace.persistence.journal import list_segments
 from tailrace.persistence.recovery import recover, write_checkpoint
 
 from tailrace.bench.inprocess import make_storage

@@ -10,6 +10,7 @@ import pytest
 from tailrace.actors.partition import PartitionActor
 from tailrace.client.records import encode_batch, iter_batches
 from tailrace.persistence.recovery import scan
+from tailrace.shm.rows import OwnerRow
 
 from tailrace.bench.inprocess import make_storage
 
@@ -36,22 +37,32 @@ def test_takeover_after_a_writer_dies_at_any_store_keeps_offsets_dense(tmp_path,
 
         append_some(actor, 200)
         # Die at the die_at-th shared-memory store of the next append.
-        row = actor.row
+        writer_row = actor.writer.row
         stores = {"n": 0}
 
-        class DyingRow(np.ndarray):
+        class DyingCells:
+            """The row's words as the writer stores them, dying at the die_at-th store."""
+
+            def __init__(self, cells):
+                self.cells = cells
+
+            def __getitem__(self, key):
+                return self.cells[key]
+
             def __setitem__(self, key, value):
                 stores["n"] += 1
                 if stores["n"] > die_at:
                     raise Killed
-                super().__setitem__(key, value)
+                self.cells[key] = value
 
-        actor.writer.row = row.view(DyingRow)
+        dying = OwnerRow(writer_row.words)
+        dying.cells = DyingCells(dying.cells)  # every store of the writer goes through it
+        actor.writer.row = dying
         try:
             actor.append(encode_batch([b"doomed"] * 3), 1 << 14)
         except Killed:
             pass
-        actor.writer.row = row
+        actor.writer.row = writer_row
         actor.lock.close()  # the dead process's lock goes with it
         fresh = PartitionActor(st.flusher.table, st.s.instance, actor.slot, actor.topic_id, 0, 64 * 1024, 2,
                                st.s.data_dir, st.journal, str(tmp_path / "data"))

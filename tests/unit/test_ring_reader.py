@@ -1,4 +1,4 @@
-"""Same-host ring reads (shm/tail.py): what a read-only reader copies out of a ring is always the
+"""Same-host ring reads (client/ring_reader.py): what a read-only reader copies out of a ring is always the
 batch that holds the asked offset, or nothing; never bytes the writer is reusing."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from tailrace.client.records import encode_batch, iter_batches
 from tailrace.persistence.recovery import data_dir_id
 from tailrace.shm.layout import COL
 from tailrace.shm.ring import LayoutMismatch
-from tailrace.shm import tail as tail_mod
-from tailrace.shm.tail import SharedRings, TailStatus
+from tailrace.client import ring_reader as tail_mod
+from tailrace.client.ring_reader import SharedRings, TailStatus
 
 from tailrace.bench.inprocess import append_numbered, make_storage
 
@@ -177,6 +177,10 @@ def test_the_mapping_is_read_only_and_knows_its_broker(storage):
             rings.rows[actor.slot, 0] = 1  # PROT_READ: numpy refuses the store
         with pytest.raises((TypeError, ValueError)):
             tail.ring.mv[0:1] = b"z"
+        with pytest.raises(AttributeError):
+            tail.row.next_offset = 1  # a reader's view of the row (RowView) has no setters
+        with pytest.raises(TypeError):
+            tail.row.cells[0] = 1  # ... and the memory under it is read-only
         assert rings.is_current() and tail.ring.region.is_current()
         with pytest.raises(LayoutMismatch):
             SharedRings(storage.s.instance, data_dir_id(storage.s.data_dir) + 1)

@@ -1,11 +1,11 @@
 """Per-call cost of the per-message hot paths, in one process, no sockets: what a same-host
 single-message produce costs the worker, and what a tailing read costs the consumer.
 
-    python -m tailrace.bench.hotpath [--calls 10000] [--rounds 7]
+    python -m tailrace.bench.probes.hotpath [--calls 10000] [--rounds 7]
 
 - ``handle``: ``Worker.handle`` of a one-record produce (100 B, acks memory) addressed straight
   to the worker, as the same-host path delivers it (reply frames built, not sent);
-- ``tail-read``: ``PartitionTail.read`` of the newest batch of a ring (shm/tail.py);
+- ``tail-read``: ``PartitionTail.read`` of the newest batch of a ring (client/ring_reader.py);
 - ``columns``: ``iter_batches`` + ``batches_to_columns`` of that one batch (what
   ``Consumer.poll_columns`` does per read);
 - ``columns-3``: the same for a read of the three newest batches (a tailing consumer a little
@@ -32,7 +32,7 @@ from tailrace.client import protocol as P
 from tailrace.client.records import batches_to_columns, encode_batch, iter_batches
 from tailrace.persistence.recovery import data_dir_id
 from tailrace.shm.layout import COL
-from tailrace.shm.tail import SharedRings
+from tailrace.client.ring_reader import SharedRings
 from tailrace.bench.inprocess import make_storage
 
 
@@ -84,7 +84,7 @@ def _flush_cycle(data_dir: str, cycles: int, rounds: int) -> tuple[float, float]
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="tailrace.bench.hotpath", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="tailrace.bench.probes.hotpath", description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args(argv)

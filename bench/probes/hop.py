@@ -1,7 +1,7 @@
 """What one request/reply hop between two Python processes costs on this machine, with no broker:
 the floor under every per-message workload (durable-single, e2e).
 
-    python -m tailrace.bench.hop --round-trips 20000 --in-flight 1,64
+    python -m tailrace.bench.probes.hop --round-trips 20000 --in-flight 1,64
 
 A client process sends a 100-byte request and an echo process sends it back, over
 

@@ -1,4 +1,7 @@
-"""Process-level tools for reliability tests: supervisorctl, restarts, RSS, raw sockets.
+"""Helpers the tests share: supervisorctl, restarts, kills, RSS, raw sockets, auditable payloads.
+
+(The broker launcher, the in-process storage stack and the audit workload are bench/launcher.py,
+bench/inprocess.py and bench/audit.py: the benchmarks use them too.)
 
 Some facts these tests depend on:
 
@@ -23,17 +26,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import struct
 import subprocess
 import sys
 import time
 
+import numpy as np
 import zmq
 
 from tailrace.client import protocol as P
 from tailrace.bench.launcher import SUPERVISORD_CONF
+from tailrace.broker.datadir import ROUTER_FILE
 
-ASSIGN = struct.Struct("<IQ")  # slot, owner epoch: the router's assign frame (actors/worker.py)
+ASSIGN = P.ASSIGN  # slot, owner epoch: the router's assign frame (client/protocol.py)
 HIGH = 0x7FFF_0000  # low 32 bits of a test epoch: above any router counter of one generation
 
 
@@ -46,7 +50,7 @@ def supervisorctl(broker, *args: str) -> str:
 
 
 def router_generation(broker) -> int:
-    return int(json.loads((broker.data_dir / "tailrace.router.json").read_text())["generation"])
+    return int(json.loads((broker.data_dir / ROUTER_FILE).read_text())["generation"])
 
 
 def winning_epoch(broker, bump: int = 0) -> int:
@@ -141,3 +145,17 @@ def reply_code(frames: list[bytes], router_mode: bool) -> tuple[int, int, int]:
     routing = frames[1] if router_mode else frames[0]
     _v, op, code, _p, rid, _t = P.unpack_routing(routing)
     return op, code, rid
+
+
+MSG_BYTES = 100
+
+
+def partition_payload(partition: int, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` distinct 100-byte values for a partition: (values uint8 buffer, int32 offsets)."""
+    seq = np.arange(start, start + count, dtype=np.int64)
+    vals = np.zeros((count, MSG_BYTES), dtype=np.uint8)
+    vals[:, 0] = partition
+    vals[:, 1:9] = seq.view(np.uint8).reshape(count, 8)
+    vals[:, 9:] = ((seq[:, None] * 31 + np.arange(MSG_BYTES - 9)) % 251).astype(np.uint8)
+    offsets = np.arange(count + 1, dtype=np.int32) * MSG_BYTES
+    return vals.reshape(-1), offsets

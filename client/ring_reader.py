@@ -36,14 +36,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .layout import COL
-from .ring import ControlTable, LayoutMismatch, Ring, cut_batches
+from tailrace.shm.layout import C_DURABLE_OFFSET, C_NEXT_OFFSET
+from tailrace.shm.ring import READ_WINDOW, ControlTable, LayoutMismatch, Ring, cut_batches
+from tailrace.shm.rows import RowView
 
-_STAMP = struct.Struct("<qqiI")  # stamped by the broker at byte 8 of every batch in a ring
-DESC_WINDOW = 4096  # descriptors looked at per read
+from .records import STAMP, STAMP_AT, align8
+
 NEAR_HEAD = 16  # newest descriptors walked in plain Python before a numpy search
 ATTEMPTS = 3  # copies thrown away before a read falls back to a fetch
-_WATERMARK = {"memory": COL["next_offset"], "durable": COL["durable_offset"]}
+_WATERMARK = {"memory": C_NEXT_OFFSET, "durable": C_DURABLE_OFFSET}  # row column per isolation
 
 
 class TailStatus(enum.IntEnum):
@@ -115,7 +116,7 @@ def _near_head(ring: Ring, tail: int, head: int, offset: int, max_bytes: int, ma
     d = desc[seq % cap].item()  # (position, base offset, length, count)
     if d[1] <= offset:  # in the newest batch: the common tailing read
         at = d[0] % ring_bytes
-        return seq, bytes(mv[at : at + ((d[2] + 7) & ~7)]), d[1], d[3], d[1] + d[3]
+        return seq, bytes(mv[at : at + align8(d[2])]), d[1], d[3], d[1] + d[3]
     while d[1] > offset:
         seq -= 1
         if seq < lowest:
@@ -125,7 +126,7 @@ def _near_head(ring: Ring, tail: int, head: int, offset: int, max_bytes: int, ma
     parts, size, records = [], 0, 0
     while True:
         pos, b, length, n = d
-        frame = (length + 7) & ~7
+        frame = align8(length)
         if parts and (b + n > hw or size + frame > max_bytes):
             break
         at = pos % ring_bytes
@@ -146,7 +147,7 @@ class PartitionTail:
     def __init__(self, rings: SharedRings, ring: Ring, slot: int, topic_id: int, partition: int):
         self.rings, self.ring, self.slot = rings, ring, slot
         self.topic_id, self.partition = topic_id, partition
-        self.row = rings.rows[slot]
+        self.row = RowView(rings.rows[slot])  # read only: this process maps the table PROT_READ
         self.torn = 0  # copies thrown away because the writer reused them meanwhile
 
     def read(self, offset: int, max_bytes: int, max_records: int, isolation: str = "memory") -> TailRead:
@@ -160,13 +161,13 @@ class PartitionTail:
     def _try(self, offset: int, max_bytes: int, max_records: int, wm_col: int) -> TailRead | None:
         row, ring, header = self.row, self.ring, self.rings.table.header
         boot = int(header["boot_id"])
-        if (int(row[COL["topic_id"]]) != self.topic_id or int(row[COL["partition"]]) != self.partition
-                or not int(row[COL["active"]]) or int(ring.header["slot"]) != self.slot):
+        if (row.topic_id != self.topic_id or row.partition != self.partition
+                or not row.active or int(ring.header["slot"]) != self.slot):
             return TailRead(TailStatus.GONE, None, offset)
-        hw = int(row[wm_col])
-        head = int(row[COL["desc_head"]])
-        tail = int(row[COL["desc_tail"]])
-        ring_start = int(row[COL["ring_start_offset"]])
+        hw = row.cells[wm_col]  # loads in this order (module docstring, step 1)
+        head = row.desc_head
+        tail = row.desc_tail
+        ring_start = row.ring_start_offset
         if offset == hw:
             return TailRead(TailStatus.EMPTY, None, offset)
         if offset > hw or offset < ring_start or tail >= head:
@@ -181,18 +182,17 @@ class PartitionTail:
                 seq = ring.find_seq(tail, head, offset)
                 if seq < tail:
                     return TailRead(TailStatus.BELOW, None, offset)
-                descs = np.array(ring.descriptors(seq, min(head, seq + DESC_WINDOW)))  # a copy, not a view
+                descs = np.array(ring.descriptors(seq, min(head, seq + READ_WINDOW)))  # a copy, not a view
                 k = cut_batches(descs, offset, max_bytes, max_records, hw)
                 take = descs[:k]
                 body = b"".join(ring.copy_batches(take))
                 base, count = int(take[0]["base_offset"]), int(take[0]["count"])
                 nxt = int(take[-1]["base_offset"]) + int(take[-1]["count"])
-            stamp = _STAMP.unpack_from(body, 8)  # base offset, append time, partition, topic id
+            stamp = STAMP.unpack_from(body, STAMP_AT)  # base offset, append time, partition, topic id
         except (AssertionError, ValueError, IndexError, struct.error):
             return None  # descriptors half rewritten while copied (a lagging reader): again
-        if int(row[COL["desc_tail"]]) > seq or int(header["boot_id"]) != boot:
+        if row.desc_tail > seq or int(header["boot_id"]) != boot:
             return None  # the writer reclaimed part of what was copied: copy again
         if not base <= offset < base + count or stamp[0] != base or stamp[2] != self.partition or stamp[3] != self.topic_id:
             return None  # the search ran over descriptors being reused and landed wrong: again
-        return TailRead(TailStatus.DATA, body, nxt, int(row[COL["next_offset"]]), int(row[COL["durable_offset"]]), int(row[COL["log_start_offset"]]))
-
+        return TailRead(TailStatus.DATA, body, nxt, row.next_offset, row.durable_offset, row.log_start_offset)

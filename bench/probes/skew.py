@@ -1,6 +1,6 @@
 """Skewed load: one hot partition and 63 cool ones on 2 workers, rebalancing off vs on.
 
-    python -m tailrace.bench.skew [--warmup 15] [--seconds 20] [--rate 1000] [--repeats 1] [--json FILE]
+    python -m tailrace.bench.probes.skew [--warmup 15] [--seconds 20] [--rate 1000] [--repeats 1] [--json FILE]
 
 For each setting (``rebalance=0``, then ``rebalance=1``) a fresh broker with 2 workers gets a
 64-partition topic (placement puts partition 0, the hot one, and the 31 even cool partitions on
@@ -21,9 +21,9 @@ import statistics
 
 import numpy as np
 
-from .loadgen import Job, run_jobs
-from .systems import TailraceSystem
-from .workloads import latency_summary
+from tailrace.bench.loadgen import Job, run_jobs
+from tailrace.bench.systems import TailraceSystem
+from tailrace.bench.workloads import latency_summary
 
 PARTITIONS = 64
 
@@ -75,7 +75,7 @@ def _med(rs: list[dict], key: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="tailrace.bench.skew", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="tailrace.bench.probes.skew", description=__doc__.split("\n\n")[0])
     ap.add_argument("--warmup", type=float, default=15.0)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--rate", type=float, default=1000.0, help="cool probe messages per second")

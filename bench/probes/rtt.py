@@ -1,7 +1,7 @@
 """Round trip of one single-record produce, client to the owning worker and back, nothing else
 running: the floor under the single-message and e2e workloads.
 
-    python -m tailrace.bench.rtt --acks memory --messages 10000 --rate 5000
+    python -m tailrace.bench.probes.rtt --acks memory --messages 10000 --rate 5000
 
 One request at a time at ``--rate`` per second to partition 0 (8 partitions), each waited for;
 prints p50/p90/p99 in microseconds. Stops by itself after ``--messages``.
@@ -18,8 +18,8 @@ import numpy as np
 from tailrace.client import protocol as P
 from tailrace.client.connection import Connection
 
-from .gen_tailrace import OneRecordFrame, owner_endpoints
-from .systems import TailraceSystem
+from tailrace.bench.gen_tailrace import OneRecordFrame, owner_endpoints
+from tailrace.bench.systems import TailraceSystem
 
 
 def main(argv=None) -> int:
