@@ -7,7 +7,11 @@ This process stays in front of supervisord for its whole life instead of exec'in
   their pids, and disturbs nothing.
 - SIGTERM, SIGINT (Ctrl-C) and SIGHUP (the terminal closed) all become one SIGTERM to supervisord:
   a clean stop (workers, router, then the flusher, which drains every ring). supervisord runs in
-  its own session, so a terminal's signals reach it only through here, once.
+  its own process group, so a terminal's signals reach it only through here, once. Not in its
+  own session: with the kernel's autogroup scheduling (sched_autogroup_enabled, on here) a new
+  session is a new scheduling group, and the whole broker then shared one group's CPU against
+  its clients' group; on 2 cores that took e2e/5000 over ZeroMQ from p50 13 ms to 0.1-3 s
+  (docs/BENCHMARKS.md).
 - supervisord's output is relayed to our stdout; when that breaks (``| tee`` killed by the same
   Ctrl-C, the terminal gone) relaying stops and supervisord still never blocks or dies of it.
 - supervisord gets SIGTERM from the kernel if this process is killed (PR_SET_PDEATHSIG), and
@@ -97,7 +101,7 @@ def run(s: settings_mod.Settings, env: dict[str, str], argv: list[str], default_
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            pass_fds=claim.fds, start_new_session=True,
+                            pass_fds=claim.fds, process_group=0,
                             preexec_fn=datadir.pdeathsig_preexec(os.getpid()))
     procs.append(proc)
     if stopping:
