@@ -385,10 +385,10 @@ class Claim:
         self.data_dir = data_dir
         self.fds = fds  # [role lock fd, broker lock fd]
 
-    def last_out(self) -> bool:
-        """Whether this is the last live process of the broker (the broker lock turns exclusive).
-        Call only when about to exit: a failed attempt may have dropped the shared lock."""
-        return _try_flock(self.fds[-1], fcntl.LOCK_EX, 0.0)
+    def wait_last_out(self, timeout_s: float) -> bool:
+        """Whether every other process of the broker has exited within ``timeout_s`` (the broker
+        lock turns exclusive). Only when about to exit: the shared lock is dropped on the way."""
+        return _try_flock(self.fds[-1], fcntl.LOCK_EX, timeout_s)
 
     def release(self) -> None:
         for fd in self.fds:

@@ -26,7 +26,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tailrace.broker import datadir
@@ -111,7 +110,7 @@ def run(s: settings_mod.Settings, env: dict[str, str], argv: list[str], default_
     if rc < 0 and not stopping:
         say(f"supervisord died of {signal.Signals(-rc).name}; its programs stop by themselves (they die with it)")
     # Every program holds the broker lock shared: exclusive once they have all exited.
-    if datadir._try_flock(claim.fds[-1], datadir.fcntl.LOCK_EX, AFTER_STOP_WAIT_S):
+    if claim.wait_last_out(AFTER_STOP_WAIT_S):
         datadir.clear_run_dir(run_dir, remove=True)
     else:
         pids = datadir.holders(datadir.lock_path(s.data_dir, datadir.BROKER_LOCK))
@@ -129,10 +128,9 @@ def _relay(fd: int) -> None:
     broken = False
     while True:
         try:
-            chunk = os.read(fd, 65536)
+            chunk = os.read(fd, 65536)  # EINTR (a signal arrived) is retried by Python itself
         except OSError:
-            time.sleep(0.01)
-            continue
+            return  # the pipe is gone: supervisord's exit is still reaped by wait()
         if not chunk:
             return
         if broken:

@@ -1,8 +1,9 @@
 """The layer contracts of pyproject.toml ([tool.importlinter]) hold, and a wrong import fails them.
 
-import-linter (through grimp) finds a package's modules by walking its directory, and the
-``tailrace`` package is assembled from several top-level folders (pyproject's package-dir): the
-test copies them into the shape a wheel has, then runs ``lint-imports`` on that copy.
+import-linter (through grimp) finds a package's modules by walking its directory. In a checkout,
+``tailrace/`` holds links to the card's top-level folders (``tailrace/shm -> ../shm``, ...), so
+plain ``lint-imports`` at the repository root sees the whole package; a planted import is tested
+on a copy in the shape a wheel has (pyproject's package-dir), never on the checkout.
 """
 
 from __future__ import annotations
@@ -19,13 +20,27 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _ignore(folder, names):
+    """Caches, and the links to the other folders (each is copied from its own folder)."""
+    return [n for n in names if n == "__pycache__" or n.endswith(".pyc")
+            or (os.path.islink(os.path.join(folder, n)) and os.path.isdir(os.path.join(folder, n)))]
+
+
 def assemble(into: Path) -> Path:
     """The ``tailrace`` package as installed: package-dir's folders copied under one root."""
     mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     for name, folder in sorted(mapping.items()):
-        shutil.copytree(ROOT / folder, into.joinpath(*name.split(".")), symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True)
+        shutil.copytree(ROOT / folder, into.joinpath(*name.split(".")), symlinks=True, ignore=_ignore,
+                        dirs_exist_ok=True)
     return into
+
+
+def test_the_links_in_the_root_package_are_the_package_dir_mapping():
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for name, folder in mapping.items():
+        if name != "tailrace":
+            link = ROOT / "tailrace" / name.split(".", 1)[1]
+            assert link.is_symlink() and os.readlink(link) == f"../{folder}", link
 
 
 def lint(tree: Path) -> subprocess.CompletedProcess:
@@ -35,10 +50,11 @@ def lint(tree: Path) -> subprocess.CompletedProcess:
                           env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_every_import_follows_the_layers(tmp_path):
-    r = lint(assemble(tmp_path))
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "Contracts: 3 kept, 0 broken" in r.stdout, r.stdout
+def test_every_import_follows_the_layers_in_the_checkout_and_in_the_wheels_shape(tmp_path):
+    for tree in (ROOT, assemble(tmp_path)):
+        r = lint(tree)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "Contracts: 3 kept, 0 broken" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("where, planted", [
