@@ -39,6 +39,7 @@ SEGMENT_BYTES = 1 << 20
 JOURNAL_TMPFS_BYTES = 6 << 20
 PRODUCER_ID = 0x5EED_F011
 BATCH_RECORDS = 1500  # 54 KB frames: a segment's tail rarely fits one
+CLIENT_BATCH_RECORDS = 900
 
 
 def _mount_tmpfs(path, size_bytes: int) -> None:
@@ -133,20 +134,24 @@ def test_full_disk_fails_durable_acks_keeps_reads_and_recovers_without_losing_ac
         assert sender.codes.get("STORAGE_UNAVAILABLE"), f"the disk never filled up: {sender.codes}"
 
         # The ordinary producer raises StorageUnavailableError for a durable batch. A flusher that
-        # supervisord has just restarted may still find room in the open segment for this small
-        # batch and make it durable: then the ack is true (checked against the durable watermark)
-        # and the next batch meets the full disk.
-        client_acked, raised = 0, None
+        # supervisord has just restarted may still find room (in the open segment, or a segment
+        # it could pre-write) and make some batches durable: then each ack must be true (checked
+        # against the durable watermark now and against the journal after the host crash below),
+        # and the disk runs out before the producer has sent more than the tmpfs holds.
+        client_acked, raised, client_batches = 0, None, 0
+        most_batches = JOURNAL_TMPFS_BYTES // (CLIENT_BATCH_RECORDS * 100) + 1
         with Producer(b.bootstrap, acks="durable", request_timeout_ms=3000, delivery_timeout_ms=20_000) as prod:
-            for _ in range(5):
-                prod.send_batch("full-client", [bytes(100)] * 900, partition=0)
+            while client_batches < most_batches:
+                prod.send_batch("full-client", [bytes(100)] * CLIENT_BATCH_RECORDS, partition=0)
+                client_batches += 1
                 try:
                     client_acked = prod.flush(30_000)
                 except StorageUnavailableError as exc:
                     raised = exc
                     break
             prod.conn.close()
-        assert raised is not None, f"5 durable batches acked ({client_acked} records) on a full disk"
+        assert raised is not None, (f"{client_batches} durable batches acked ({client_acked} records, "
+                                    f"{client_acked * 100 >> 20} MiB of values) on a {JOURNAL_TMPFS_BYTES >> 20} MiB disk")
         client_durable = Admin(b.bootstrap).list_offsets("full-client")[0].durable_watermark
         assert client_durable >= client_acked, (client_durable, client_acked)
 
@@ -192,9 +197,11 @@ def test_full_disk_fails_durable_acks_keeps_reads_and_recovers_without_losing_ac
         b.cleanup_shm()
         b.start()
         after_crash = audit(b.bootstrap, "full", produced, isolation="durable")
+        client_after_crash = Admin(b.bootstrap).list_offsets("full-client")[0].durable_watermark
+        assert client_after_crash >= client_acked, f"acked {client_acked} durable, the journal holds {client_after_crash}"
         print(f"\nfull disk: journal tmpfs {JOURNAL_TMPFS_BYTES >> 20} MiB, segments {SEGMENT_BYTES >> 20} MiB; "
               f"{sum(failed_after.values())} records acked after the ballast before the first STORAGE_UNAVAILABLE; "
-              f"reply codes {codes}; the Producer got StorageUnavailableError after {client_acked} records acked; STORAGE_UNAVAILABLE {failures_while_full}x over "
+              f"reply codes {codes}; the Producer got StorageUnavailableError after {client_acked} records acked ({client_batches} batches sent); STORAGE_UNAVAILABLE {failures_while_full}x over "
               f"{still_full_rounds} rounds while full, flusher exited with EXIT_STORAGE and was restarted {flusher_exits}x; reads while full {sum(read.values())} records; durable produce "
               f"healed {healed_s:.1f} s after the ballast went; acked {sum(produced.acked.values())}, found "
               f"{sum(live.found.values())} live / {sum(after_crash.found.values())} after a simulated host crash, "
