@@ -124,6 +124,9 @@ class DiskReader(threading.Thread):
 
 _produce_dec = P.decoder(P.ProduceRequest)
 _fetch_dec = P.decoder(P.FetchRequest)
+# op -> request frames (routing header included) of the ops a worker serves; the router's
+# metadata ops are UNKNOWN_OP here (PROTOCOL.md, 3).
+SERVED_FRAMES = {op: P.REQUEST_FRAMES[op] for op in (P.Op.PRODUCE, P.Op.FETCH, P.Op.LIST_OFFSETS, P.Op.PING, P.Op.ADOPT)}
 
 
 class Worker:
@@ -144,6 +147,7 @@ class Worker:
         self.boot_ns = time.time_ns()
         self.reader: DiskReader | None = None  # cold reads off the loop (None: read inline)
         self.appended_bytes: dict[int, int] = {}  # slot -> bytes appended since the last PING
+        self.totals = [0, 0, 0, 0]  # P.TOTALS since this worker started: one add per request, not per record
         self.adopted_new = False  # an actor was made here: tell the flusher (kick KICK_ADOPTED) to rescan its rows
 
     # --- dispatch ------------------------------------------------------------------------
@@ -167,8 +171,11 @@ class Worker:
                     f"topic name of {len(topic)} bytes: at most {P.MAX_TOPIC_BYTES}"))
             if version != P.PROTOCOL_VERSION:
                 return reply(P.ErrorCode.UNSUPPORTED_VERSION, P.ErrorReply(f"protocol version {version} unsupported; this broker speaks {P.PROTOCOL_VERSION}"))
-            if len(rest) < 2:
-                return reply(P.ErrorCode.MALFORMED, P.ErrorReply(f"expected routing and header frames, got {len(rest)} frames"))
+            want = SERVED_FRAMES.get(op)
+            if want is None:
+                return reply(P.ErrorCode.UNKNOWN_OP, P.ErrorReply(f"unknown op {op}"))
+            if len(rest) != want:
+                return reply(P.ErrorCode.MALFORMED, P.ErrorReply(P.frame_count_message(op, len(rest))))
             if op == P.Op.PRODUCE:
                 self.produce(ident, assign, topic, partition, rest, reply)
             elif op == P.Op.FETCH:
@@ -178,11 +185,16 @@ class Worker:
             elif op == P.Op.PING:
                 held = {slot: len(a.parked) + len(a.durable_waiters) for slot, a in self.actors.items()
                         if a.parked or a.durable_waiters}
+                rows = self.table.rows
+                slots = list(self.actors)
+                unflushed = int((rows[slots, COL["next_offset"]] - rows[slots, COL["durable_offset"]]).sum()) if slots else 0
                 reply(P.ErrorCode.OK, P.PingReply(self.worker_id, os.getpid(), self.boot_ns, len(self.actors),
-                                                  self.appended_bytes, list(held), held))
+                                                  self.appended_bytes, list(held), held, self.totals, unflushed))
                 self.appended_bytes = {}
             elif op == P.Op.ADOPT:
-                if assign is not None and self.actor_for(assign, topic, partition, reply) is not None:
+                if assign is None:  # only the router hands partitions over
+                    reply(P.ErrorCode.UNKNOWN_OP, P.ErrorReply(f"op {op} (ADOPT) is internal: router to worker only"))
+                elif self.actor_for(assign, topic, partition, reply) is not None:
                     reply(P.ErrorCode.OK)
             else:
                 reply(P.ErrorCode.UNKNOWN_OP, P.ErrorReply(f"unknown op {op}"))
@@ -246,8 +258,6 @@ class Worker:
         req = _produce_dec.decode(rest[1])
         if req.acks not in (P.Acks.NONE, P.Acks.MEMORY, P.Acks.DURABLE):
             return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"acks={req.acks} must be 0 (none), 1 (memory) or 2 (durable)"))
-        if len(rest) != 3:
-            return reply(P.ErrorCode.MALFORMED, P.ErrorReply(f"produce takes 3 frames (routing, header, one batch), got {len(rest)}"))
         actor = self.actor_for(assign, topic, partition, reply)
         if actor is None:
             return
@@ -258,6 +268,8 @@ class Worker:
             return reply(code, P.ErrorReply(message))
         self.appended.add(actor.slot)
         self.appended_bytes[actor.slot] = self.appended_bytes.get(actor.slot, 0) + len(rest[2])
+        self.totals[0] += count
+        self.totals[1] += len(rest[2])
         self.unkicked_bytes += len(rest[2])
         if req.acks == P.Acks.MEMORY:
             reply(P.ErrorCode.OK, P.ProduceReply(base, count, t))
@@ -314,6 +326,8 @@ class Worker:
             source=res.source,
         )
         body = res.parts[0] if len(res.parts) == 1 else b"".join(res.parts)
+        self.totals[2] += max(0, res.next_offset - req.offset)
+        self.totals[3] += len(body)
         self.port.send([*ident, head, P.encode(info), body])
 
     def list_offsets(self, topic: bytes, reply) -> None:
@@ -328,7 +342,8 @@ class Worker:
         parts = []
         for p, slot in enumerate(entry.slots):
             r = rows[slot]
-            parts.append(P.PartitionOffsets(p, int(r[COL["log_start_offset"]]), int(r[COL["next_offset"]]), int(r[COL["durable_offset"]])))
+            parts.append(P.PartitionOffsets(p, int(r[COL["log_start_offset"]]), int(r[COL["next_offset"]]), int(r[COL["durable_offset"]]),
+                                            int(r[COL["write_position"]] - r[COL["flushed_position"]]), int(r[COL["write_position"]])))
         reply(P.ErrorCode.OK, P.ListOffsetsReply(name, parts))
 
     # --- after each turn -----------------------------------------------------------------

@@ -51,8 +51,11 @@ def store_worker_count(data_dir, n: int) -> None:
 
 
 def valid_topic_name(name: str) -> bool:
+    """1..MAX_TOPIC_BYTES UTF-8 bytes of letters, digits (``str.isalnum``), '.', '_' and '-', and
+    not '.' or '..' (a tool that names a directory or file after a topic would read those as this or
+    the parent directory)."""
     b = name.encode("utf-8", "replace")
-    return 0 < len(b) <= MAX_TOPIC_BYTES and all(c.isalnum() or c in "._-" for c in name)
+    return 0 < len(b) <= MAX_TOPIC_BYTES and name not in (".", "..") and all(c.isalnum() or c in "._-" for c in name)
 
 
 class Catalog:

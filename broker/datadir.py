@@ -144,6 +144,21 @@ def fsync_dir(path) -> None:
         os.close(fd)
 
 
+def journal_disk_bytes(data_dir) -> int:
+    """The journal's disk use (allocated blocks of its segment files)."""
+    total = 0
+    try:
+        with os.scandir(os.path.join(data_dir, JOURNAL_DIR)) as it:
+            for e in it:
+                try:
+                    total += e.stat(follow_symlinks=False).st_blocks * 512
+                except FileNotFoundError:
+                    pass
+    except FileNotFoundError:
+        pass
+    return total
+
+
 def write_atomic(path, data: bytes) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves the old or the new content: write a
     temp file, fsync it, rename it over, fsync the directory (the rename is durable only then)."""

@@ -5,12 +5,13 @@ from __future__ import annotations
 import msgspec
 
 from . import protocol as P
-from .connection import DEFAULT_BOOTSTRAP, Connection
+from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Connection
 
 
 class Admin:
-    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, timeout_ms: int = 10_000):
-        self.conn = Connection(bootstrap)
+    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, timeout_ms: int = 10_000,
+                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS):
+        self.conn = Connection(bootstrap, connect_timeout_ms)
         self.timeout_ms = timeout_ms
 
     def create_topic(self, name: str, partitions: int, ring_bytes: int = 0) -> P.TopicInfo:

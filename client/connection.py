@@ -16,9 +16,34 @@ import zmq
 
 from . import protocol as P
 from . import unixwire
-from .errors import InvalidRequestError, TimeoutError_, error_for
+from .errors import BootstrapError, BrokerUnavailableError, InvalidRequestError, TimeoutError_, error_for
 
 DEFAULT_BOOTSTRAP = "tcp://127.0.0.1:7420"
+CONNECT_TIMEOUT_MS = 1500  # a first request fails this soon when no broker completes a handshake
+
+
+def parse_bootstrap(value: str | int) -> str:
+    """The ZeroMQ endpoint for a bootstrap address: ``tcp://host:port``, ``host:port`` (Kafka's
+    form), a bare port (loopback), or an ``ipc://`` path; a worker's ``unix:`` address as is.
+
+    Anything else raises ``BootstrapError`` with a one-line reason."""
+    text = str(value).strip()
+    if text.startswith(("ipc://", unixwire.SCHEME)):
+        if len(text.split("://", 1)[-1]) == 0 or text == unixwire.SCHEME:
+            raise BootstrapError(f"bad bootstrap {value!r}: the socket path is empty")
+        return text
+    rest = text[len("tcp://"):] if text.startswith("tcp://") else text
+    if "://" in rest:
+        raise BootstrapError(f"bad bootstrap {value!r}: only tcp:// and ipc:// addresses are spoken")
+    host, sep, port = rest.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", rest
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise BootstrapError(f"bad bootstrap {value!r}: expected host:port, tcp://host:port or a port (1-65535)")
+    inner = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not inner or not all(c.isalnum() or c in ".-_:" for c in inner) or (":" in inner and inner == host):
+        raise BootstrapError(f"bad bootstrap {value!r}: {host!r} is not a host name or address")
+    return f"tcp://{host}:{int(port)}"
 
 
 @dataclass
@@ -44,20 +69,28 @@ class Reply:
 
 
 class Connection:
-    def __init__(self, endpoint: str = DEFAULT_BOOTSTRAP):
-        self.endpoint = endpoint
-        self.is_unix = endpoint.startswith(unixwire.SCHEME)  # a worker's same-host socket
+    """``connect_timeout_ms``: a request made before the connection ever completed a ZeroMQ
+    handshake with a broker fails with ``BrokerUnavailableError`` after this long (ZeroMQ itself
+    would retry the connect silently for ever); once a broker has answered, requests wait their
+    own timeout, through broker restarts too."""
+
+    def __init__(self, endpoint: str = DEFAULT_BOOTSTRAP, connect_timeout_ms: int = CONNECT_TIMEOUT_MS):
+        self.endpoint = parse_bootstrap(endpoint)
+        self.connect_timeout_ms = connect_timeout_ms
+        self.is_unix = self.endpoint.startswith(unixwire.SCHEME)  # a worker's same-host socket
         self._pid = None
         self._ctx = None
         self._sock = None
+        self._monitor = None  # handshake events until the first one (see connected)
+        self._connected = self.is_unix or connect_timeout_ms <= 0  # <= 0: no check
         self._ids = itertools.count(1)
         self._early: dict[int, Reply] = {}  # replies that arrived while waiting for another id
 
     def __getstate__(self):
-        return {"endpoint": self.endpoint}
+        return {"endpoint": self.endpoint, "connect_timeout_ms": self.connect_timeout_ms}
 
     def __setstate__(self, state):
-        self.__init__(state["endpoint"])
+        self.__init__(state["endpoint"], state.get("connect_timeout_ms", CONNECT_TIMEOUT_MS))
 
     @property
     def sock(self) -> zmq.Socket:
@@ -73,7 +106,16 @@ class Connection:
             self._sock.setsockopt(zmq.LINGER, 0)
             self._sock.setsockopt(zmq.SNDHWM, 100_000)
             self._sock.setsockopt(zmq.RCVHWM, 100_000)
-            self._sock.connect(self.endpoint)
+            self._monitor = None
+            if not self._connected:
+                self._monitor = self._sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+                self._monitor.setsockopt(zmq.LINGER, 0)
+            try:
+                self._sock.connect(self.endpoint)
+            except zmq.ZMQError as exc:  # e.g. a host name that does not resolve
+                self._pid = os.getpid()
+                self.close()
+                raise BootstrapError(f"cannot connect to {self.endpoint}: {exc}") from None
             self._pid = os.getpid()
             self._early.clear()
         return self._sock
@@ -161,14 +203,41 @@ class Connection:
         finally:
             self._early = saved
 
+    def connected(self) -> None:
+        """Return once a broker has completed a handshake on this connection (at once after the
+        first time); raise ``BrokerUnavailableError`` after ``connect_timeout_ms`` without one."""
+        if self._connected and self._pid == os.getpid():
+            return
+        self.sock
+        if self._monitor is None:  # a connection that was up before a fork
+            self._connected = True
+            return
+        if not self._monitor.poll(self.connect_timeout_ms):
+            raise BrokerUnavailableError(
+                f"no broker answered at {self.endpoint} within {self.connect_timeout_ms / 1000:g} s "
+                "(is `tailrace serve` running?)")
+        self._stop_monitor()
+        self._connected = True
+
+    def _stop_monitor(self) -> None:
+        if self._monitor is not None:
+            try:
+                self._sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self._monitor.close(0)
+            self._monitor = None
+
     def request(self, op: int, topic="", partition: int = -1, header: bytes = P.EMPTY_MAP, body=None,
                 timeout_ms: int = 10_000) -> Reply:
+        self.connected()
         r = self.wait_for(self.send(op, topic, partition, header, body), timeout_ms)
         r.raise_for_code()
         return r
 
     def close(self) -> None:
         if self._sock is not None and self._pid == os.getpid():
+            self._stop_monitor()
             self._sock.close(0)
             if self._ctx is not None:
                 self._ctx.term()
@@ -183,9 +252,9 @@ class Pool:
     the endpoint means "through the router". Replies from all of them come out of ``recv``.
     """
 
-    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP):
+    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, connect_timeout_ms: int = CONNECT_TIMEOUT_MS):
         self._ids = itertools.count(1)
-        self.router = Connection(bootstrap)
+        self.router = Connection(bootstrap, connect_timeout_ms)
         self.router._ids = self._ids
         self.direct: dict[str, Connection] = {}  # endpoint -> connection
         self._poller: zmq.Poller | None = None
@@ -197,7 +266,7 @@ class Pool:
             return self.router
         c = self.direct.get(endpoint)
         if c is None:
-            c = self.direct[endpoint] = Connection(endpoint)
+            c = self.direct[endpoint] = Connection(endpoint, connect_timeout_ms=0)  # named by the broker
             c._ids = self._ids
             self._poller = None
         return c

@@ -22,9 +22,9 @@ from typing import Iterable, NamedTuple
 import numpy as np
 
 from . import protocol as P
-from .connection import DEFAULT_BOOTSTRAP, Pool
+from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Pool
 from .routes import Routes
-from .errors import OffsetOutOfRangeError
+from .errors import InvalidRequestError, OffsetOutOfRangeError, UnknownPartitionError
 from .records import Columns, batches_to_columns, iter_batches
 from .ring_reader import SharedRings, TailStatus
 
@@ -59,8 +59,9 @@ class _Assigned:
 class Consumer:
     def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, *, max_bytes: int = 4 << 20,
                  max_records: int = 1 << 20, max_wait_ms: int = 500, isolation: str = "memory",
-                 request_timeout_ms: int = 3000, direct: bool = True, same_host: bool = False):
-        self.pool = Pool(bootstrap)
+                 request_timeout_ms: int = 3000, direct: bool = True, same_host: bool = False,
+                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS):
+        self.pool = Pool(bootstrap, connect_timeout_ms)
         self.conn = self.pool.router
         self.routes = Routes(self.pool, direct, same_host)
         self.max_bytes = max_bytes
@@ -90,7 +91,13 @@ class Consumer:
 
     def assign(self, topic: str, partitions: Iterable[int] | None = None, start: str | int = EARLIEST) -> None:
         offsets = {po.partition: po for po in self.list_offsets(topic)}
-        for p in (sorted(offsets) if partitions is None else partitions):
+        wanted = sorted(offsets) if partitions is None else list(partitions)
+        missing = [p for p in wanted if p not in offsets]
+        if missing:
+            raise UnknownPartitionError(f"topic {topic!r} has partitions 0-{len(offsets) - 1}; no partition {missing[0]}")
+        if not isinstance(start, str) and int(start) < 0:
+            raise InvalidRequestError(f"offset {start} is negative")
+        for p in wanted:
             po = offsets[p]
             if start == EARLIEST:
                 pos = po.log_start_offset

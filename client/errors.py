@@ -41,6 +41,20 @@ TimeoutError_ = _make(ErrorCode.TIMEOUT, "Raised when the broker or the client g
 NotReadyError = _make(ErrorCode.NOT_READY, "Raised when the broker is starting or stopping.")
 InternalError = _make(ErrorCode.INTERNAL, "Raised when the broker hit an internal error serving the request.")
 
+
+
+class BootstrapError(TailraceError, ValueError):
+    """Raised when a bootstrap address is not ``host:port``, ``tcp://host:port``, a bare port or
+    an ``ipc://`` path (nothing was sent)."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+class BrokerUnavailableError(TimeoutError_):
+    """Raised when no broker completed a connection handshake at the bootstrap address within
+    the connect timeout (a stopped broker, a wrong port, a firewall)."""
+
+
 BY_CODE: dict[int, type[TailraceError]] = {
     cls.code: cls
     for cls in (

@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import protocol as P
-from .connection import DEFAULT_BOOTSTRAP, Pool
+from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Pool
 from .routes import Routes
 from .errors import TailraceError, TimeoutError_, error_for
 from .records import encode_batch, encode_batch_buffers
@@ -90,8 +90,9 @@ class Producer:
         same_host: bool = False,
         retry_backoff_ms: float = 2.0,
         on_ack: Callable[[str, int, int, int], None] | None = None,
+        connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
     ):
-        self.pool = Pool(bootstrap)
+        self.pool = Pool(bootstrap, connect_timeout_ms)
         self.conn = self.pool.router
         # same_host: send to the owning workers' Unix sockets instead of their ZeroMQ endpoints
         # (client/unixwire.py); the router and any fallback stay ZeroMQ.
@@ -296,6 +297,11 @@ class Producer:
     @property
     def in_flight(self) -> int:
         return len(self._inflight)
+
+    @property
+    def queued(self) -> bool:
+        """Whether records wait to be sent (lingering, sealed, or to be retried)."""
+        return bool(self._lingering or self._ready or self._retry)
 
     def flush(self, timeout_ms: int = 60_000) -> int:
         """Send everything queued and wait for every ack; return records acked so far."""

@@ -68,6 +68,22 @@ class SetWorkersRequest(msgspec.Struct):
     workers: int
 
 
+# Frames in a request of each op, the routing header included (PROTOCOL.md section 2): routing
+# header, header map, and for PRODUCE one record batch. Any other count is MALFORMED, except that
+# the router also takes the ops in HEADER_OPTIONAL, whose header it never reads, without frame 1.
+REQUEST_FRAMES = {Op.PRODUCE: 3, Op.FETCH: 2, Op.LIST_OFFSETS: 2, Op.CREATE_TOPIC: 2, Op.LIST_TOPICS: 2,
+                  Op.DESCRIBE_TOPIC: 2, Op.STATUS: 2, Op.SET_WORKERS: 2, Op.PING: 2, Op.ADOPT: 2}
+HEADER_OPTIONAL = frozenset({Op.LIST_OFFSETS, Op.LIST_TOPICS, Op.DESCRIBE_TOPIC, Op.STATUS})  # at the router
+_FRAME_NAMES = ("routing header", "header map", "one record batch")
+
+
+def frame_count_message(op: int, got: int, header_optional: bool = False) -> str:
+    """The MALFORMED message for a request of ``op`` that came with ``got`` frames."""
+    want = REQUEST_FRAMES[op]
+    alt = " or 1 (the routing header alone)" if header_optional else ""
+    return f"op {Op(op).name} ({int(op)}) takes {want} frames ({', '.join(_FRAME_NAMES[:want])}){alt}, got {got}"
+
+
 class Acks(enum.IntEnum):
     NONE = 0  # no reply at all (one-way)
     MEMORY = 1  # replied once the batch is in the shared-memory ring
@@ -146,6 +162,8 @@ class PartitionOffsets(msgspec.Struct):
     log_start_offset: int
     high_watermark: int
     durable_watermark: int
+    ring_unflushed_bytes: int = 0  # bytes in the ring not yet written to the journal (what backpressure counts)
+    appended_bytes: int = 0  # bytes appended to the ring since the broker's last full start
 
 
 class ListOffsetsReply(msgspec.Struct):
@@ -175,6 +193,8 @@ class PartitionInfo(msgspec.Struct):
     adopted: bool = False  # the owner has taken the partition on: clients may address it directly
     slot: int = -1  # the partition's ring slot (same-host readers map /tailrace-<instance>-r<slot>)
     local_endpoint: str = ""  # the owner's same-host endpoint, unix://... (client/unixwire.py)
+    ring_unflushed_bytes: int = 0  # as PartitionOffsets
+    appended_bytes: int = 0
 
 
 class DescribeReply(msgspec.Struct):
@@ -222,6 +242,11 @@ class PingReply(msgspec.Struct):
     bytes: dict[int, int] = {}  # slot -> bytes appended since the last PING
     busy: list[int] = []  # slots with parked fetches or durable waiters now
     held: dict[int, int] = {}  # slot -> how many of those
+    totals: list[int] = []  # TOTALS since the worker started: records and bytes in (produced) and out (fetched)
+    unflushed: int = 0  # records its partitions hold that are not yet durable
+
+
+TOTALS = ("records_in", "bytes_in", "records_out", "bytes_out")
 
 
 class WorkerStatus(msgspec.Struct):
@@ -247,6 +272,16 @@ class StatusReply(msgspec.Struct):
     worker_count: int
     spread_pending: bool
     workers: list[WorkerStatus]
+    # traffic since the router started (TOTALS; what same-host ring readers take is not seen)
+    records_in: int = 0
+    bytes_in: int = 0
+    records_out: int = 0
+    bytes_out: int = 0
+    rates: dict[str, float] = {}  # the same per second, over the last RATE_WINDOW_S
+    unflushed_records: int = 0  # acked records not yet durable, over all partitions
+    journal_bytes: int = 0  # the journal's disk use
+    shm_used_bytes: int = 0  # shared memory the topics' rings take
+    shm_budget_bytes: int = 0
 
 
 class Empty(msgspec.Struct):

@@ -22,8 +22,11 @@ This process stays in front of supervisord for its whole life instead of exec'in
 
 from __future__ import annotations
 
+import errno
 import os
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +39,7 @@ from . import scaling
 from .scaling import find_supervisord_conf
 
 EXIT_OK = 0
+EXIT_ERROR = 1  # the client address cannot be listened on
 EXIT_IN_USE = 3  # the data directory belongs to a live broker
 EXIT_UNSAFE = 4  # the run directory is not private
 EXIT_SUPERVISOR_DIED = 5  # supervisord was killed; its programs stopped by themselves
@@ -50,6 +54,56 @@ def serve_env(s: settings_mod.Settings) -> dict[str, str]:
     env["TAILRACE_LOG_DIR"] = str(datadir.log_dir(s.data_dir))
     env["TAILRACE_RUN_DIR"] = s.ipc_path()
     return env
+
+
+def check_bind(endpoint: str) -> str | None:
+    """Why the router could not listen on ``endpoint`` (``tcp://host:port``), or None if it can.
+
+    Tried once before supervisord starts, so a busy port is one line at once instead of a router
+    that supervisord restarts a hundred times with the reason only in router.log."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    host, _, port = endpoint[len("tcp://"):].rpartition(":")
+    host = host.strip("[]")
+    host = "" if host in ("*", "0.0.0.0") else host
+    try:
+        infos = socket.getaddrinfo(host or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, ValueError) as exc:
+        return f"cannot listen on {endpoint}: {exc}"
+    family, kind, proto, _name, addr = infos[0]
+    with socket.socket(family, kind, proto) as sk:
+        sk.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ does
+        try:
+            sk.bind(addr)
+        except OSError as exc:
+            why = "the port is in use (another broker or program listens there)" if exc.errno == errno.EADDRINUSE \
+                else exc.strerror
+            return f"cannot listen on {endpoint}: {why}"
+    return None
+
+
+def log_files(s: settings_mod.Settings) -> str:
+    return f"{datadir.log_dir(s.data_dir)}/{{supervisord,router,flusher,worker-N}}.log"
+
+
+def print_env(s: settings_mod.Settings, env: dict[str, str], default_run_dir: bool) -> int:
+    """``tailrace serve --print-env``: make the directories supervisord.conf names, then print its
+    environment and command line, for running supervisord yourself."""
+    mode = s.data_mode_bits
+    os.umask(datadir.umask_for(mode))
+    datadir.make_data_dir(s.data_dir, mode)
+    try:
+        datadir.prepare_run_dir(env["TAILRACE_RUN_DIR"], default_run_dir)
+    except datadir.UnsafeRunDir as exc:
+        say(f"refused: {exc}")
+        return EXIT_UNSAFE
+    os.makedirs(env["TAILRACE_LOG_DIR"], mode=mode, exist_ok=True)
+    env = {**env, "TAILRACE_SUPERVISORD_CONF": str(find_supervisord_conf())}
+    for k, v in sorted(env.items()):
+        if k.startswith("TAILRACE_"):
+            print(f"export {k}={shlex.quote(v)}")
+    print('# then: supervisord -n -c "$TAILRACE_SUPERVISORD_CONF"')
+    return EXIT_OK
 
 
 def say(msg: str) -> None:
@@ -76,6 +130,11 @@ def run(s: settings_mod.Settings, env: dict[str, str], argv: list[str], default_
         say(f"refused: {exc}")
         claim.release()
         return EXIT_UNSAFE
+    why = check_bind(s.bind)
+    if why:
+        say(why)
+        claim.release()
+        return EXIT_ERROR
     # Nobody alive uses the directory: what a crashed broker left in the run directory is stale.
     datadir.clear_run_dir(run_dir, remove=False)
     datadir.apply_data_mode(s.data_dir, mode)
@@ -103,6 +162,7 @@ def run(s: settings_mod.Settings, env: dict[str, str], argv: list[str], default_
                             pass_fds=claim.fds, process_group=0,
                             preexec_fn=datadir.pdeathsig_preexec(os.getpid()))
     procs.append(proc)
+    say(f"serving {s.bind}, data in {s.data_dir}; logs: {log_files(s)}")
     if stopping:
         proc.send_signal(signal.SIGTERM)
     _relay(proc.stdout.fileno())

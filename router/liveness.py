@@ -54,6 +54,7 @@ class WorkerLiveness:
     def tick(self) -> None:
         """Once per HEARTBEAT_S: ping, declare the silent dead, drain, spread, rebalance."""
         self.ping_workers()
+        self.traffic.sample()
         self.check_workers()
         self.drain_retiring()
         self.maybe_spread()
@@ -126,6 +127,7 @@ class WorkerLiveness:
             if not self.scheduler.partitions_of(w):
                 del self.retiring[w]
                 self.scheduler.forget(w)
+                self.traffic.forget(w)
                 self._disconnect(w)
                 self.last_pong.pop(w, None)
                 self.down_since.pop(w, None)
@@ -150,6 +152,7 @@ class WorkerLiveness:
             return  # a worker outside the set (retired, or left over): it gets nothing
         dt = now - self.last_pong.get(w, now - 1.0)
         self.last_pong[w] = now
+        self.traffic.on_heartbeat(w, info.boot_ns, info.totals, info.unflushed)
         self.seen.add(w)
         if self.down_since.pop(w, None) is not None:
             log.info("worker %d answers again", w)

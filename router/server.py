@@ -26,13 +26,14 @@ from pathlib import Path
 import zmq
 
 from tailrace.broker import datadir
-from tailrace.broker.datadir import ROUTER_FILE, write_atomic
+from tailrace.broker.datadir import ROUTER_FILE, journal_disk_bytes, write_atomic
 from tailrace.client import protocol as P
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import Catalog, stored_worker_count, valid_topic_name
 from tailrace.persistence.recovery import data_dir_id
 from tailrace.shm.layout import ring_region_bytes
 
+from .traffic import Traffic
 from .liveness import HEARTBEAT_S, MAX_WORKERS, WorkerLiveness
 from .scheduler import StickyScheduler
 
@@ -47,6 +48,11 @@ EXIT_OK = 0
 _create_dec = P.decoder(P.CreateTopicRequest)
 _set_workers_dec = P.decoder(P.SetWorkersRequest)
 _list_offsets_dec = P.decoder(P.ListOffsetsReply)
+
+# op -> the request frame counts the router takes (routing header included, client identity
+# not): the ops it serves, PING and ADOPT being internal (PROTOCOL.md, 2 and 3).
+ACCEPTED_FRAMES = {op: (n, 1) if op in P.HEADER_OPTIONAL else (n,)
+                   for op, n in P.REQUEST_FRAMES.items() if op not in (P.Op.PING, P.Op.ADOPT)}
 
 
 def next_generation(data_dir: str) -> int:
@@ -83,6 +89,7 @@ class Router(WorkerLiveness):
         self.dealers: dict[int, zmq.Socket] = {}  # worker -> DEALER connected to its endpoint
         WorkerLiveness.__init__(self, s)
         self.started = time.time()
+        self.traffic = Traffic()  # router/traffic.py: totals and rates from the heartbeats
         self.forwarded = 0  # produce and fetch requests forwarded to workers
         # (topic, partition) -> the assignment its owner was last sent (a forwarded request or an
         # ADOPT): equal to the route's means the owner has adopted it, or will with the request
@@ -123,9 +130,12 @@ class Router(WorkerLiveness):
 
         if version != P.PROTOCOL_VERSION:
             return reply(P.ErrorCode.UNSUPPORTED_VERSION, P.ErrorReply(f"protocol version {version} unsupported; this broker speaks {P.PROTOCOL_VERSION}"))
+        accepted = ACCEPTED_FRAMES.get(op)
+        if accepted is None:
+            return reply(P.ErrorCode.UNKNOWN_OP, P.ErrorReply(f"unknown op {op}"))
+        if len(frames) - 1 not in accepted:  # before forwarding; a worker checks again for direct clients
+            return reply(P.ErrorCode.MALFORMED, P.ErrorReply(P.frame_count_message(op, len(frames) - 1, len(accepted) > 1)))
         if op in (P.Op.PRODUCE, P.Op.FETCH):
-            if len(frames) < 3:
-                return reply(P.ErrorCode.MALFORMED, P.ErrorReply(f"op {op} needs routing and header frames, got {len(frames) - 1} frames"))
             route = self.routes.get((topic, partition))
             if route is None:
                 self._refresh_routes()
@@ -149,8 +159,6 @@ class Router(WorkerLiveness):
             elif op == P.Op.STATUS:
                 reply(P.ErrorCode.OK, self.status())
             elif op == P.Op.SET_WORKERS:
-                if len(frames) < 3:
-                    return reply(P.ErrorCode.MALFORMED, P.ErrorReply("set workers needs a header frame"))
                 n = _set_workers_dec.decode(frames[2]).workers
                 if not 1 <= n <= MAX_WORKERS:
                     return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"workers={n} must be 1..{MAX_WORKERS}"))
@@ -171,12 +179,11 @@ class Router(WorkerLiveness):
                     self._place_topic(name)
 
     def create_topic(self, topic: bytes, frames, reply) -> None:
-        if len(frames) < 3:
-            return reply(P.ErrorCode.MALFORMED, P.ErrorReply("create topic needs a header frame"))
         req = _create_dec.decode(frames[2])
         name = topic.decode("utf-8", "replace")
         if not valid_topic_name(name):
-            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"bad topic name {name!r}: 1-200 chars of letters, digits, '.', '_', '-'"))
+            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
+                f"bad topic name {name!r}: 1-{P.MAX_TOPIC_BYTES} UTF-8 bytes of letters, digits, '.', '_', '-', not '.' or '..'"))
         if self.catalog.get(name) is not None:
             return reply(P.ErrorCode.TOPIC_EXISTS, P.ErrorReply(f"topic {name!r} exists"))
         if not 1 <= req.partitions <= MAX_PARTITIONS:
@@ -239,7 +246,8 @@ class Router(WorkerLiveness):
             w, assign = self.routes[(topic, po.partition)]
             parts.append(P.PartitionInfo(po.partition, w, self.s.worker_endpoint(w), po.log_start_offset, po.high_watermark,
                                          po.durable_watermark, adopted=self.told.get((topic, po.partition)) == assign,
-                                         slot=t.slots[po.partition], local_endpoint=self.s.worker_unix_endpoint(w)))
+                                         slot=t.slots[po.partition], local_endpoint=self.s.worker_unix_endpoint(w),
+                                         ring_unflushed_bytes=po.ring_unflushed_bytes, appended_bytes=po.appended_bytes))
         if not self.data_id:
             self.data_id = data_dir_id(self.s.data_dir) or 0
         self.port.send([ident, head, P.encode(P.DescribeReply(_info(t), parts, self.s.instance, self.data_id))])
@@ -263,6 +271,12 @@ class Router(WorkerLiveness):
                                w in self.retiring)
                 for w in sorted(set(range(self.count)) | set(self.retiring))
             ],
+            **dict(zip(P.TOTALS, self.traffic.totals())),
+            rates=self.traffic.rates(),
+            unflushed_records=self.traffic.unflushed(),
+            journal_bytes=journal_disk_bytes(self.s.data_dir),
+            shm_used_bytes=self.catalog.shm_bytes(ring_region_bytes),
+            shm_budget_bytes=self.s.shm_budget_bytes,
         )
 
 def _info(t) -> P.TopicInfo:

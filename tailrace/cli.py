@@ -1,4 +1,10 @@
-"""The ``tailrace`` command: run the broker, manage topics, produce and consume from a shell."""
+"""The ``tailrace`` command: run the broker, manage topics, produce and consume from a shell.
+
+Exit codes: 0 success, 1 an error (one line on stderr, never a traceback), 2 a usage error, 130
+interrupted (Ctrl-C). ``tailrace serve`` adds its own: 3 the data directory belongs to a live
+broker, 4 the run directory is not private, 5 supervisord was killed. ``TAILRACE_DEBUG=1`` prints
+the traceback of an unexpected error.
+"""
 
 from __future__ import annotations
 
@@ -6,26 +12,33 @@ import argparse
 import json
 import os
 import sys
-import time
-from pathlib import Path
 
+from tailrace import console
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import stored_worker_count
 from tailrace.client.admin import Admin
-from tailrace.client.connection import DEFAULT_BOOTSTRAP
-from tailrace.client.consumer import Consumer
-from tailrace.client.errors import TailraceError
-from tailrace.client.producer import Producer
+from tailrace.client.connection import DEFAULT_BOOTSTRAP, parse_bootstrap
+from tailrace.client.errors import BootstrapError, TailraceError
 
 from tailrace.ops import scaling, serve
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+_DEFAULTS = settings_mod.Settings(data_dir="")  # the settings' defaults, for the help texts
+ENV_BOOTSTRAP = "TAILRACE_BOOTSTRAP"
+# A command fails this soon when no broker answers (the interpreter's start comes on top: the
+# whole command is done within 2 s, as redis-cli and nats are).
+CLI_CONNECT_TIMEOUT_MS = 1000
 
 
 def _data_dir(args) -> str:
     return os.path.realpath(args.data_dir) if args.data_dir else os.path.realpath(os.environ.get("TAILRACE_DATA_DIR", "./data"))
 
 
+def _admin(args) -> Admin:
+    return Admin(args.bootstrap, connect_timeout_ms=args.connect_timeout_ms)
+
+
+# --- serve -------------------------------------------------------------------------------------
 def cmd_serve(args) -> int:
     data_dir = _data_dir(args)
     try:
@@ -47,175 +60,332 @@ def cmd_serve(args) -> int:
     s.ipc_dir = os.path.abspath(s.ipc_path())  # pinned: every program and supervisorctl agree
     env = serve.serve_env(s)
     if args.print_env:
-        for k, v in sorted(env.items()):
-            if k.startswith("TAILRACE_"):
-                print(f"export {k}={v}")
-        print(f"# then: supervisord -n -c {serve.find_supervisord_conf()}")
-        return EXIT_OK
+        return serve.print_env(s, env, default_run_dir)
     conf = str(serve.find_supervisord_conf())
     argv = [sys.executable, "-m", "supervisor.supervisord", "-n", "-c", conf]
     return serve.run(s, env, argv, default_run_dir)
 
 
+# --- topics --------------------------------------------------------------------------------------
+def print_table(headers: list[str], rows: list[list], title: str | None = None) -> None:
+    """A plain table with a header row (rich; no colour when stdout is not a terminal)."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(*headers, box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False, show_edge=False)
+    for r in rows:
+        t.add_row(*(str(c) for c in r))
+    Console(soft_wrap=True, width=None if sys.stdout.isatty() else 1000).print(t)
+
+
+def print_json(doc) -> None:
+    print(json.dumps(doc, indent=2, default=str))
+
+
+def _struct(o) -> dict:
+    import msgspec
+
+    return msgspec.to_builtins(o)
+
+
 def cmd_topic(args) -> int:
-    with Admin(args.bootstrap) as admin:
+    with _admin(args) as admin:
         if args.topic_cmd == "create":
             info = admin.create_topic(args.name, args.partitions, args.ring_bytes)
-            print(f"created topic {info.name} with {info.partitions} partitions (id {info.topic_id})")
+            if args.json:
+                print_json(_struct(info))
+            else:
+                print(f"created topic {info.name} with {info.partitions} partitions (id {info.topic_id})")
         elif args.topic_cmd == "list":
-            for t in admin.list_topics():
-                print(f"{t.name}\t{t.partitions}")
+            topics = admin.list_topics()
+            if args.json:
+                print_json([_struct(t) for t in topics])
+            else:
+                print_table(["topic", "partitions", "ring bytes", "id"],
+                            [[t.name, t.partitions, _bytes(t.ring_bytes), t.topic_id] for t in topics])
         elif args.topic_cmd == "describe":
             d = admin.describe_topic(args.name)
-            print(f"topic {d.topic.name} id={d.topic.topic_id} partitions={d.topic.partitions} ring_bytes={d.topic.ring_bytes}")
-            print("partition\tworker\tlog_start\thigh_watermark\tdurable_watermark\tendpoint")
-            for p in d.partitions:
-                print(f"{p.partition}\t{p.worker}\t{p.log_start_offset}\t{p.high_watermark}\t{p.durable_watermark}\t{p.endpoint}")
+            if args.json:
+                doc = _struct(d)
+                for p in doc["partitions"]:  # the broker's internal addresses are not the user's business
+                    for k in ("endpoint", "local_endpoint", "slot", "adopted"):
+                        p.pop(k, None)
+                print_json({"topic": doc["topic"], "partitions": doc["partitions"]})
+            else:
+                print_table(["partition", "worker", "log start", "high watermark", "durable watermark", "ring use", "bytes"],
+                            [[p.partition, p.worker, p.log_start_offset, p.high_watermark, p.durable_watermark,
+                              _ring_use(p, d.topic.ring_bytes), _bytes(getattr(p, "appended_bytes", 0))] for p in d.partitions],
+                            title=f"topic {d.topic.name}: {d.topic.partitions} partitions, ring {_bytes(d.topic.ring_bytes)} each")
     return EXIT_OK
 
 
+def _ring_use(p, ring_bytes: int) -> str:
+    return f"{100 * getattr(p, 'ring_unflushed_bytes', 0) / ring_bytes:.0f}%" if ring_bytes else "-"
+
+
+def _bytes(n) -> str:
+    n = float(n or 0)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _rate(n) -> str:
+    n = float(n or 0)
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return f"{n:.0f}"
+
+
+# --- produce / consume ---------------------------------------------------------------------------
 def cmd_produce(args) -> int:
-    key = args.key.encode() if args.key is not None else None
-    with Producer(args.bootstrap, acks=args.acks, partitioner="key_hash" if key is not None else "round_robin") as prod:
-        for line in sys.stdin.buffer:
-            prod.send(args.name, line.rstrip(b"\n"), key=key, partition=args.partition)
-        acked = prod.flush()
-    print(f"produced {acked} messages", file=sys.stderr)
-    return EXIT_OK
+    return console.produce(args)
 
 
 def cmd_consume(args) -> int:
-    start = args.from_ if args.from_ in ("earliest", "latest") else int(args.from_)
-    out = sys.stdout.buffer
-    seen = 0
-    with Consumer(args.bootstrap, isolation=args.isolation) as cons:
-        cons.assign(args.name, None if args.partition is None else [args.partition], start=start)
-        last_new = time.monotonic()
-        while args.max is None or seen < args.max:
-            wait = 500 if args.timeout_ms is None else max(1, min(500, int(args.timeout_ms - (time.monotonic() - last_new) * 1000)))
-            records = cons.poll(wait)
-            if records:
-                last_new = time.monotonic()
-                if args.max is not None:
-                    records = records[: args.max - seen]
-                out.write(b"".join(r.value + b"\n" for r in records))
-                out.flush()
-                seen += len(records)
-            elif args.timeout_ms is not None and (time.monotonic() - last_new) * 1000 >= args.timeout_ms:
-                break
-    return EXIT_OK
+    return console.consume(args)
 
 
+# --- workers and status --------------------------------------------------------------------------
 def cmd_workers(args) -> int:
     s = settings_mod.from_env(data_dir=_data_dir(args))
     if args.workers_cmd == "set":
         status = scaling.set_workers(s, args.bootstrap, args.count, args.timeout_s,
                                      log=lambda m: print(m, file=sys.stderr))
     else:
-        with Admin(args.bootstrap) as admin:
+        with _admin(args) as admin:
             status = admin.status()
-    print(f"{status['worker_count']} workers")
-    print("worker\tpartitions\talive\tendpoint")
-    for w in status["workers"]:
-        print(f"{w['worker']}\t{w['partitions']}\t{'yes' if w['alive'] else 'no'}\t{w['endpoint']}")
+    if args.json:
+        print_json(status["workers"])
+        return EXIT_OK
+    print_table(["worker", "partitions", "alive", "retiring"],
+                [[w["worker"], w["partitions"], "yes" if w["alive"] else "no", "yes" if w["retiring"] else "no"]
+                 for w in status["workers"]], title=f"{status['worker_count']} workers")
     return EXIT_OK
 
 
 def cmd_status(args) -> int:
-    with Admin(args.bootstrap) as admin:
-        print(json.dumps(admin.status(), indent=2))
+    with _admin(args) as admin:
+        st = admin.status()
+    if args.json:
+        print_json(st)
+        return EXIT_OK
+    up = int(st["uptime_s"])
+    alive = sum(1 for w in st["workers"] if w["alive"])
+    rates = st.get("rates") or {}
+    lines = [
+        ("broker", f"{st['bind']}  pid {st['pid']}  up {up // 86400}d {up % 86400 // 3600:02d}h {up % 3600 // 60:02d}m {up % 60:02d}s"),
+        ("data", f"{st['data_dir']}  journal {_bytes(st.get('journal_bytes'))} on disk"),
+        ("workers", f"{st['worker_count']} ({alive} answering)"),
+        ("topics", f"{st['topics']}, {st['partitions']} partitions"),
+        ("messages", f"in {st.get('records_in', 0):,} ({_rate(rates.get('records_in'))}/s)  "
+                     f"out {st.get('records_out', 0):,} ({_rate(rates.get('records_out'))}/s)  "
+                     f"not yet durable {st.get('unflushed_records', 0):,}"),
+        ("bytes", f"in {_bytes(st.get('bytes_in'))} ({_bytes(rates.get('bytes_in'))}/s)  "
+                  f"out {_bytes(st.get('bytes_out'))} ({_bytes(rates.get('bytes_out'))}/s)"),
+        ("shm", f"{_bytes(st.get('shm_used_bytes'))} of the {_bytes(st.get('shm_budget_bytes'))} budget in rings"),
+    ]
+    width = max(len(k) for k, _ in lines)
+    for k, v in lines:
+        print(f"{k.ljust(width)}  {v}")
     return EXIT_OK
 
 
-def cmd_bench(args) -> int:
+def cmd_bench(argv: list[str]) -> int:
     from tailrace.bench.runner import main as bench_main  # on use: the command starts without the suite
 
-    return bench_main(args.bench_args)
+    return bench_main(argv)
+
+
+# --- the parser ----------------------------------------------------------------------------------
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every option's default (not for flags and options without one)."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, argparse.SUPPRESS) or "%(default)" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _bootstrap_type(text: str) -> str:
+    try:
+        return parse_bootstrap(text)
+    except BootstrapError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, not {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
+def _natural(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, not {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {n}")
+    return n
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="tailrace", description="tailrace message broker")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap = argparse.ArgumentParser(
+        prog="tailrace", formatter_class=_Help,
+        description="tailrace message broker: run it, manage topics, produce and consume.",
+        epilog=f"The broker's address comes from --bootstrap, else ${ENV_BOOTSTRAP}, else {DEFAULT_BOOTSTRAP}. "
+               "Exit codes: 0 ok, 1 error, 2 usage, 130 interrupted.")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def command(parent, name: str, help_: str):
+        return parent.add_parser(name, help=help_, description=help_, formatter_class=_Help)
 
     def with_bootstrap(p):
-        p.add_argument("--bootstrap", default=os.environ.get("TAILRACE_BOOTSTRAP", DEFAULT_BOOTSTRAP),
-                       help="router endpoint (default %(default)s)")
+        p.add_argument("--bootstrap", type=_bootstrap_type, default=os.environ.get(ENV_BOOTSTRAP, DEFAULT_BOOTSTRAP),
+                       metavar="ADDRESS",
+                       help=f"the broker: host:port, tcp://host:port or a port on 127.0.0.1 (also ${ENV_BOOTSTRAP})")
+        p.add_argument("--connect-timeout-ms", type=_positive, default=CLI_CONNECT_TIMEOUT_MS, metavar="MS",
+                       help="fail when no broker answers this soon")
         return p
 
-    sv = sub.add_parser("serve", help="run router, workers and flusher under supervisord (foreground)")
-    sv.add_argument("--data-dir", default=None, help="data directory (default ./data)")
+    sv = command(sub, "serve", "run router, workers and flusher under supervisord (foreground; Ctrl-C stops all)")
+    sv.add_argument("--data-dir", default=None, help="data directory (default ./data, or $TAILRACE_DATA_DIR)")
     sv.add_argument("--bind", default=None, help="client endpoint (default tcp://127.0.0.1:7420)")
-    sv.add_argument("--workers", type=int, default=None, help="worker processes (default: number of cores)")
-    sv.add_argument("--ring-bytes", type=int, default=None, help="default ring size per partition")
-    sv.add_argument("--shm-budget-bytes", type=int, default=None, help="total shared memory for rings")
-    sv.add_argument("--segment-bytes", type=int, default=None, help="journal segment file size")
+    sv.add_argument("--workers", type=_positive, default=None,
+                    help="worker processes (default: the count `workers set` left, else the number of cores)")
+    sv.add_argument("--ring-bytes", type=_positive, default=None, help=f"default ring size per partition (default {_bytes(_DEFAULTS.ring_bytes)})")
+    sv.add_argument("--shm-budget-bytes", type=_positive, default=None,
+                    help=f"shared memory all rings may use together (default {_bytes(_DEFAULTS.shm_budget_bytes)})")
+    sv.add_argument("--segment-bytes", type=_positive, default=None, help=f"journal segment file size (default {_bytes(_DEFAULTS.segment_bytes)})")
     sv.add_argument("--data-mode", default=None,
                     help="mode of the data directory and its subdirectories; files get it & 0666 (default 0700: owner only; "
                          "0750 lets the group read)")
     sv.add_argument("--ipc-dir", default=None,
                     help="run directory for sockets and pid files (default: $XDG_RUNTIME_DIR/tailrace/<id>, "
                          "/run/tailrace/<id> for root, else <tmp>/tailrace-<uid>/<id>); must be private to this user")
-    sv.add_argument("--print-env", action="store_true", help="print the environment supervisord.conf needs and exit")
+    sv.add_argument("--print-env", action="store_true",
+                    help="make the data, log and run directories, print the environment supervisord.conf needs and "
+                         "the supervisord command line, and exit")
     sv.set_defaults(func=cmd_serve)
 
-    tp = with_bootstrap(sub.add_parser("topic", help="create, list, describe topics"))
-    tsub = tp.add_subparsers(dest="topic_cmd", required=True)
-    c = tsub.add_parser("create")
-    c.add_argument("name")
-    c.add_argument("--partitions", type=int, default=1)
-    c.add_argument("--ring-bytes", type=int, default=0)
-    tsub.add_parser("list")
-    d = tsub.add_parser("describe")
-    d.add_argument("name")
-    for p in (c, d, tsub.choices["list"]):
+    tp = command(sub, "topic", "create, list and describe topics")
+    tsub = tp.add_subparsers(dest="topic_cmd", required=True, metavar="SUBCOMMAND")
+    c = command(tsub, "create", "create a topic")
+    c.add_argument("name", help="topic name: 1-200 letters, digits, '.', '_', '-' (not '.' or '..')")
+    c.add_argument("--partitions", type=_positive, default=1, help="number of partitions")
+    c.add_argument("--ring-bytes", type=_natural, default=0,
+                   help="shared-memory ring per partition in bytes; 0 takes the broker's default")
+    ls = command(tsub, "list", "list topics (a table; --json for scripts)")
+    d = command(tsub, "describe", "partitions of a topic: owner, watermarks, ring use, bytes")
+    d.add_argument("name", help="topic name")
+    for p in (c, ls, d):
         with_bootstrap(p)
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     tp.set_defaults(func=cmd_topic)
 
-    pr = with_bootstrap(sub.add_parser("produce", help="produce one message per stdin line"))
-    pr.add_argument("name")
-    pr.add_argument("--key", default=None)
-    pr.add_argument("--partition", type=int, default=None)
-    pr.add_argument("--acks", default="memory", choices=["none", "memory", "durable"])
+    pr = with_bootstrap(command(sub, "produce", "send each line of stdin as a message, as it arrives"))
+    pr.add_argument("name", help="topic name")
+    pr.add_argument("--key", default=None, help="the key of every message (then partitions come from the key's hash)")
+    pr.add_argument("--key-separator", default=None, metavar="SEP",
+                    help="split each line at the first SEP into key and value (Kafka's parse.key); a line without it is an error")
+    pr.add_argument("--partition", type=_natural, default=None,
+                    help="send every message to this partition (default: by key hash, else round robin)")
+    pr.add_argument("--acks", default="memory", choices=["none", "memory", "durable"],
+                    help="none: no reply; memory: acked once in the broker's memory; durable: once fsynced to disk")
+    pr.add_argument("--linger-ms", type=float, default=5.0,
+                    help="a line waits at most this long for others to share its batch")
     pr.set_defaults(func=cmd_produce)
 
-    co = with_bootstrap(sub.add_parser("consume", help="print one value per line"))
-    co.add_argument("name")
-    co.add_argument("--partition", type=int, default=None)
-    co.add_argument("--from", dest="from_", default="earliest", help="earliest, latest or an offset")
-    co.add_argument("--max", type=int, default=None, help="stop after N messages")
-    co.add_argument("--timeout-ms", type=int, default=None, help="stop after T ms with no new message")
-    co.add_argument("--isolation", default="memory", choices=["memory", "durable"])
+    co = with_bootstrap(command(sub, "consume", "print messages, one per line (values, or what --print-*, --format or --json ask)"))
+    co.add_argument("name", help="topic name")
+    co.add_argument("--partition", type=_natural, default=None, help="read only this partition (default: all)")
+    co.add_argument("--from", dest="from_", type=console.parse_from, default="earliest", metavar="WHERE",
+                    help="earliest (or beginning), latest (or end), or an offset")
+    co.add_argument("--from-beginning", action="store_true", help="the same as --from earliest (Kafka's spelling)")
+    co.add_argument("--max", type=_natural, default=None, metavar="N", help="stop after N messages")
+    co.add_argument("--timeout-ms", type=_natural, default=None, metavar="MS", help="stop after MS ms without a new message")
+    co.add_argument("--isolation", default="memory", choices=["memory", "durable"],
+                    help="memory: everything acked; durable: only what is fsynced to disk")
+    co.add_argument("--print-key", action="store_true", help="print the key before the value (null if none)")
+    co.add_argument("--print-offset", action="store_true", help="print Offset:N before the value")
+    co.add_argument("--print-partition", action="store_true", help="print Partition:N before the value")
+    co.add_argument("--print-timestamp", action="store_true", help="print CreateTime:MS (ms since the epoch) before the value")
+    co.add_argument("--format", type=console.kcat_format, default=None, metavar="FMT",
+                    help="kcat-style line: %%t topic, %%p partition, %%o offset, %%k key, %%v value, %%T timestamp, "
+                         "%%S value bytes, \\t, \\n (e.g. '%%p %%o %%k %%v %%T')")
+    co.add_argument("--json", action="store_true",
+                    help="one JSON object a line: topic, partition, offset, timestamp, key, value (UTF-8 text)")
+    co.add_argument("--base64", action="store_true", help="with --json: key and value as base64 (for binary data)")
     co.set_defaults(func=cmd_consume)
 
-    wk = sub.add_parser("workers", help="show or change the number of workers of a running broker")
-    wsub = wk.add_subparsers(dest="workers_cmd", required=True)
-    ws = wsub.add_parser("set", help="grow or shrink to N workers (starts/stops them through supervisord)")
-    ws.add_argument("count", type=int)
+    wk = command(sub, "workers", "show or change the number of workers of a running broker")
+    wsub = wk.add_subparsers(dest="workers_cmd", required=True, metavar="SUBCOMMAND")
+    ws = command(wsub, "set", "grow or shrink to N workers (starts or stops them through supervisord)")
+    ws.add_argument("count", type=_positive, help="the number of workers wanted")
     ws.add_argument("--timeout-s", type=float, default=120.0, help="give up if partitions have not settled by then")
-    wl = wsub.add_parser("list", help="workers, their partitions and whether they answer")
+    wl = command(wsub, "list", "workers, their partitions and whether they answer")
     for p in (ws, wl):
         with_bootstrap(p)
         p.add_argument("--data-dir", default=None, help="the broker's data directory (default ./data)")
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     wk.set_defaults(func=cmd_workers)
 
-    st = with_bootstrap(sub.add_parser("status", help="broker status as JSON"))
+    st = with_bootstrap(command(sub, "status", "a summary of the running broker: uptime, workers, traffic, disk, memory"))
+    st.add_argument("--json", action="store_true", help="print the broker's full status as JSON")
     st.set_defaults(func=cmd_status)
 
-    be = sub.add_parser("bench", help="run a benchmark workload (see bench/README.md)", add_help=False)
-    be.add_argument("bench_args", nargs=argparse.REMAINDER)
-    be.set_defaults(func=cmd_bench)
+    sub.add_parser("bench", help="run benchmark workloads (tailrace bench --help; bench/README.md)", add_help=False)
     return ap
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv[:1] == ["bench"]:  # its own parser: `tailrace bench --help` is the bench's help
+            return cmd_bench(argv[1:])
+        args = build_parser().parse_args(argv)
         return args.func(args)
+    except SystemExit as exc:  # argparse: 0 for --help, 2 for a usage error
+        if isinstance(exc.code, int):
+            return exc.code
+        if exc.code is not None:
+            print(exc.code, file=sys.stderr)
+        return EXIT_USAGE if exc.code is not None else EXIT_OK
+    except KeyboardInterrupt:
+        print("tailrace: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BootstrapError as exc:
+        print(f"tailrace: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except TailraceError as exc:
         print(f"tailrace: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    except BrokenPipeError:
+    except BrokenPipeError:  # `tailrace consume t | head`: the reader left
+        _quiet_stdout()
         return EXIT_OK
+    except Exception as exc:
+        if os.environ.get("TAILRACE_DEBUG"):
+            raise
+        print(f"tailrace: {type(exc).__name__}: {exc} (TAILRACE_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe, point stdout at /dev/null so the interpreter's last flush is silent."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from tailrace.broker import datadir
 from tailrace.client import protocol as P
 from tailrace.ops import serve
 from tailrace.client.errors import InvalidRequestError
+from tailrace.client.records import encode_batch
 from tailrace.shm import region
 from tailrace.bench.launcher import Broker
 
@@ -295,8 +296,11 @@ def test_huge_frames_are_dropped_before_python_sees_them_and_deep_nesting_is_mal
         deep = b"\x91" * 1000 + b"\x90"  # an array in an array ... 1,000 deep
         for rid, (op, topic) in enumerate([(P.Op.CREATE_TOPIC, b"deep"), (P.Op.SET_WORKERS, b""),
                                            (P.Op.PRODUCE, b"big"), (P.Op.FETCH, b"big")], start=1):
-            raw.send([P.pack_routing(op, 0, rid, topic), deep])
+            body = [encode_batch([b"x"])] if op == P.Op.PRODUCE else []  # the right frame count: the header is what fails
+            raw.send([P.pack_routing(op, 0, rid, topic), deep, *body])
             frames = raw.recv(5000)
+            if frames is not None and op == P.Op.PRODUCE:
+                assert b"undecodable header" in frames[-1], frames[-1][:200]
             assert frames is not None, op
             assert reply_code(frames, False) == (op, P.ErrorCode.MALFORMED, rid), (op, frames[:2])
         # The largest topic name a frame can carry: a short reply, no echo.

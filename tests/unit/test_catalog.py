@@ -48,6 +48,13 @@ def test_topic_names_are_1_to_200_bytes_of_letters_digits_dot_underscore_dash():
         assert not valid_topic_name(bad), bad
 
 
+def test_dot_and_dot_dot_are_not_topic_names_but_other_dotted_names_are():
+    assert not valid_topic_name(".")
+    assert not valid_topic_name("..")
+    for ok in ("...", ".a", "a.", "..a", "a..b", "_", "-"):
+        assert valid_topic_name(ok), ok
+
+
 def test_the_worker_count_is_stored_and_a_damaged_file_reads_as_unset(tmp_path):
     assert stored_worker_count(tmp_path) is None
     store_worker_count(tmp_path, 4)

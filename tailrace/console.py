@@ -1,0 +1,240 @@
+"""``tailrace produce`` and ``tailrace consume``: the console producer and consumer.
+
+produce streams: a line is sent within ``linger_ms`` of arriving (batches grow under load), so
+``tail -f app.log | tailrace produce t`` delivers continuously; stdin is read with ``os.read``
+as data comes, never to its end first. Ctrl-C sends what was read, says how many were acked and
+exits 130.
+
+consume prints one line per record: the value, or what ``--print-*``, ``--format`` (kcat's
+tokens) or ``--json`` ask for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import select
+import sys
+import time
+
+from tailrace.client.consumer import EARLIEST, LATEST, Consumer, Record
+from tailrace.client.errors import InvalidRequestError, UnknownPartitionError
+from tailrace.client.producer import Producer
+
+READ_BYTES = 1 << 16
+EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 130
+FROM_NAMES = {"earliest": EARLIEST, "beginning": EARLIEST, "latest": LATEST, "end": LATEST}
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --- produce -----------------------------------------------------------------------------------
+class LineProducer:
+    """Split stdin's bytes into lines and hand each to the producer as it arrives."""
+
+    def __init__(self, prod: Producer, topic: str, *, key: bytes | None, separator: bytes | None,
+                 partition: int | None):
+        self.prod, self.topic, self.key, self.sep, self.partition = prod, topic, key, separator, partition
+        self.partial = b""
+        self.lines = 0
+
+    def feed(self, data: bytes) -> None:
+        """Send every complete line in ``data`` (plus what an earlier call left unfinished)."""
+        data = self.partial + data
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self.partial = data
+            return
+        self.partial = data[cut + 1:]
+        for line in data[:cut].split(b"\n"):
+            self.send(line)
+
+    def send(self, line: bytes) -> None:
+        self.lines += 1
+        key = self.key
+        if self.sep is not None:
+            key, sep, value = line.partition(self.sep)
+            if not sep:
+                raise InvalidRequestError(f"line {self.lines} has no key separator {self.sep.decode(errors='replace')!r}")
+            line = value
+        self.prod.send(self.topic, line, key=key, partition=self.partition)
+
+    def finish(self) -> None:
+        """stdin ended: a last line without a newline is a line too."""
+        if self.partial:
+            line, self.partial = self.partial, b""
+            self.send(line)
+
+
+def produce(args, stdin_fd: int = 0) -> int:
+    key = args.key.encode() if args.key is not None else None
+    sep = args.key_separator.encode() if args.key_separator is not None else None
+    keyed = key is not None or sep is not None
+    prod = Producer(args.bootstrap, acks=args.acks, linger_ms=args.linger_ms,
+                    partitioner="key_hash" if keyed else "round_robin", connect_timeout_ms=args.connect_timeout_ms)
+    lines = LineProducer(prod, args.name, key=key, separator=sep, partition=args.partition)
+    try:
+        if args.partition is not None:  # a wrong partition is one line at once, not a retry loop
+            count = prod.partitions_for(args.name)
+            if not 0 <= args.partition < count:
+                raise UnknownPartitionError(f"topic {args.name!r} has partitions 0-{count - 1}; no partition {args.partition}")
+        else:
+            prod.partitions_for(args.name)  # an unknown topic fails before any line is read
+        _pump_stdin(prod, lines, stdin_fd)
+        lines.finish()
+        acked = prod.flush()
+    except KeyboardInterrupt:
+        try:
+            lines.finish()
+            acked = prod.flush(10_000)
+        except KeyboardInterrupt:
+            acked = prod.acked_records
+        say(f"interrupted: produced {acked} messages")
+        prod.pool.close()
+        return EXIT_INTERRUPTED
+    except BaseException:
+        try:
+            prod.flush(5_000)  # what was read before the error still goes out
+        except Exception:
+            pass
+        say(f"produced {prod.acked_records} messages before the error")
+        prod.pool.close()
+        raise
+    prod.pool.close()
+    say(f"produced {acked} messages")
+    return EXIT_OK
+
+
+def _pump_stdin(prod: Producer, lines: LineProducer, fd: int) -> None:
+    """Read stdin as it comes; between reads let the producer send what lingered long enough."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP)
+    wait_ms = max(1, int(prod.linger_s * 1000))
+    while True:
+        busy = prod.queued or prod.in_flight
+        if poller.poll(wait_ms if busy else 200):
+            data = os.read(fd, READ_BYTES)
+            if not data:
+                return
+            lines.feed(data)
+        prod.poll(0)
+        if prod.errors:
+            raise prod.errors.pop(0)
+
+
+# --- consume -----------------------------------------------------------------------------------
+def parse_from(text: str) -> str | int:
+    """``--from``: earliest/beginning, latest/end, or an offset (>= 0)."""
+    if text in FROM_NAMES:
+        return FROM_NAMES[text]
+    try:
+        offset = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes earliest, beginning, latest, end or an offset, not {text!r}") from None
+    if offset < 0:
+        raise argparse.ArgumentTypeError(f"takes an offset >= 0, not {offset}")
+    return offset
+
+
+def _text(b: bytes | None, b64: bool) -> str | None:
+    if b is None:
+        return None
+    return base64.b64encode(b).decode() if b64 else b.decode("utf-8", "replace")
+
+
+def formatter(args):
+    """A function from a list of records to the bytes to print for them."""
+    if args.json:
+        def as_json(records: list[Record]) -> bytes:
+            return "".join(json.dumps({"topic": r.topic, "partition": r.partition, "offset": r.offset,
+                                       "timestamp": r.timestamp, "key": _text(r.key, args.base64),
+                                       "value": _text(r.value, args.base64)}, ensure_ascii=False) + "\n"
+                           for r in records).encode()
+        return as_json
+    if args.format is not None:
+        return args.format  # kcat_format made it
+    fields = []
+    if args.print_timestamp:
+        fields.append(lambda r: b"CreateTime:%d" % r.timestamp)
+    if args.print_partition:
+        fields.append(lambda r: b"Partition:%d" % r.partition)
+    if args.print_offset:
+        fields.append(lambda r: b"Offset:%d" % r.offset)
+    if args.print_key:
+        fields.append(lambda r: b"null" if r.key is None else r.key)
+    if not fields:
+        return lambda records: b"".join(r.value + b"\n" for r in records)
+    fields.append(lambda r: r.value)
+    return lambda records: b"".join(b"\t".join(f(r) for f in fields) + b"\n" for r in records)
+
+
+TOKENS = {
+    "t": lambda r: r.topic.encode(), "p": lambda r: b"%d" % r.partition, "o": lambda r: b"%d" % r.offset,
+    "k": lambda r: r.key or b"", "K": lambda r: b"%d" % len(r.key or b""), "v": lambda r: r.value,
+    "s": lambda r: r.value, "S": lambda r: b"%d" % len(r.value), "T": lambda r: b"%d" % r.timestamp,
+}
+
+
+def kcat_format(fmt: str):
+    """kcat's ``-f``: %t topic, %p partition, %o offset, %k key, %K key bytes, %v or %s value, %S
+    value bytes, %T timestamp (ms), %% a percent sign, \\n \\t \\\\ escapes. A line ends each
+    record unless the format has its own \\n."""
+    parts: list = []
+    i, lit = 0, []
+    while i < len(fmt):
+        c = fmt[i]
+        if c in "%\\" and i + 1 < len(fmt):
+            n = fmt[i + 1]
+            if c == "%" and n in TOKENS:
+                if lit:
+                    parts.append("".join(lit).encode())
+                    lit = []
+                parts.append(TOKENS[n])
+            elif c == "%" and n == "%":
+                lit.append("%")
+            elif c == "\\" and n in "nt\\":
+                lit.append({"n": "\n", "t": "\t", "\\": "\\"}[n])
+            else:
+                raise argparse.ArgumentTypeError(f"unknown token {c}{n} (known: %t %p %o %k %K %v %s %S %T %% \\n \\t)")
+            i += 2
+            continue
+        lit.append(c)
+        i += 1
+    if "\n" not in fmt.replace("\\n", "\n"):
+        lit.append("\n")
+    if lit:
+        parts.append("".join(lit).encode())
+    return lambda records: b"".join(b"".join(p if isinstance(p, bytes) else p(r) for p in parts) for r in records)
+
+
+def consume(args) -> int:
+    start = EARLIEST if args.from_beginning else args.from_
+    render = formatter(args)
+    out = sys.stdout.buffer
+    seen = 0
+    cons = Consumer(args.bootstrap, isolation=args.isolation, connect_timeout_ms=args.connect_timeout_ms)
+    try:
+        cons.assign(args.name, None if args.partition is None else [args.partition], start=start)
+        last_new = time.monotonic()
+        while args.max is None or seen < args.max:
+            wait = 500 if args.timeout_ms is None else max(1, min(500, int(args.timeout_ms - (time.monotonic() - last_new) * 1000)))
+            records = cons.poll(wait)
+            if records:
+                last_new = time.monotonic()
+                if args.max is not None:
+                    records = records[: args.max - seen]
+                out.write(render(records))
+                out.flush()
+                seen += len(records)
+            elif args.timeout_ms is not None and (time.monotonic() - last_new) * 1000 >= args.timeout_ms:
+                break
+    except KeyboardInterrupt:
+        say(f"interrupted: consumed {seen} messages")
+        return EXIT_INTERRUPTED
+    finally:
+        cons.close()
+    return EXIT_OK

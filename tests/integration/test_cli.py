@@ -1,0 +1,340 @@
+"""The command line as a newcomer meets it: every documented command with good and bad input, run
+as a subprocess against a real broker. Exit codes are 0 ok, 1 error, 2 usage, 130 interrupted;
+no output ever holds a traceback; an error is one line; a broker that is not there fails within
+2 s; produce streams its stdin and Ctrl-C delivers what was read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tailrace import Admin, Consumer
+from tailrace.bench.launcher import Broker, free_port
+
+TOPIC = "cli"
+
+
+def run(*argv: str, stdin: bytes = b"", bootstrap: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ}
+    env.pop("TAILRACE_BOOTSTRAP", None)
+    if bootstrap is not None:
+        env["TAILRACE_BOOTSTRAP"] = bootstrap
+    return subprocess.run([sys.executable, "-m", "tailrace", *argv], input=stdin, capture_output=True,
+                          env=env, timeout=timeout)
+
+
+def no_traceback(r: subprocess.CompletedProcess) -> None:
+    out = r.stdout + r.stderr
+    assert b"Traceback" not in out, out.decode(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    b = Broker(tmp_path_factory.mktemp("cli") / "data", workers=2, segment_bytes=8 << 20, shm_budget_bytes=256 << 20)
+    b.start()
+    with Admin(b.bootstrap) as a:
+        a.create_topic(TOPIC, 3)
+    yield b
+    b.stop()
+    b.cleanup_shm()
+
+
+def port_of(b: Broker) -> str:
+    return b.bootstrap.rsplit(":", 1)[1]
+
+
+# (argv, stdin, exit code, what stdout holds, what stderr holds); {port} is the broker's port.
+CASES = [
+    # topics
+    (["topic", "create", "cli-made", "--partitions", "2"], b"", 0, b"created topic cli-made with 2 partitions", b""),
+    (["topic", "create", TOPIC], b"", 1, b"", b"TOPIC_EXISTS"),
+    (["topic", "create", "."], b"", 1, b"", b"INVALID_REQUEST"),
+    (["topic", "create", ".."], b"", 1, b"", b"INVALID_REQUEST"),
+    (["topic", "create", "x", "--partitions", "0"], b"", 2, b"", b"must be at least 1"),
+    (["topic", "create", "x", "--partitions", "many"], b"", 2, b"", b"expected an integer"),
+    (["topic", "list"], b"", 0, b"partitions", b""),
+    (["topic", "describe", TOPIC], b"", 0, b"durable", b""),
+    (["topic", "describe", "nope"], b"", 1, b"", b"UNKNOWN_TOPIC"),
+    (["topic"], b"", 2, b"", b"usage:"),
+    # produce
+    (["produce", TOPIC], b"a\nb\nc\n", 0, b"", b"produced 3 messages"),
+    (["produce", TOPIC, "--acks", "durable", "--key", "k"], b"d\ne\n", 0, b"", b"produced 2 messages"),
+    (["produce", TOPIC, "--key-separator", ":"], b"k1:v1\nk2:v2\n", 0, b"", b"produced 2 messages"),
+    (["produce", TOPIC, "--key-separator", ":"], b"k1:v1\nnokey\n", 1, b"", b"line 2 has no key separator"),
+    (["produce", TOPIC, "--partition", "7"], b"a\n", 1, b"", b"no partition 7"),
+    (["produce", "nope"], b"a\n", 1, b"", b"UNKNOWN_TOPIC"),
+    (["produce", TOPIC, "--acks", "all"], b"", 2, b"", b"invalid choice"),
+    # consume
+    (["consume", TOPIC, "--timeout-ms", "300", "--partition", "7"], b"", 1, b"", b"no partition 7"),
+    (["consume", TOPIC, "--from", "nope"], b"", 2, b"", b"--from"),
+    (["consume", TOPIC, "--from", "-1"], b"", 2, b"", b"offset >= 0"),
+    (["consume", TOPIC, "--from", "99999", "--partition", "0", "--timeout-ms", "2000"], b"", 1, b"", b"out of range"),
+    (["consume", "nope", "--timeout-ms", "300"], b"", 1, b"", b"UNKNOWN_TOPIC"),
+    (["consume", TOPIC, "--format", "%q"], b"", 2, b"", b"unknown token %q"),
+    (["consume", TOPIC, "--from", "end", "--timeout-ms", "300"], b"", 0, b"", b""),
+    # status, workers, bench
+    (["status"], b"", 0, b"workers", b""),
+    (["workers", "list"], b"", 0, b"partitions", b""),
+    (["bench"], b"", 0, b"workloads", b""),
+    (["bench", "--help"], b"", 0, b"usage: tailrace bench", b""),
+    (["bench", "-h"], b"", 0, b"usage: tailrace bench", b""),
+    (["bench", "nope"], b"", 2, b"", b"unknown workload"),
+    ([], b"", 2, b"", b"usage:"),
+    (["nope"], b"", 2, b"", b"invalid choice"),
+    # bootstrap forms: Kafka's host:port, a bare port, tcp://; garbage is a usage error
+    (["topic", "list", "--bootstrap", "localhost:{port}"], b"", 0, b"cli", b""),
+    (["topic", "list", "--bootstrap", "{port}"], b"", 0, b"cli", b""),
+    (["topic", "list", "--bootstrap", "tcp://127.0.0.1:{port}"], b"", 0, b"cli", b""),
+    (["topic", "list", "--bootstrap", "garbage"], b"", 2, b"", b"bad bootstrap 'garbage'"),
+    (["topic", "list", "--bootstrap", "http://x:1"], b"", 2, b"", b"bad bootstrap"),
+]
+
+
+@pytest.mark.parametrize("argv, stdin, code, out, err", CASES, ids=[" ".join(c[0]) or "(none)" for c in CASES])
+def test_every_command_with_good_and_bad_input(broker, argv, stdin, code, out, err):
+    argv = [a.replace("{port}", port_of(broker)) for a in argv]
+    r = run(*argv, stdin=stdin, bootstrap=broker.bootstrap)
+    assert r.returncode == code, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    no_traceback(r)
+    assert out in r.stdout, r.stdout[-2000:]
+    assert err in r.stderr, r.stderr[-2000:]
+    if code == 1:  # an error is one line
+        assert len(r.stderr.decode().strip().splitlines()) <= 2, r.stderr  # (produce adds the count it sent)
+
+
+def test_tables_have_headers_and_json_has_the_facts(broker):
+    r = run("topic", "list", bootstrap=broker.bootstrap)
+    assert r.stdout.split(b"\n")[0].split() == [b"topic", b"partitions", b"ring", b"bytes", b"id"], r.stdout
+    listed = json.loads(run("topic", "list", "--json", bootstrap=broker.bootstrap).stdout)
+    assert {t["name"]: t["partitions"] for t in listed}[TOPIC] == 3
+    r = run("topic", "describe", TOPIC, bootstrap=broker.bootstrap)
+    for word in (b"partition", b"worker", b"high", b"durable", b"ring use", b"bytes"):
+        assert word in r.stdout, r.stdout
+    assert b"ipc://" not in r.stdout and b"unix://" not in r.stdout and b"tcp://" not in r.stdout, r.stdout
+    desc = json.loads(run("topic", "describe", TOPIC, "--json", bootstrap=broker.bootstrap).stdout)
+    assert [p["partition"] for p in desc["partitions"]] == [0, 1, 2]
+    assert all("endpoint" not in p for p in desc["partitions"])
+    assert run("produce", TOPIC, stdin=b"1\n2\n3\n", bootstrap=broker.bootstrap).returncode == 0
+    assert run("consume", TOPIC, "--max", "3", bootstrap=broker.bootstrap).returncode == 0
+    until = time.monotonic() + 10
+    while True:  # the router hears of traffic with the next heartbeats (every 0.5 s)
+        status = json.loads(run("status", "--json", bootstrap=broker.bootstrap).stdout)
+        if status["records_out"] >= 3 or time.monotonic() > until:
+            break
+        time.sleep(0.3)
+    assert status["topics"] >= 1 and status["worker_count"] == 2
+    # the traffic of the tests before: counted from the workers' heartbeats
+    assert status["records_in"] > 0 and status["bytes_in"] > 0 and status["records_out"] > 0, status
+    assert status["journal_bytes"] > 0 and 0 < status["shm_used_bytes"] <= status["shm_budget_bytes"], status
+    assert set(status["rates"]) == {"records_in", "bytes_in", "records_out", "bytes_out"}, status
+    human = run("status", bootstrap=broker.bootstrap).stdout.decode()
+    for word in ("up ", "workers", "topics", "messages", "bytes", "journal", "shm"):
+        assert word in human, human
+
+
+def test_consume_prints_what_it_is_asked_for(broker):
+    topic = "cli-print"
+    with Admin(broker.bootstrap) as a:
+        a.create_topic(topic, 1)
+    assert run("produce", topic, "--key-separator", "=", stdin=b"k=v\n", bootstrap=broker.bootstrap).returncode == 0
+    assert run("produce", topic, stdin=b"\xff\xfe\n", bootstrap=broker.bootstrap).returncode == 0
+    base = ["consume", topic, "--timeout-ms", "500"]
+    assert run(*base, bootstrap=broker.bootstrap).stdout == b"v\n\xff\xfe\n"
+    r = run(*base, "--print-key", "--print-offset", "--print-partition", "--print-timestamp", "--max", "1",
+            bootstrap=broker.bootstrap)
+    fields = r.stdout.rstrip(b"\n").split(b"\t")
+    assert fields[0].startswith(b"CreateTime:") and fields[1:] == [b"Partition:0", b"Offset:0", b"k", b"v"], r.stdout
+    r = run(*base, "--format", "%p %o %k %v|%S", "--max", "1", bootstrap=broker.bootstrap)
+    assert r.stdout == b"0 0 k v|1\n", r.stdout
+    rows = [json.loads(line) for line in run(*base, "--json", bootstrap=broker.bootstrap).stdout.splitlines()]
+    assert rows[0]["key"] == "k" and rows[0]["value"] == "v" and rows[0]["offset"] == 0 and rows[0]["timestamp"] > 0
+    rows = [json.loads(line) for line in run(*base, "--json", "--base64", bootstrap=broker.bootstrap).stdout.splitlines()]
+    assert rows[1]["value"] == "//4=" and rows[1]["key"] is None
+    for where in (["--from", "beginning"], ["--from-beginning"], ["--from", "earliest"], ["--from", "1"]):
+        r = run(*base, *where, bootstrap=broker.bootstrap)
+        assert r.returncode == 0 and r.stdout.endswith(b"\xff\xfe\n"), (where, r.stdout)
+    assert run(*base, "--from", "latest", bootstrap=broker.bootstrap).stdout == b""
+
+
+def test_every_option_has_help_with_its_default():
+    for argv in (["--help"], ["serve", "--help"], ["topic", "create", "--help"], ["topic", "list", "--help"],
+                 ["topic", "describe", "--help"], ["produce", "--help"], ["consume", "--help"], ["workers", "set", "--help"],
+                 ["workers", "list", "--help"], ["status", "--help"], ["bench", "--help"]):
+        r = run(*argv)
+        assert r.returncode == 0, (argv, r.stderr)
+        text = r.stdout.decode()
+        options = text.split("options:", 1)[1]
+        # every option line is followed by words (its help) on the same or the next line
+        lines = options.splitlines()
+        for i, line in enumerate(lines):
+            s = line.strip()
+            if s.startswith("--") and "  " not in s:
+                assert i + 1 < len(lines) and lines[i + 1].startswith(" " * 10), (argv, line)
+        for opt, default in (("--linger-ms", "5.0"), ("--acks", "memory"), ("--partitions", "1"), ("--from", "earliest")):
+            if opt in text and argv[0] in ("produce", "consume", "topic"):
+                assert f"(default: {default})" in " ".join(text.split()) or opt not in options, (argv, opt)
+    assert "TAILRACE_BOOTSTRAP" in run("produce", "--help").stdout.decode()
+
+
+def _silent_listener() -> tuple[socket.socket, int]:
+    """A TCP port that accepts connections and never speaks: a hung or wrong service."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    return s, s.getsockname()[1]
+
+
+@pytest.mark.parametrize("kind", ["refused", "silent"])
+def test_a_missing_broker_fails_within_two_seconds(kind):
+    listener = None
+    if kind == "refused":
+        port = free_port()
+    else:
+        listener, port = _silent_listener()
+    try:
+        for argv in (["topic", "list"], ["status"], ["produce", TOPIC], ["consume", TOPIC]):
+            t0 = time.monotonic()
+            r = run(*argv, "--bootstrap", str(port), stdin=b"a\n", timeout=30)
+            took = time.monotonic() - t0
+            assert r.returncode == 1, (argv, r.returncode, r.stderr)
+            no_traceback(r)
+            assert b"no broker answered at tcp://127.0.0.1:%d" % port in r.stderr, r.stderr
+            assert b"tailrace serve" in r.stderr
+            assert took < 2.0, f"{argv}: {took:.2f} s"
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+def _consume_until(bootstrap: str, topic: str, n: int, within_s: float) -> list[bytes]:
+    got: list[bytes] = []
+    with Consumer(bootstrap, max_wait_ms=100) as c:
+        c.assign(topic, start="earliest")
+        until = time.monotonic() + within_s
+        while len(got) < n and time.monotonic() < until:
+            got.extend(r.value for r in c.poll(200))
+    return got
+
+
+def test_produce_streams_lines_before_stdin_closes(broker):
+    topic = "cli-stream"
+    with Admin(broker.bootstrap) as a:
+        a.create_topic(topic, 2)
+    p = subprocess.Popen([sys.executable, "-m", "tailrace", "produce", topic, "--bootstrap", broker.bootstrap],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        p.stdin.write(b"first\nsecond\n")
+        p.stdin.flush()
+        assert sorted(_consume_until(broker.bootstrap, topic, 2, 15)) == [b"first", b"second"]
+        p.stdin.write(b"third\n")
+        p.stdin.flush()
+        assert b"third" in _consume_until(broker.bootstrap, topic, 3, 15)
+        assert p.poll() is None, "produce must keep reading while stdin is open"
+        p.stdin.close()
+        assert p.wait(30) == 0
+        assert b"produced 3 messages" in p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_ctrl_c_in_produce_delivers_what_was_read_and_exits_130(broker):
+    topic = "cli-sigint"
+    with Admin(broker.bootstrap) as a:
+        a.create_topic(topic, 2)
+    # A long linger: the lines read before Ctrl-C are still waiting in the client when it comes.
+    p = subprocess.Popen([sys.executable, "-m", "tailrace", "produce", topic, "--bootstrap", broker.bootstrap,
+                          "--linger-ms", "3000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        p.stdin.write(b"ready\n")
+        p.stdin.flush()
+        assert _consume_until(broker.bootstrap, topic, 1, 20) == [b"ready"]  # it is reading stdin now
+        p.stdin.write(b"".join(b"line-%d\n" % i for i in range(500)))
+        p.stdin.flush()
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        assert p.wait(30) == 130
+        err = p.stderr.read()
+        assert b"Traceback" not in err and b"interrupted: produced 501 messages" in err, err
+        assert len(_consume_until(broker.bootstrap, topic, 501, 15)) == 501
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    c = subprocess.Popen([sys.executable, "-m", "tailrace", "consume", topic, "--bootstrap", broker.bootstrap],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(2)
+    c.send_signal(signal.SIGINT)
+    assert c.wait(30) == 130
+    err = c.stderr.read()
+    assert b"Traceback" not in err and b"interrupted: consumed" in err, err
+
+
+def test_serve_refuses_a_busy_port_at_once_and_says_where_logs_are(tmp_path):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    try:
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "tailrace", "serve", "--data-dir", str(tmp_path / "data"),
+                            "--bind", f"tcp://127.0.0.1:{port}", "--ipc-dir", str(tmp_path / "run")],
+                           capture_output=True, timeout=60)
+        assert r.returncode == 1, r.stderr
+        assert time.monotonic() - t0 < 10
+        assert b"port is in use" in r.stderr and b"supervisord started" not in r.stdout + r.stderr, r.stderr
+        no_traceback(r)
+    finally:
+        listener.close()
+    b = Broker(tmp_path / "data2", workers=1)
+    p = b.spawn(stdout=subprocess.PIPE)
+    try:
+        head = b"".join(p.stdout.readline() for _ in range(3))
+        assert b"logs: " in head and b"router" in head, head
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(120)
+        b.cleanup_shm()
+
+
+def test_the_readmes_supervisord_recipe_runs_as_written(tmp_path):
+    """README: ``eval "$(tailrace serve --print-env)"`` then ``supervisord -n -c "$TAILRACE_SUPERVISORD_CONF"``."""
+    tailrace = shutil.which("tailrace") or f"{sys.executable} -m tailrace"
+    port = free_port()
+    bootstrap = f"tcp://127.0.0.1:{port}"
+    script = (f'cd "{tmp_path}" && eval "$({tailrace} serve --print-env --bind {bootstrap} --workers 1 '
+              f'--ipc-dir {tmp_path}/run)" && exec supervisord -n -c "$TAILRACE_SUPERVISORD_CONF"')
+    p = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        until = time.monotonic() + 60
+        while True:
+            r = run("topic", "create", "recipe", bootstrap=bootstrap)
+            if r.returncode == 0:
+                break
+            assert p.poll() is None, p.stdout.read().decode(errors="replace")
+            assert time.monotonic() < until, r.stderr
+            time.sleep(0.5)
+        assert run("produce", "recipe", stdin=b"x\n", bootstrap=bootstrap).returncode == 0
+        assert run("consume", "recipe", "--timeout-ms", "500", bootstrap=bootstrap).stdout == b"x\n"
+        assert (tmp_path / "data" / "logs" / "router.log").exists()
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(120)
+        from tailrace.broker import settings as settings_mod
+        from tailrace.shm import region
+
+        s = settings_mod.from_env(env={}, data_dir=str((tmp_path / "data").resolve()))
+        left = region.list_instance_regions(s.instance)
+        for name in left:
+            region.unlink(name)
+        assert not left, f"shared memory left after supervisord stopped: {left}"
