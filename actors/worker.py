@@ -28,6 +28,7 @@ import posix_ipc
 import zmq
 
 from tailrace.broker import datadir
+from tailrace.broker.stats import Histogram, StatsFile, label_key
 from tailrace.client import protocol as P
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import Catalog
@@ -129,6 +130,20 @@ _fetch_dec = P.decoder(P.FetchRequest)
 SERVED_FRAMES = {op: P.REQUEST_FRAMES[op] for op in (P.Op.PRODUCE, P.Op.FETCH, P.Op.LIST_OFFSETS, P.Op.PING, P.Op.ADOPT)}
 
 
+def _op_name(op: int) -> str:
+    try:
+        return P.Op(op).name
+    except ValueError:
+        return "UNKNOWN"
+
+
+def _code_name(code: int) -> str:
+    try:
+        return P.ErrorCode(code).name
+    except ValueError:
+        return str(code)
+
+
 class Worker:
     def __init__(self, s: settings_mod.Settings, worker_id: int, table: ControlTable):
         self.s = s
@@ -148,10 +163,42 @@ class Worker:
         self.reader: DiskReader | None = None  # cold reads off the loop (None: read inline)
         self.appended_bytes: dict[int, int] = {}  # slot -> bytes appended since the last PING
         self.totals = [0, 0, 0, 0]  # P.TOTALS since this worker started: one add per request, not per record
+        # for the metrics exporter (broker/stats.py): a dict add per request, never per record
+        self.stats = StatsFile(s.ipc_path(), f"worker-{worker_id}")
+        self.replies: dict[tuple[int, int], int] = {}  # (op, code) -> replies
+        self.durations: dict[int, Histogram] = {}  # op -> service time of its requests
+        self.fetched: dict[int, list[int]] = {}  # slot -> [records, bytes] returned by fetches
+        self.current_op = -1  # the op of the request being handled, for its duration
         self.adopted_new = False  # an actor was made here: tell the flusher (kick KICK_ADOPTED) to rescan its rows
 
     # --- dispatch ------------------------------------------------------------------------
+    def count(self, op: int, code: int) -> None:
+        key = (op, code)
+        self.replies[key] = self.replies.get(key, 0) + 1
+
+    def stats_parts(self) -> tuple[dict, dict, dict]:
+        """Counters, gauges and histograms for this worker's snapshot (broker/stats.py)."""
+        w = self.worker_id
+        requests = {label_key(w, _op_name(op), _code_name(code)): n for (op, code), n in self.replies.items()}
+        durations = {label_key(w, _op_name(op)): h.snapshot() for op, h in self.durations.items()}
+        return ({"worker_requests": requests,
+                 "partition_records_fetched": {str(slot): v[0] for slot, v in self.fetched.items()},
+                 "partition_bytes_fetched": {str(slot): v[1] for slot, v in self.fetched.items()}},
+                {}, {"worker_request_duration_seconds": durations})
+
     def handle(self, frames: list[bytes]) -> None:
+        t0 = time.perf_counter_ns()
+        self.current_op = -1
+        try:
+            self._handle(frames)
+        finally:
+            op = self.current_op
+            h = self.durations.get(op)
+            if h is None:
+                h = self.durations[op] = Histogram()
+            h.observe_ns(time.perf_counter_ns() - t0)
+
+    def _handle(self, frames: list[bytes]) -> None:
         if frames[0] == P.ROUTER_IDENTITY and len(frames) >= 4:
             ident, assign, rest = frames[:2], frames[2], frames[3:]
         else:
@@ -162,7 +209,10 @@ class Worker:
             self.port.send([*ident, P.pack_routing(0, -1, 0, b"", P.ErrorCode.MALFORMED), P.encode(
                 P.ErrorReply(f"first frame must be a {P.ROUTING_BYTES}-byte routing header"))])
             return
+        self.current_op = op
+
         def reply(code, body=None, extra=()):
+            self.count(op, code)
             head = P.encode(body) if body is not None else P.EMPTY_MAP
             self.port.send([*ident, P.pack_routing(op, partition, request_id, P.echo_topic(topic), code), head, *extra])
         try:
@@ -271,7 +321,9 @@ class Worker:
         self.totals[0] += count
         self.totals[1] += len(rest[2])
         self.unkicked_bytes += len(rest[2])
-        if req.acks == P.Acks.MEMORY:
+        if req.acks == P.Acks.NONE:
+            self.count(P.Op.PRODUCE, P.ErrorCode.OK)  # stored; nobody is answered
+        elif req.acks == P.Acks.MEMORY:
             reply(P.ErrorCode.OK, P.ProduceReply(base, count, t))
         elif req.acks == P.Acks.DURABLE:
             head = P.pack_routing(P.Op.PRODUCE, partition, _request_id(rest[0]), topic)
@@ -309,6 +361,7 @@ class Worker:
     def send_fetch(self, actor: PartitionActor, ident, routing: bytes, req: P.FetchRequest, res: FetchResult) -> None:
         _v, op, _c, partition, request_id, topic = P.unpack_routing(routing)
         head = P.pack_routing(op, partition, request_id, topic, res.code)
+        self.count(op, res.code)
         row = actor.row
         if res.code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
             body = P.ErrorReply(f"offset {req.offset} out of range [{int(row[COL['log_start_offset']])}, {actor.watermark(req.isolation)}]",
@@ -326,8 +379,14 @@ class Worker:
             source=res.source,
         )
         body = res.parts[0] if len(res.parts) == 1 else b"".join(res.parts)
-        self.totals[2] += max(0, res.next_offset - req.offset)
+        records = max(0, res.next_offset - req.offset)
+        self.totals[2] += records
         self.totals[3] += len(body)
+        got = self.fetched.get(actor.slot)
+        if got is None:
+            got = self.fetched[actor.slot] = [0, 0]
+        got[0] += records
+        got[1] += len(body)
         self.port.send([*ident, head, P.encode(info), body])
 
     def list_offsets(self, topic: bytes, reply) -> None:
@@ -363,6 +422,9 @@ class Worker:
                 if end > durable:  # storage failed before this batch was synced
                     frames = frames[:-2] + [_with_code(frames[-2], P.ErrorCode.STORAGE_UNAVAILABLE),
                                             P.encode(P.ErrorReply("journal cannot be written; batch not durable"))]
+                    self.count(P.Op.PRODUCE, P.ErrorCode.STORAGE_UNAVAILABLE)
+                else:
+                    self.count(P.Op.PRODUCE, P.ErrorCode.OK)
                 self.port.send(frames)
             if not q:
                 done.append(slot)
@@ -528,6 +590,7 @@ class WorkerProcess:
             self.last_fence_check = now
         if worker.port.backlog:
             worker.port.flush()
+        worker.stats.maybe_write(worker.stats_parts)
         timeout = 20 if worker.waiting_slots else 100  # a lost sync notice must not strand a waiter
         if worker.port.backlog:
             timeout = 2  # replies wait for room in a peer's queue

@@ -3,6 +3,7 @@
     bash bench/setup_peers.sh                       # once: installs the servers and clients
     python -m tailrace.bench.compare produce durable-single --messages 1000000 --repeat 3
     python -m tailrace.bench.compare --peers redis --json > compare.json
+    python -m tailrace.bench.compare e2e-latency --plot compare.png   # latency CDF per system
 
 Installs nothing. Each system is started fresh for each workload (peers.py for how, and with
 which durability settings), on loopback on a free port, and stopped by pid in a ``finally``.
@@ -22,7 +23,7 @@ import time
 from . import report
 from .peers import NatsSystem, RedisSystem
 from .procstat import machine_info
-from .runner import EXIT_OK, EXIT_USAGE, _jsonable, add_workload_options, run_all, selected
+from .runner import EXIT_OK, EXIT_USAGE, _jsonable, add_workload_options, load_plotter, run_all, save_plot, selected
 from .systems import TailraceSystem
 
 PEERS = {"redis": (RedisSystem, "redis"), "nats": (NatsSystem, "nats")}  # name -> (class, Python module)
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = build_parser().parse_args(argv)
     _exit_on_sigterm()
     names = selected(opts.workloads)
+    plotter = load_plotter(opts.plot, "python -m tailrace.bench.compare")
     systems = [] if opts.no_tailrace else [TailraceSystem(workers=opts.workers, data_root=opts.data_root)]
     for name in [p for p in opts.peers.split(",") if p]:
         if name not in PEERS:
@@ -110,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
                "argv": list(argv or sys.argv[1:]), "started": started, "results": rows, "raw": raw}
         json.dump(doc, sys.stdout, indent=1, default=_jsonable)
         sys.stdout.write("\n")
+    if plotter is not None:
+        title = f"{' vs '.join(s.name for s in systems)}: {' '.join(names)}"
+        save_plot(plotter, opts.plot, rows, raw, title, out)
     return EXIT_OK
 
 

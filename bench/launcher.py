@@ -38,10 +38,15 @@ class Broker:
         self.data_dir = Path(data_dir)
         self.port = free_port()
         self.bootstrap = f"tcp://127.0.0.1:{self.port}"
+        settings.setdefault("metrics_bind", f"127.0.0.1:{free_port()}")  # never the default 9420: many brokers run
         self.settings = settings_mod.from_env(
             env={}, data_dir=str(self.data_dir.resolve()), bind=self.bootstrap, workers=workers, **settings
         )
         self.proc: subprocess.Popen | None = None
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.settings.metrics_bind}/metrics"
 
     @property
     def run_dir(self) -> str:

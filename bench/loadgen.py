@@ -13,7 +13,8 @@ progress bar, and returns a dict of counts. The child adds its own timing and CP
 
 Timing: CLOCK_MONOTONIC is one clock for every process of a host, so the children's start and
 end stamps are comparable; throughput is counted from the first child's start to the last
-child's end.
+child's end. The time series (``RunResult.series``, progress.Sampler) counts from the parent's
+release instead, a few hundred microseconds earlier: it is for pictures, not for the figures.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .procstat import CpuMeter, self_cpu_seconds
-from .progress import Progress
+from .progress import Progress, Sampler
 
 READY_TIMEOUT_S = 120.0
 
@@ -86,6 +87,7 @@ class RunResult:
     wall_s: float  # first child start -> last child end
     broker_cpu: dict[str, dict] = field(default_factory=dict)  # name -> {"pid", "cpu_s", "cpu_pct"}
     loadgen: dict = field(default_factory=dict)  # {"processes", "cpu_s", "cpu_pct"}
+    series: list[list[float]] = field(default_factory=list)  # [[seconds since release, count so far], ...]
 
 
 def run_jobs(jobs: list[Job], *, label: str, total: int, timeout_s: float,
@@ -102,6 +104,11 @@ def run_jobs(jobs: list[Job], *, label: str, total: int, timeout_s: float,
     procs = [ctx.Process(target=_child, args=(j.target, j.spec, i, counters[i], go, events), daemon=True,
                          name=f"bench-loadgen-{i}") for i, j in enumerate(jobs)]
     results: list[dict | None] = [None] * len(jobs)
+
+    def done() -> int:  # messages so far, every child's; read by the progress and sampler threads
+        return sum(c.value for c in counters)
+
+    sampler = Sampler(done)
     try:
         for p in procs:
             p.start()
@@ -109,9 +116,10 @@ def run_jobs(jobs: list[Job], *, label: str, total: int, timeout_s: float,
         meter = CpuMeter(broker_pids or {})
         meter.start()
         go.set()
+        sampler.start()
         after = on_go() if on_go is not None else None
         deadline = time.monotonic() + timeout_s
-        with Progress(label, total, lambda: sum(c.value for c in counters)):
+        with Progress(label, total, done):
             while any(r is None for r in results):
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -126,9 +134,11 @@ def run_jobs(jobs: list[Job], *, label: str, total: int, timeout_s: float,
                 if kind == "done":
                     results[i] = payload
         broker_cpu = meter.stop()
+        series = sampler.stop()
         if after is not None:
             after()
     finally:
+        sampler.stop()
         for p in procs:
             if p.pid is None:  # never started
                 continue
@@ -141,7 +151,7 @@ def run_jobs(jobs: list[Job], *, label: str, total: int, timeout_s: float,
     wall = max(t1 - t0, 1e-9)
     cpu = sum(r["cpu_s"] for r in results)
     return RunResult(results, wall, broker_cpu,
-                     {"processes": len(jobs), "cpu_s": round(cpu, 3), "cpu_pct": round(100 * cpu / wall, 1)})
+                     {"processes": len(jobs), "cpu_s": round(cpu, 3), "cpu_pct": round(100 * cpu / wall, 1)}, series)
 
 
 def _wait_ready(events, procs, results) -> None:

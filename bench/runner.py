@@ -4,6 +4,7 @@
     tailrace bench all                      # every workload, full sizes (see bench/README.md)
     tailrace bench produce consume-hot --messages 1000000 --repeat 3
     tailrace bench e2e-latency --bootstrap tcp://127.0.0.1:7420 --json
+    tailrace bench produce e2e-latency --plot bench.png   # throughput over time, latency CDF
 
 By default each workload runs on a fresh broker (the test harness starts it exactly as
 ``tailrace serve`` does, on a temporary data directory and a free loopback port) that is stopped
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -74,6 +76,10 @@ def add_workload_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-seconds", type=float, default=120.0, help="time bound of each measured phase")
     ap.add_argument("--repeat", type=int, default=1, help="runs per workload; the table shows the median")
     ap.add_argument("--json", action="store_true", help="print results as JSON on stdout (table goes to stderr)")
+    ap.add_argument("--plot", default=None, metavar="FILE.png",
+                    help="draw throughput over time and latency CDFs into this PNG (needs matplotlib: tailrace[plot])")
+    ap.add_argument("--scrape-every", type=float, default=0.0, metavar="S",
+                    help="scrape the broker's metrics endpoint every S seconds during each run (0: never)")
     ap.add_argument("--via-router", action="store_true",
                     help="tailrace clients send every request through the router (no client-side addressing)")
 
@@ -153,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     _exit_on_sigterm()
     names = selected(opts.workloads)
+    plotter = load_plotter(opts.plot, "tailrace bench")
     from .systems import TailraceSystem
 
     system = TailraceSystem(bootstrap=opts.bootstrap, workers=opts.workers, data_root=opts.data_root)
@@ -169,7 +176,31 @@ def main(argv: list[str] | None = None) -> int:
                "started": started, "results": rows, "raw": raw}
         json.dump(doc, sys.stdout, indent=1, default=_jsonable)
         sys.stdout.write("\n")
+    if plotter is not None:
+        save_plot(plotter, opts.plot, rows, raw, f"tailrace bench {' '.join(names)}", out)
     return EXIT_OK
+
+
+def load_plotter(path: str | None, prog: str):
+    """bench/plot.py when ``--plot`` is given, checked before any run: a missing matplotlib or
+    folder must not cost a whole bench. None without ``--plot`` (matplotlib is never imported)."""
+    if path is None:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        print(f"{prog}: --plot {path}: no folder {folder}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+    try:
+        from . import plot
+    except ImportError as exc:
+        print(f"{prog}: --plot needs matplotlib ({exc}): pip install 'tailrace[plot]'", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+    return plot
+
+
+def save_plot(plotter, path: str, rows: list[dict], raw: list[dict], title: str, out) -> None:
+    width, height = plotter.write_plot(path, rows, raw, machine_info(), title)
+    print(f"plot: {path} ({width}x{height})", file=out)
 
 
 

@@ -45,6 +45,11 @@ class TailraceSystem:
     def endpoint(self) -> str:
         return self.bootstrap or self.broker.bootstrap
 
+    @property
+    def metrics_url(self) -> str | None:
+        """The broker's Prometheus endpoint (None for a broker given by --bootstrap)."""
+        return self.broker.metrics_url if self.broker is not None else None
+
     def start(self, workload: str) -> None:
         if self.bootstrap:
             return

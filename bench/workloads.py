@@ -3,7 +3,9 @@
 Each workload function takes ``(system, opts)``, starts the system for itself, runs one or
 more *cases* through load generators in separate processes (loadgen.py), stops the system, and
 returns one result row per case. A row is a plain dict (see ``_row``); runner.py aggregates
-repeated runs and prints them.
+repeated runs and prints them. Besides the figures, a row carries what ``--plot`` draws
+(bench/plot.py), small enough for ``--json``: ``series``, the messages counted so far every 20 ms
+of the measured phase (progress.Sampler), and for latency cases ``latency_cdf``, a quantile curve.
 
 | workload        | cases                              | what is measured                              |
 |-----------------|------------------------------------|-----------------------------------------------|
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 
 import numpy as np
 
@@ -37,6 +40,28 @@ def new_topic(kind: str) -> str:
     return f"bench-{kind}-{os.getpid()}-{next(_topic_ids)}"
 
 
+CDF_QUANTILES = 200  # evenly spaced fractions 1/200 ... 1 (p50 and p99 among them; the last is the max)
+CDF_TAIL = (0.999, 0.9999)  # added so the tail is drawn from real points
+
+
+def latency_cdf(lat_ns: np.ndarray) -> list[list[float]]:
+    """``[[latency_us, fraction of messages at or below it], ...]``, both ascending: the minimum,
+    CDF_QUANTILES evenly spaced quantiles, the CDF_TAIL quantiles, and the maximum (fraction 1).
+
+    About 200 points whatever the message count: the curve is for pictures, the raw latencies
+    stay in the load generators.
+    """
+    n = len(lat_ns)
+    if n == 0:
+        return []
+    us = np.sort(np.asarray(lat_ns, dtype=np.float64)) / 1000.0
+    fractions = np.concatenate((np.arange(1, CDF_QUANTILES + 1) / CDF_QUANTILES, CDF_TAIL))
+    ranks = np.unique(np.concatenate(([1], np.ceil(fractions * n).astype(np.int64))))  # 1-based, 1..n
+    values = np.unique(us[np.clip(ranks, 1, n) - 1])
+    at_or_below = np.searchsorted(us, values, side="right") / n  # exact with ties
+    return [[round(float(v), 1), round(float(f), 6)] for v, f in zip(values, at_or_below)]
+
+
 def latency_summary(lat_ns: np.ndarray) -> dict:
     if len(lat_ns) == 0:
         return {"count": 0}
@@ -47,19 +72,24 @@ def latency_summary(lat_ns: np.ndarray) -> dict:
 
 
 def _row(case: str, system, run: RunResult, *, messages: int, size: int, counts: dict,
-         latency: dict | None = None, params: dict | None = None, extra: dict | None = None) -> dict:
-    return {
+         latency_ns: np.ndarray | None = None, params: dict | None = None, extra: dict | None = None) -> dict:
+    row = {
         "case": case,
         "system": system.name,
         "seconds": round(run.wall_s, 3),
         "msgs_per_s": round(messages / run.wall_s, 1),
         "mb_per_s": round(messages * size / run.wall_s / 1e6, 2),
-        "latency": latency,
+        "latency": None,
         "counts": counts,
         "cpu": {"broker": run.broker_cpu, "loadgen": run.loadgen},
         "params": params or {},
+        "series": run.series,  # [[seconds since the release, messages so far], ...]
         **(extra or {}),
     }
+    if latency_ns is not None:
+        row["latency"] = latency_summary(latency_ns)
+        row["latency_cdf"] = latency_cdf(latency_ns)  # [[us, fraction <= us], ...]
+    return row
 
 
 def _split(items: list, n: int) -> list[list]:
@@ -94,14 +124,57 @@ def _produce_case(system, o, case: str, *, acks: str, partitions: int, size: int
                         "producers": o.producers, "in_flight_per_partition": o.in_flight})
 
 
+class Scraper:
+    """``--scrape-every S``: scrape the broker's metrics endpoint every S seconds while the
+    workload runs, as Prometheus would (the cost of being watched)."""
+
+    def __init__(self, url: str | None, every_s: float):
+        import threading
+
+        self.url, self.every_s, self.times = url, every_s, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-scraper", daemon=True)
+        if url:
+            self._thread.start()
+
+    def _run(self) -> None:
+        import urllib.request
+
+        while not self._stop.wait(self.every_s):
+            t0 = time.perf_counter()
+            try:
+                with urllib.request.urlopen(self.url, timeout=10) as r:
+                    r.read()
+            except OSError:
+                continue
+            self.times.append(time.perf_counter() - t0)
+
+    def summary(self) -> dict:
+        t = sorted(self.times)
+        return {"count": len(t), "p50_ms": round(1000 * t[len(t) // 2], 2) if t else None,
+                "max_ms": round(1000 * t[-1], 2) if t else None}
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(15)
+
+
 def _with_system(workload: str):
     """Decorator: start the system for the workload and always stop it."""
     def wrap(fn):
         def run(system, o):
             system.start(workload)
+            scraper = Scraper(getattr(system, "metrics_url", None), o.scrape_every) if getattr(o, "scrape_every", 0) else None
             try:
-                return fn(system, o)
+                rows = fn(system, o)
+                if scraper is not None:
+                    for r in rows:
+                        r["scrapes"] = scraper.summary()
+                return rows
             finally:
+                if scraper is not None:
+                    scraper.stop()
                 system.stop()
         run.__name__ = fn.__name__
         run.__doc__ = fn.__doc__
@@ -158,7 +231,7 @@ def _single_case(system, o, k: int, transport: str) -> dict:
                    broker_pids=system.pids(), on_go=_profiler(o, system, case))
     acked = sum(r["acked"] for r in run.results)
     lat = np.concatenate([r["latency_ns"] for r in run.results])
-    return _row(case, system, run, messages=acked, size=o.size, latency=latency_summary(lat),
+    return _row(case, system, run, messages=acked, size=o.size, latency_ns=lat,
                 counts={"expected": sum(r["sent"] for r in run.results), "sent": sum(r["sent"] for r in run.results),
                         "acked": acked, "errors": sum(r["errors"] for r in run.results),
                         "redirected": sum(r.get("redirected", 0) for r in run.results)},
@@ -255,7 +328,7 @@ def _e2e_case(system, o, transport: str) -> dict:
     run = run_jobs(jobs, label=f"{system.name} {case}", total=total, timeout_s=o.duration * 3 + 130,
                    broker_pids=system.pids(), on_go=_profiler(o, system, case))
     cons, prod = run.results
-    return _row(case, system, run, messages=cons["consumed"], size=o.size, latency=latency_summary(cons["latency_ns"]),
+    return _row(case, system, run, messages=cons["consumed"], size=o.size, latency_ns=cons["latency_ns"],
                 counts={"expected": total, "sent": prod["sent"], "acked": prod["acked"], "consumed": cons["consumed"],
                         "errors": prod.get("errors", 0), "redirected": prod.get("redirected", 0)},
                 params={"rate": o.rate, "duration_s": o.duration, "partitions": o.partitions, "acks": "memory",

@@ -159,19 +159,29 @@ def journal_disk_bytes(data_dir) -> int:
     return total
 
 
-def write_atomic(path, data: bytes) -> None:
+def write_atomic(path, data: bytes, sync: bool = True) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves the old or the new content: write a
-    temp file, fsync it, rename it over, fsync the directory (the rename is durable only then)."""
+    temp file, fsync it, rename it over, fsync the directory (the rename is durable only then).
+    ``sync=False``: readers never see half a file, but a crash may lose the new one (statistics)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     try:
         os.write(fd, data)
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if sync:
+        fsync_dir(path.parent)
+
+
+def stats_dir(run_dir: str) -> str:
+    """Where each process writes its counters for the metrics exporter (broker/stats.py)."""
+    return os.path.join(run_dir, "stats")
+
+
 DEFAULT_DATA_MODE = 0o700
 UNIX_PATH_MAX = 107  # sun_path is 108 bytes with the terminating NUL
 PR_SET_PDEATHSIG = 1

@@ -25,6 +25,7 @@ class Settings(msgspec.Struct, kw_only=True):
     shm_budget_bytes: int = 1024 * MiB  # total shared memory all rings may take
     max_slots: int = 4096  # partition slots in the control table
     segment_bytes: int = 64 * MiB  # journal segment file size
+    metrics_bind: str = "127.0.0.1:9420"  # the Prometheus endpoint (ops/metrics.py); "off" for none
     max_batch_bytes: int = 1 * MiB  # largest record batch accepted
     flush_interval_ms: int = 50  # fsync at least this often when data is pending
     flush_bytes: int = 16 * MiB  # ... or once this many bytes are written but not synced

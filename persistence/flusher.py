@@ -33,6 +33,7 @@ import numpy as np
 from tailrace.broker import datadir
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import Catalog
+from tailrace.broker.stats import Histogram, StatsFile
 from tailrace.client.records import align8, align8_array
 from tailrace.shm import layout, region
 from tailrace.shm.doorbell import IO_ERROR, KICK_ADOPTED, KICK_DURABLE, SYNCED, Doorbell, Ringer
@@ -94,6 +95,10 @@ class Flusher:
         self.rescanned_ns = 0
         self.ringer: Ringer | None = None  # rings the workers' bells (None in-process: tests)
         self.worker_bells: list[str] = []
+        # for the metrics exporter (broker/stats.py); written by run(), never in-process
+        self.stats = StatsFile(settings.ipc_path(), "flusher")
+        self.cycles = self.bytes_written = self.syncs = 0
+        self.write_hist, self.fsync_hist = Histogram(), Histogram()
 
     def rescan(self) -> None:
         """Find the active rows again (a full scan of the control table), and the workers' bells."""
@@ -242,13 +247,24 @@ class Flusher:
         self.staged.append((slot, descs[0][1], b"".join(entries), head, pos + align8(length), base + 1))
         return total
 
+    def stats_parts(self) -> tuple[dict, dict, dict]:
+        return ({"flusher_cycles": {"": self.cycles}, "flusher_bytes_written": {"": self.bytes_written},
+                 "flusher_syncs": {"": self.syncs}},
+                {"flusher_unsynced_bytes": {"": self.unsynced_bytes}},
+                {"flusher_write_duration_seconds": {"": self.write_hist.snapshot()},
+                 "flusher_fsync_duration_seconds": {"": self.fsync_hist.snapshot()}})
+
     def _write_out(self) -> None:
         if not self.staged:
             return
         end = self.buf_base + self.buf_len
         aligned = _align_up(self.buf_len)
         self.buf[self.buf_len : aligned] = bytes(aligned - self.buf_len)
+        t0 = time.perf_counter_ns()
         self.journal.write_aligned(self.buf, aligned, self.buf_base)
+        self.write_hist.observe_ns(time.perf_counter_ns() - t0)
+        self.bytes_written += aligned
+        self.cycles += 1
         rows = self.table.rows
         for slot, first_offset, entries, fdesc, fpos, foff in self.staged:
             self._index(slot).write(first_offset, entries)
@@ -273,7 +289,10 @@ class Flusher:
         self.checkpoint()
 
     def sync(self) -> None:
+        t0 = time.perf_counter_ns()
         self.journal.sync()
+        self.fsync_hist.observe_ns(time.perf_counter_ns() - t0)
+        self.syncs += 1
         rows, slots = self.table.rows, self.slots  # only rows staged since the last scan moved
         rows[slots, COL["durable_offset"]] = rows[slots, COL["flushed_offset"]]
         self.durable_wanted = False
@@ -381,6 +400,7 @@ def run(flusher: Flusher, bell: Doorbell, stop: list) -> None:
             busy = flusher.do_work() >= STAGE_MIN_BYTES
             last_work = now
         flusher.table.header["flusher_heartbeat_ns"] = time.monotonic_ns()
+        flusher.stats.maybe_write(flusher.stats_parts)
 
 
 def main() -> int:

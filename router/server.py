@@ -24,9 +24,11 @@ import time
 from pathlib import Path
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from tailrace.broker import datadir
 from tailrace.broker.datadir import ROUTER_FILE, journal_disk_bytes, write_atomic
+from tailrace.broker.stats import StatsFile, label_key
 from tailrace.client import protocol as P
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import Catalog, stored_worker_count, valid_topic_name
@@ -90,6 +92,9 @@ class Router(WorkerLiveness):
         WorkerLiveness.__init__(self, s)
         self.started = time.time()
         self.traffic = Traffic()  # router/traffic.py: totals and rates from the heartbeats
+        self.stats = StatsFile(s.ipc_path(), "router")  # for the metrics exporter (broker/stats.py)
+        self.clients = 0  # client connections to the front socket (its monitor's accepted - disconnected)
+        self.monitor: zmq.Socket | None = None
         self.forwarded = 0  # produce and fetch requests forwarded to workers
         # (topic, partition) -> the assignment its owner was last sent (a forwarded request or an
         # ADOPT): equal to the route's means the owner has adopted it, or will with the request
@@ -279,6 +284,32 @@ class Router(WorkerLiveness):
             shm_budget_bytes=self.s.shm_budget_bytes,
         )
 
+    def stats_parts(self) -> tuple[dict, dict, dict]:
+        """The router's view of the workers and the partitions, for the metrics exporter."""
+        now = time.monotonic()
+        workers = sorted(set(range(self.count)) | set(self.retiring))
+        gauges = {
+            "worker_heartbeat_age_seconds": {str(w): round(now - self.last_pong.get(w, now), 3) for w in workers},
+            "worker_partitions": {str(w): len(self.scheduler.partitions_of(w)) for w in workers},
+            "worker_load": {str(w): round(self.scheduler.total(w), 3) for w in workers if w in self.scheduler.load},
+            "worker_up": {str(w): int(self._answering(w, now)) for w in workers},
+            "partition_owner_worker": {str(slot): w for slot, w in self.scheduler.owner.items()},
+            "clients_connected": {"": self.clients},
+        }
+        return {"worker_restarts": {str(w): n for w, n in self.traffic.restarts.items()}}, gauges, {}
+
+    def count_clients(self) -> None:
+        """Drain the front socket's monitor: connections accepted and gone."""
+        if self.monitor is None:
+            return
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)["event"]
+            if event == zmq.EVENT_ACCEPTED:
+                self.clients += 1
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.clients = max(0, self.clients - 1)
+
+
 def _info(t) -> P.TopicInfo:
     return P.TopicInfo(t.name, t.topic_id, t.partitions, t.ring_bytes)
 
@@ -297,6 +328,7 @@ def main() -> int:
     P.ReplyPort.configure(front)
     front.setsockopt(zmq.RCVHWM, 100_000)
     front.setsockopt(zmq.MAXMSGSIZE, s.max_frame_bytes)  # a larger part drops the peer, unread
+    router.monitor = front.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
     front.bind(s.bind)
     router.front = front
     router.port = P.ReplyPort(front, log, "router")
@@ -319,7 +351,11 @@ def main() -> int:
         now = time.monotonic()
         if now - last_ping > HEARTBEAT_S:
             router.tick()
+            router.count_clients()
+            router.stats.maybe_write(router.stats_parts)
             last_ping = now
+    front.disable_monitor()
+    router.monitor.close(0)
     front.close(0)
     for d in router.dealers.values():
         d.close(0)

@@ -22,6 +22,7 @@ class Traffic:
         self.gone = [0] * N  # totals of worker lives that ended (a restart starts from zero)
         self.unflushed_by: dict[int, int] = {}  # worker -> records not yet durable
         self.samples: deque[tuple[float, list[int]]] = deque()
+        self.restarts: dict[int, int] = {}  # worker -> new boot ids seen
 
     def on_heartbeat(self, worker: int, boot_ns: int, totals: list[int], unflushed: int) -> None:
         if len(totals) != N:
@@ -29,6 +30,7 @@ class Traffic:
         before = self.current.get(worker)
         if before is not None and before[0] != boot_ns:
             self.gone = [g + t for g, t in zip(self.gone, before[1])]
+            self.restarts[worker] = self.restarts.get(worker, 0) + 1
         self.current[worker] = (boot_ns, list(totals))
         self.unflushed_by[worker] = unflushed
 

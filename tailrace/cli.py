@@ -52,6 +52,7 @@ def cmd_serve(args) -> int:
             segment_bytes=args.segment_bytes,
             data_mode=args.data_mode,
             ipc_dir=args.ipc_dir,
+            metrics_bind=args.metrics_bind,
         )
     except ValueError as exc:
         print(f"tailrace serve: {exc}", file=sys.stderr)
@@ -195,6 +196,12 @@ def cmd_status(args) -> int:
     return EXIT_OK
 
 
+def cmd_top(args) -> int:
+    from tailrace import top
+
+    return top.run(args.metrics or f"http://{_DEFAULTS.metrics_bind}/metrics", args.interval, args.iterations)
+
+
 def cmd_bench(argv: list[str]) -> int:
     from tailrace.bench.runner import main as bench_main  # on use: the command starts without the suite
 
@@ -272,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--ipc-dir", default=None,
                     help="run directory for sockets and pid files (default: $XDG_RUNTIME_DIR/tailrace/<id>, "
                          "/run/tailrace/<id> for root, else <tmp>/tailrace-<uid>/<id>); must be private to this user")
+    sv.add_argument("--metrics-bind", default=None, metavar="HOST:PORT",
+                    help=f"the Prometheus endpoint, /metrics (default {_DEFAULTS.metrics_bind}; off for none)")
     sv.add_argument("--print-env", action="store_true",
                     help="make the data, log and run directories, print the environment supervisord.conf needs and "
                          "the supervisord command line, and exit")
@@ -342,6 +351,13 @@ def build_parser() -> argparse.ArgumentParser:
     st = with_bootstrap(command(sub, "status", "a summary of the running broker: uptime, workers, traffic, disk, memory"))
     st.add_argument("--json", action="store_true", help="print the broker's full status as JSON")
     st.set_defaults(func=cmd_status)
+
+    tp_ = command(sub, "top", "a live view of a running broker from its metrics endpoint (q quits)")
+    tp_.add_argument("--metrics", default=None, metavar="URL",
+                     help=f"the broker's Prometheus endpoint (default http://{_DEFAULTS.metrics_bind}/metrics)")
+    tp_.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    tp_.add_argument("--iterations", type=_positive, default=None, help="stop after N refreshes (default: until q or Ctrl-C)")
+    tp_.set_defaults(func=cmd_top)
 
     sub.add_parser("bench", help="run benchmark workloads (tailrace bench --help; bench/README.md)", add_help=False)
     return ap

@@ -1,0 +1,324 @@
+"""The metrics exporter: one Prometheus endpoint for the whole broker (``--metrics-bind``).
+
+A supervisord program of its own (``python -m tailrace.ops.metrics``), so a scrape never takes
+a cycle from the router, a worker or the flusher. At each scrape it reads:
+
+- the control table (shared memory, read-only): per partition the watermarks, the log start,
+  the bytes appended, the ring bytes not yet written; the flusher's heartbeat;
+- the catalog: topic names, partitions and ring sizes, the shared-memory budget used;
+- each process's own counters (broker/stats.py snapshots in the run directory): per worker the
+  requests by op and code, request durations, records and bytes fetched per partition; the
+  flusher's cycles, bytes written, write and fsync durations; the router's view of the workers
+  (heartbeat age, partitions, load, restarts) and the connected clients;
+- the journal directory: segments and their disk use.
+
+Everything is exposed through prometheus_client (a custom collector of metric families; the
+library writes the text format). Counters of a restarted process continue from where the last
+snapshot of its previous life left them (``Lives``), so no counter goes backwards while the
+exporter lives; a restart of the exporter or of the whole broker is an ordinary counter reset.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from tailrace.broker import datadir, stats
+from tailrace.broker import settings as settings_mod
+from tailrace.broker.catalog import Catalog
+from tailrace.client import protocol as P
+from tailrace.shm import layout
+from tailrace.shm.layout import COL, ring_region_bytes
+from tailrace.shm.ring import ControlTable
+
+log = logging.getLogger("tailrace.metrics")
+
+# Label names of every metric a process reports in its snapshot (broker/stats.py keys are the
+# label values joined by "|", in this order), with the help text and the kind.
+PROCESS_METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "worker_requests": ("counter", ("worker", "op", "code"), "Requests a worker answered, by op and reply code."),
+    "worker_request_duration_seconds": ("histogram", ("worker", "op"),
+                                        "Time a worker spent on a request (service time; a durable ack's wait for the fsync is not in it)."),
+    "partition_records_fetched": ("counter", ("topic", "partition"), "Records returned by fetches (same-host ring readers are not seen)."),
+    "partition_bytes_fetched": ("counter", ("topic", "partition"), "Bytes of record batches returned by fetches."),
+    "flusher_cycles": ("counter", (), "Flusher cycles that staged data for the journal."),
+    "flusher_bytes_written": ("counter", (), "Bytes written to the journal (4 KiB-aligned writes, rewritten tail blocks included)."),
+    "flusher_syncs": ("counter", (), "fdatasync calls on journal segments (group commits)."),
+    "flusher_write_duration_seconds": ("histogram", (), "Duration of one aligned journal write."),
+    "flusher_fsync_duration_seconds": ("histogram", (), "Duration of one group commit (fdatasync of the journal)."),
+    "flusher_unsynced_bytes": ("gauge", (), "Bytes written to the journal and not yet fsynced."),
+    "worker_restarts": ("counter", ("worker",), "Times a worker came back with a new boot id, as the router saw it."),
+    "worker_heartbeat_age_seconds": ("gauge", ("worker",), "Seconds since the worker last answered the router's heartbeat."),
+    "worker_partitions": ("gauge", ("worker",), "Partitions the scheduler places on the worker."),
+    "worker_load": ("gauge", ("worker",), "The worker's load as the scheduler sees it (held requests + MiB/s appended)."),
+    "worker_up": ("gauge", ("worker",), "1 if the worker answers heartbeats."),
+    "partition_owner_worker": ("gauge", ("topic", "partition"), "The worker that owns the partition."),
+    "clients_connected": ("gauge", (), "Client connections to the router."),
+}
+TOTAL_SUFFIX = "_total"
+
+
+class Lives:
+    """Counters across process restarts: a snapshot with a new boot id starts from zero, so the
+    last values of the old life become a base added to the new ones."""
+
+    def __init__(self):
+        self.boot: dict[str, int] = {}
+        self.last: dict[str, dict] = {}  # process -> {"counters": ..., "histograms": ...} last seen
+        self.base: dict[str, dict] = {}  # process -> the same, summed over ended lives
+
+    def see(self, snap: stats.Snapshot) -> tuple[dict, dict]:
+        """Counters and histograms of ``snap``'s process, over all its lives seen."""
+        p = snap.process
+        if p in self.boot and self.boot[p] != snap.boot_ns:
+            self.base[p] = _add(self.base.get(p, {}), self.last.get(p, {}))
+        self.boot[p] = snap.boot_ns
+        self.last[p] = {"counters": snap.counters, "histograms": snap.histograms}
+        total = _add(self.base.get(p, {}), self.last[p])
+        return total.get("counters", {}), total.get("histograms", {})
+
+
+def _add(a: dict, b: dict) -> dict:
+    out = {"counters": {}, "histograms": {}}
+    for part in ("counters",):
+        for src in (a.get(part, {}), b.get(part, {})):
+            for name, series in src.items():
+                dst = out[part].setdefault(name, {})
+                for k, v in series.items():
+                    dst[k] = dst.get(k, 0) + v
+    for src in (a.get("histograms", {}), b.get("histograms", {})):
+        for name, series in src.items():
+            dst = out["histograms"].setdefault(name, {})
+            for k, h in series.items():
+                cur = dst.get(k)
+                if cur is None:
+                    dst[k] = {"counts": list(h["counts"]), "sum": h["sum"]}
+                else:
+                    cur["counts"] = [x + y for x, y in zip(cur["counts"], h["counts"])]
+                    cur["sum"] += h["sum"]
+    return out
+
+
+class BrokerCollector:
+    """prometheus_client collector: every metric family of the broker, read at each scrape."""
+
+    def __init__(self, s: settings_mod.Settings):
+        self.s = s
+        self.run_dir = s.ipc_path()
+        self.catalog = Catalog(s.data_dir)
+        self.lives = Lives()
+
+    def describe(self):
+        return []  # collected at scrape time only (no registration-time scrape)
+
+    def collect(self):
+        t0 = time.perf_counter()
+        self.catalog.reload()
+        topics = self.catalog.data.topics
+        by_slot = self.catalog.by_slot
+        families, lag = self._partitions(by_slot)
+        yield from families
+        yield from self._processes(by_slot, lag)
+        yield from self._journal()
+        g = GaugeMetricFamily("tailrace_topics", "Topics in the catalog.")
+        g.add_metric([], len(topics))
+        yield g
+        g = GaugeMetricFamily("tailrace_partitions", "Partitions over all topics.")
+        g.add_metric([], sum(t.partitions for t in topics.values()))
+        yield g
+        g = GaugeMetricFamily("tailrace_shm_used_bytes", "Shared memory the topics' rings take.")
+        g.add_metric([], self.catalog.shm_bytes(ring_region_bytes))
+        yield g
+        g = GaugeMetricFamily("tailrace_shm_budget_bytes", "The shared-memory budget of all rings.")
+        g.add_metric([], self.s.shm_budget_bytes)
+        yield g
+        g = GaugeMetricFamily("tailrace_scrape_duration_seconds", "Time this scrape took to collect.")
+        g.add_metric([], time.perf_counter() - t0)
+        yield g
+
+    # --- the control table ----------------------------------------------------------------
+    def _partitions(self, by_slot) -> tuple[list, tuple[int, int]]:
+        """The per-partition families and the (bytes, records) appended and not yet durable."""
+        out = []
+        slots = np.array(sorted(s for s in by_slot), dtype=np.int64)
+        labels = [[t.name, str(p)] for t, p in (by_slot[int(s)] for s in slots)]
+        try:
+            table = ControlTable.attach(self.s.instance, read_only=True)
+        except Exception:  # not there yet (the flusher is booting) or being replaced
+            table = None
+        try:
+            rows = table.rows[slots[slots < table.max_slots]] if table is not None and len(slots) else None
+            if table is not None:
+                g = GaugeMetricFamily("tailrace_flusher_heartbeat_age_seconds", "Seconds since the flusher's last cycle.")
+                beat = int(table.header["flusher_heartbeat_ns"])
+                g.add_metric([], max(0.0, (time.monotonic_ns() - beat) / 1e9) if beat else float("nan"))
+                out.append(g)
+                g = GaugeMetricFamily("tailrace_broker_ready", "1 once the flusher has recovered the journal and published READY.")
+                g.add_metric([], 1.0 if int(table.header["state"]) == layout.STATE_READY else 0.0)
+                out.append(g)
+            cols = {}
+            if rows is not None:
+                rows = rows.copy()  # one consistent-enough look, then no more reads of shared memory
+                for name in ("next_offset", "durable_offset", "log_start_offset", "write_position", "flushed_position", "ring_bytes"):
+                    cols[name] = rows[:, COL[name]].tolist()
+        finally:
+            if table is not None:
+                table.close()
+        fams = {
+            "records": CounterMetricFamily("tailrace_partition_records_appended", "Records appended (the high watermark: offsets start at 0).", labels=["topic", "partition"]),
+            "bytes": CounterMetricFamily("tailrace_partition_bytes_appended", "Bytes of record batches appended to the ring since the broker's last full start (each padded to 8 bytes).", labels=["topic", "partition"]),
+            "hw": GaugeMetricFamily("tailrace_partition_high_watermark", "Next offset to be assigned.", labels=["topic", "partition"]),
+            "dw": GaugeMetricFamily("tailrace_partition_durable_watermark", "First offset not yet fsynced.", labels=["topic", "partition"]),
+            "ls": GaugeMetricFamily("tailrace_partition_log_start_offset", "First offset kept.", labels=["topic", "partition"]),
+            "ring": GaugeMetricFamily("tailrace_partition_ring_used_bytes", "Ring bytes not yet written to the journal (a full ring is backpressure).", labels=["topic", "partition"]),
+            "cap": GaugeMetricFamily("tailrace_partition_ring_bytes", "Ring size.", labels=["topic", "partition"]),
+            "lag": GaugeMetricFamily("tailrace_partition_durable_lag_records", "Records appended and not yet durable.", labels=["topic", "partition"]),
+        }
+        lag_bytes = lag_records = 0
+        if cols:
+            for i, lv in enumerate(labels[: len(cols["next_offset"])]):
+                hw, dw = cols["next_offset"][i], cols["durable_offset"][i]
+                unflushed = cols["write_position"][i] - cols["flushed_position"][i]
+                fams["records"].add_metric(lv, hw)
+                fams["bytes"].add_metric(lv, cols["write_position"][i])
+                fams["hw"].add_metric(lv, hw)
+                fams["dw"].add_metric(lv, dw)
+                fams["ls"].add_metric(lv, cols["log_start_offset"][i])
+                fams["ring"].add_metric(lv, unflushed)
+                fams["cap"].add_metric(lv, cols["ring_bytes"][i])
+                fams["lag"].add_metric(lv, hw - dw)
+                lag_bytes += unflushed
+                lag_records += hw - dw
+        return out + list(fams.values()), (lag_bytes, lag_records)
+
+    # --- each process's own counters -------------------------------------------------------
+    def _processes(self, by_slot, lag: tuple[int, int]):
+        """Every process's counters (over its lives), gauges and histograms, summed where two
+        processes report the same series (a partition fetched on two workers after a move)."""
+        counters: dict[str, dict[str, float]] = {}
+        gauges: dict[str, dict[str, float]] = {}
+        hists: dict[str, dict[str, dict]] = {}
+        for snap in stats.read_all(self.run_dir):
+            c, h = self.lives.see(snap)
+            for into, parts in ((counters, c), (gauges, snap.gauges)):
+                for name, series in parts.items():
+                    dst = into.setdefault(name, {})
+                    for k, v in series.items():
+                        dst[k] = dst.get(k, 0) + v
+            for name, series in h.items():
+                dst = hists.setdefault(name, {})
+                for k, v in series.items():
+                    cur = dst.get(k)
+                    dst[k] = {"counts": list(v["counts"]), "sum": v["sum"]} if cur is None else \
+                        {"counts": [x + y for x, y in zip(cur["counts"], v["counts"])], "sum": cur["sum"] + v["sum"]}
+        for name, (kind, labels, text) in PROCESS_METRICS.items():
+            fam = _family(name, kind, labels, text)  # an empty family still tells a reader the metric exists
+            if kind == "histogram":
+                for key, h in hists.get(name, {}).items():
+                    cum, buckets = 0, []
+                    for bound, n in zip([*stats.LATENCY_BUCKETS, float("inf")], h["counts"]):
+                        cum += n
+                        buckets.append(("+Inf" if bound == float("inf") else repr(bound), cum))
+                    lv = _labels(key, labels, by_slot)
+                    if lv is not None:
+                        fam.add_metric(lv, buckets, h["sum"])
+            else:
+                for key, value in (counters if kind == "counter" else gauges).get(name, {}).items():
+                    lv = _labels(key, labels, by_slot)
+                    if lv is not None:
+                        fam.add_metric(lv, value)
+            yield fam
+        unsynced = sum(gauges.get("flusher_unsynced_bytes", {}).values())
+        lag_bytes, lag_records = lag
+        g = GaugeMetricFamily("tailrace_flusher_durable_lag_bytes", "Bytes appended and not yet durable (not yet written, or written and not yet fsynced).")
+        g.add_metric([], lag_bytes + unsynced)
+        yield g
+        g = GaugeMetricFamily("tailrace_flusher_durable_lag_records", "Records appended and not yet durable, all partitions.")
+        g.add_metric([], lag_records)
+        yield g
+
+    # --- the journal ----------------------------------------------------------------------
+    def _journal(self):
+        segments = 0
+        try:
+            segments = sum(1 for n in os.listdir(os.path.join(self.s.data_dir, datadir.JOURNAL_DIR)) if n.endswith(".log"))
+        except FileNotFoundError:
+            pass
+        g = GaugeMetricFamily("tailrace_journal_segments", "Journal segment files.")
+        g.add_metric([], segments)
+        yield g
+        g = GaugeMetricFamily("tailrace_journal_bytes", "Disk the journal takes (allocated blocks).")
+        g.add_metric([], datadir.journal_disk_bytes(self.s.data_dir))
+        yield g
+
+
+def _labels(key: str, labels: tuple[str, ...], by_slot) -> list[str] | None:
+    """Label values of a snapshot key; a partition is reported by slot and named here."""
+    if not labels:
+        return []
+    lv = key.split("|")
+    if labels[:2] == ("topic", "partition"):
+        found = by_slot.get(int(lv[0])) if lv[0].isdigit() else None
+        if found is None:
+            return None  # a slot no topic has (any more)
+        lv = [found[0].name, str(found[1])]
+    return lv if len(lv) == len(labels) else None
+
+
+def _family(name: str, kind: str, labels: tuple[str, ...], text: str):
+    full = f"tailrace_{name}"
+    if kind == "counter":
+        return CounterMetricFamily(full, text, labels=list(labels))
+    if kind == "histogram":
+        return HistogramMetricFamily(full, text, labels=list(labels))
+    return GaugeMetricFamily(full, text, labels=list(labels))
+
+
+def parse_bind(text: str) -> tuple[str, int] | None:
+    """``host:port`` (or a port: loopback), or None for ``off``."""
+    text = text.strip()
+    if text.lower() in ("off", "no", "0", ""):
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", text
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"metrics bind {text!r}: expected host:port, a port, or off")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def registry_for(s: settings_mod.Settings) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(BrokerCollector(s))
+    return reg
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s metrics %(levelname)s %(message)s")
+    s = settings_mod.from_env()
+    where = parse_bind(s.metrics_bind)
+    if where is None:
+        log.info("metrics endpoint off (--metrics-bind off)")
+        return 0
+    claim = datadir.enter_program(s, "metrics", log)
+    if claim is None:
+        return datadir.EXIT_REFUSED
+    stop: list = []
+    datadir.stop_on_signals(stop)
+    server, thread = start_http_server(where[1], addr=where[0], registry=registry_for(s))
+    log.info("serving metrics on http://%s:%d/metrics", *where)
+    while not stop:
+        time.sleep(0.2)
+    server.shutdown()
+    thread.join(5)
+    datadir.leave_program(claim)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
