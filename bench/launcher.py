@@ -38,7 +38,11 @@ class Broker:
         self.data_dir = Path(data_dir)
         self.port = free_port()
         self.bootstrap = f"tcp://127.0.0.1:{self.port}"
-        settings.setdefault("metrics_bind", f"127.0.0.1:{free_port()}")  # never the default 9420: many brokers run
+        if "metrics_bind" not in settings:  # never the default 9420: many brokers run at once
+            metrics_port = free_port()
+            while metrics_port == self.port:
+                metrics_port = free_port()
+            settings["metrics_bind"] = f"127.0.0.1:{metrics_port}"
         self.settings = settings_mod.from_env(
             env={}, data_dir=str(self.data_dir.resolve()), bind=self.bootstrap, workers=workers, **settings
         )

@@ -127,17 +127,25 @@ def _pump_stdin(prod: Producer, lines: LineProducer, fd: int) -> None:
 
 
 # --- consume -----------------------------------------------------------------------------------
+def int_at_least(minimum: int, expected: str = "an integer"):
+    """An argparse type: an integer >= ``minimum``, or a one-line usage error."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, not {text!r}") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {n}")
+        return n
+    return parse
+
+
+_offset = int_at_least(0, "earliest, beginning, latest, end or an offset")
+
+
 def parse_from(text: str) -> str | int:
     """``--from``: earliest/beginning, latest/end, or an offset (>= 0)."""
-    if text in FROM_NAMES:
-        return FROM_NAMES[text]
-    try:
-        offset = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"takes earliest, beginning, latest, end or an offset, not {text!r}") from None
-    if offset < 0:
-        raise argparse.ArgumentTypeError(f"takes an offset >= 0, not {offset}")
-    return offset
+    return FROM_NAMES[text] if text in FROM_NAMES else _offset(text)
 
 
 def _text(b: bytes | None, b64: bool) -> str | None:

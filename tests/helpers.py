@@ -37,6 +37,8 @@ from tailrace.client import protocol as P
 from tailrace.bench.launcher import SUPERVISORD_CONF
 from tailrace.broker.datadir import ROUTER_FILE
 
+# supervisord's programs of a 2-worker test broker: flusher, router, metrics, worker-0, worker-1
+PROGRAMS = 5
 ASSIGN = P.ASSIGN  # slot, owner epoch: the router's assign frame (client/protocol.py)
 HIGH = 0x7FFF_0000  # low 32 bits of a test epoch: above any router counter of one generation
 

@@ -76,7 +76,7 @@ CASES = [
     # consume
     (["consume", TOPIC, "--timeout-ms", "300", "--partition", "7"], b"", 1, b"", b"no partition 7"),
     (["consume", TOPIC, "--from", "nope"], b"", 2, b"", b"--from"),
-    (["consume", TOPIC, "--from", "-1"], b"", 2, b"", b"offset >= 0"),
+    (["consume", TOPIC, "--from", "-1"], b"", 2, b"", b"must be at least 0"),
     (["consume", TOPIC, "--from", "99999", "--partition", "0", "--timeout-ms", "2000"], b"", 1, b"", b"out of range"),
     (["consume", "nope", "--timeout-ms", "300"], b"", 1, b"", b"UNKNOWN_TOPIC"),
     (["consume", TOPIC, "--format", "%q"], b"", 2, b"", b"unknown token %q"),

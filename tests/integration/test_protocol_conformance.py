@@ -19,6 +19,7 @@ from tailrace.bench.launcher import Broker
 from tailrace.client import protocol as P
 from tailrace.client import unixwire
 from tailrace.client.records import encode_batch, iter_batches
+from tests.helpers import PROGRAMS
 
 E = P.ErrorCode
 REPLY_TIMEOUT_MS = 10_000
@@ -164,7 +165,7 @@ def test_every_op_with_an_extra_or_missing_frame_gets_malformed_at_the_router_wh
     assert produce(router, "frames", batch).base_offset == 0
     info, batches = fetch(router, "frames", 0)
     assert info.next_offset == 2 and [b.record_count for b in batches] == [2]
-    assert broker.proc.poll() is None and len(broker.pids()) == 4, "a broker process died"
+    assert broker.proc.poll() is None and len(broker.pids()) == PROGRAMS, "a broker process died"
 
 
 @pytest.mark.parametrize("transport", ["zeromq", "unix"])
@@ -202,7 +203,7 @@ def test_wrong_frame_counts_straight_to_a_worker_get_malformed_and_the_worker_ke
         assert info.next_offset == 2 and [b.record_count for b in batches] == [1, 1]
     finally:
         worker.close()
-    assert broker.proc.poll() is None and len(broker.pids()) == 4, "a broker process died"
+    assert broker.proc.poll() is None and len(broker.pids()) == PROGRAMS, "a broker process died"
 
 
 # --- sections 4.1 and 6: acks ----------------------------------------------------------------------
