@@ -14,7 +14,6 @@ CPU is spent on the round trip, not on re-encoding an identical record.
 
 from __future__ import annotations
 
-import struct
 import time
 from collections import Counter
 
@@ -27,15 +26,13 @@ from tailrace.client.connection import Connection, Pool
 from tailrace.client.consumer import Consumer
 from tailrace.client.errors import TailraceError
 from tailrace.client.producer import Producer
-from tailrace.client.records import CRC_START, HEADER_BYTES, HEADER_DTYPE, OFFSETS_DTYPE, batches_to_columns, encode_batch, iter_batches
+from tailrace.client.records import (CRC, CRC_AT, CRC_START, HEADER_BYTES, HEADER_DTYPE, LENGTH, LENGTH_AT, OFFSETS_DTYPE,
+                                     batches_to_columns, encode_batch, iter_batches)
 
 from .payload import STAMP, batch_buffers, value_stamps
 
 FLUSH_TIMEOUT_MS = 120_000
 RETRY_S = 0.005  # pause before resending after NOT_READY (a partition between owners)
-STAMP_LENGTH = struct.Struct("<i")
-STAMP_CRC = struct.Struct("<I")
-_CRC_AT = HEADER_DTYPE.fields["crc"][1]
 _CREATE_TIME_AT = HEADER_DTYPE.fields["create_time_us"][1]
 
 
@@ -204,14 +201,14 @@ class OneRecordFrame:
 
     def __init__(self, size: int):
         self.buf = bytearray(encode_batch([bytes(max(size, STAMP.size))]))
-        self.length = STAMP_LENGTH.unpack_from(self.buf, 0)[0]
+        self.length = LENGTH.unpack_from(self.buf, LENGTH_AT)[0]
         self.value_at = HEADER_BYTES + 2 * OFFSETS_DTYPE.itemsize
 
     def stamp(self) -> bytes:
         buf = self.buf
         STAMP.pack_into(buf, self.value_at, time.monotonic_ns())
         STAMP.pack_into(buf, _CREATE_TIME_AT, time.time_ns() // 1000)
-        STAMP_CRC.pack_into(buf, _CRC_AT, crc32c(memoryview(buf)[CRC_START : self.length]))
+        CRC.pack_into(buf, CRC_AT, crc32c(memoryview(buf)[CRC_START : self.length]))
         return bytes(buf)
 
 

@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 from tailrace import Admin, Consumer, Producer
 from tailrace.client import protocol as P
 from tailrace.broker.catalog import Catalog
-from tailrace.client.records import CRC_START, HEADER_BYTES, BatchError, encode_batch, iter_batches, read_header, validate_frame
+from tailrace.client.records import (COUNT_AT, CRC_AT, CRC_START, HEADER_BYTES, BatchError, encode_batch, iter_batches, read_header,
+                                     validate_frame)
 from tailrace.persistence.index import ENTRY_DTYPE, index_path
 from tailrace.broker.datadir import JOURNAL_DIR, segment_name
 from tailrace.persistence.journal import list_segments
@@ -101,9 +102,9 @@ def batch_frames(draw) -> bytes:
         if kind == "length":
             _put(b, "<i", 0, draw(st.one_of(i32, st.integers(0, len(b) + 16))))
         elif kind == "count":
-            _put(b, "<i", 36, draw(i32))
+            _put(b, "<i", COUNT_AT, draw(i32))
         elif kind == "crc":
-            _put(b, "<I", 32, draw(st.integers(0, 2**32 - 1)))
+            _put(b, "<I", CRC_AT, draw(st.integers(0, 2**32 - 1)))
         elif kind == "voffset":
             _put(b, "<i", HEADER_BYTES + 4 * draw(st.integers(0, n)), draw(i32))
         elif kind == "attributes" and len(b) > 7:
