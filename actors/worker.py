@@ -173,8 +173,10 @@ class Worker:
 
     # --- dispatch ------------------------------------------------------------------------
     def count(self, op: int, code: int) -> None:
-        key = (op, code)
-        self.replies[key] = self.replies.get(key, 0) + 1
+        """One reply to a client (the router's heartbeat PINGs are not counted)."""
+        if op != P.Op.PING:
+            key = (op, code)
+            self.replies[key] = self.replies.get(key, 0) + 1
 
     def stats_parts(self) -> tuple[dict, dict, dict]:
         """Counters, gauges and histograms for this worker's snapshot (broker/stats.py)."""
@@ -193,10 +195,11 @@ class Worker:
             self._handle(frames)
         finally:
             op = self.current_op
-            h = self.durations.get(op)
-            if h is None:
-                h = self.durations[op] = Histogram()
-            h.observe_ns(time.perf_counter_ns() - t0)
+            if op != P.Op.PING:
+                h = self.durations.get(op)
+                if h is None:
+                    h = self.durations[op] = Histogram()
+                h.observe_ns(time.perf_counter_ns() - t0)
 
     def _handle(self, frames: list[bytes]) -> None:
         if frames[0] == P.ROUTER_IDENTITY and len(frames) >= 4:
@@ -206,6 +209,7 @@ class Worker:
         try:
             version, op, _code, partition, request_id, topic = P.unpack_routing(rest[0] if rest else b"")
         except struct.error:
+            self.count(-1, P.ErrorCode.MALFORMED)
             self.port.send([*ident, P.pack_routing(0, -1, 0, b"", P.ErrorCode.MALFORMED), P.encode(
                 P.ErrorReply(f"first frame must be a {P.ROUTING_BYTES}-byte routing header"))])
             return
@@ -241,13 +245,11 @@ class Worker:
                 reply(P.ErrorCode.OK, P.PingReply(self.worker_id, os.getpid(), self.boot_ns, len(self.actors),
                                                   self.appended_bytes, list(held), held, self.totals, unflushed))
                 self.appended_bytes = {}
-            elif op == P.Op.ADOPT:
+            else:  # ADOPT: SERVED_FRAMES let no other op through
                 if assign is None:  # only the router hands partitions over
                     reply(P.ErrorCode.UNKNOWN_OP, P.ErrorReply(f"op {op} (ADOPT) is internal: router to worker only"))
                 elif self.actor_for(assign, topic, partition, reply) is not None:
                     reply(P.ErrorCode.OK)
-            else:
-                reply(P.ErrorCode.UNKNOWN_OP, P.ErrorReply(f"unknown op {op}"))
         except P.DECODE_ERRORS as exc:
             reply(P.ErrorCode.MALFORMED, P.ErrorReply(f"undecodable header: {type(exc).__name__}: {exc}"))
         except Exception as exc:  # a bug must not take the worker down with it

@@ -41,6 +41,13 @@ def _kinds(text: str) -> list[str]:
     return kinds
 
 
+def _seconds_or_never(text: str) -> float:
+    x = float(text)
+    if not x >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (never) or more, not {text}")
+    return x
+
+
 def add_workload_options(ap: argparse.ArgumentParser) -> None:
     """Options shared with compare.py: sizes and shapes of every workload."""
     ap.add_argument("workloads", nargs="*", default=[], metavar="WORKLOAD",
@@ -78,7 +85,7 @@ def add_workload_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--json", action="store_true", help="print results as JSON on stdout (table goes to stderr)")
     ap.add_argument("--plot", default=None, metavar="FILE.png",
                     help="draw throughput over time and latency CDFs into this PNG (needs matplotlib: tailrace[plot])")
-    ap.add_argument("--scrape-every", type=float, default=0.0, metavar="S",
+    ap.add_argument("--scrape-every", type=_seconds_or_never, default=0.0, metavar="S",
                     help="scrape the broker's metrics endpoint every S seconds during each run (0: never)")
     ap.add_argument("--via-router", action="store_true",
                     help="tailrace clients send every request through the router (no client-side addressing)")

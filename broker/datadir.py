@@ -144,19 +144,20 @@ def fsync_dir(path) -> None:
         os.close(fd)
 
 
-def journal_disk_bytes(data_dir) -> int:
-    """The journal's disk use (allocated blocks of its segment files)."""
-    total = 0
+def journal_usage(data_dir) -> tuple[int, int]:
+    """(segment files, disk bytes of the journal directory: allocated blocks), one directory scan."""
+    segments = total = 0
     try:
         with os.scandir(os.path.join(data_dir, JOURNAL_DIR)) as it:
             for e in it:
+                segments += e.name.endswith(SEGMENT_SUFFIX)
                 try:
                     total += e.stat(follow_symlinks=False).st_blocks * 512
                 except FileNotFoundError:
                     pass
     except FileNotFoundError:
         pass
-    return total
+    return segments, total
 
 
 def write_atomic(path, data: bytes, sync: bool = True) -> None:
@@ -177,9 +178,17 @@ def write_atomic(path, data: bytes, sync: bool = True) -> None:
         fsync_dir(path.parent)
 
 
+STATS_DIR = "stats"  # in the run directory: each process's counters (broker/stats.py, FORMAT.md)
+STATS_SUFFIX = ".msgpack"
+
+
 def stats_dir(run_dir: str) -> str:
     """Where each process writes its counters for the metrics exporter (broker/stats.py)."""
-    return os.path.join(run_dir, "stats")
+    return os.path.join(run_dir, STATS_DIR)
+
+
+def stats_file(run_dir: str, process: str) -> str:
+    return os.path.join(run_dir, STATS_DIR, process + STATS_SUFFIX)
 
 
 DEFAULT_DATA_MODE = 0o700

@@ -12,7 +12,11 @@ import os
 
 import msgspec
 
+from tailrace.client.connection import parse_bootstrap
+
 from . import datadir
+
+METRICS_OFF = ("off", "no", "none", "0", "")
 
 MiB = 1 << 20
 
@@ -81,7 +85,20 @@ class Settings(msgspec.Struct, kw_only=True):
         """A worker's doorbell, which the flusher rings after every sync."""
         return os.path.join(self.ipc_path(), datadir.worker_file(worker_id, "bell"))
 
+    def metrics_address(self) -> tuple[str, int] | None:
+        """``metrics_bind`` as (host, port) to listen on, or None when it is off; a bad value is
+        a ValueError (the forms of a bootstrap address: host:port, or a port on loopback)."""
+        text = self.metrics_bind.strip()
+        if text.lower() in METRICS_OFF:
+            return None
+        endpoint = parse_bootstrap(text)
+        if not endpoint.startswith("tcp://"):
+            raise ValueError(f"metrics_bind={text!r}: expected host:port, a port, or off")
+        host, _, port = endpoint[len("tcp://"):].rpartition(":")
+        return host.strip("[]"), int(port)
+
     def validate(self) -> None:
+        self.metrics_address()
         if self.max_batch_bytes * 4 > self.segment_bytes:
             raise ValueError(f"segment_bytes={self.segment_bytes} must be >= 4 x max_batch_bytes={self.max_batch_bytes}")
         if self.segment_bytes % 4096 or self.write_buffer_bytes % 4096:

@@ -1,8 +1,8 @@
 """Each broker process's own counters, for the metrics exporter (ops/metrics.py).
 
-A process counts in plain Python ints and numpy arrays (no lock, no syscall: well under a
-microsecond a request) and, at most once a second, writes a snapshot to
-``<run dir>/stats/<process>.msgpack`` (write-then-rename: a reader never sees half a file). The
+A process counts in plain Python ints and lists (no lock, no syscall: about a microsecond a
+request) and, at most once a second, writes a snapshot to ``<run dir>/stats/<process>.msgpack``
+(write-then-rename: a reader never sees half a file; docs/FORMAT.md, "Process counters"). The
 exporter reads these files at each scrape, with the control table, and exposes everything through
 prometheus_client. A snapshot carries the process's ``boot_ns``: when a process restarts its
 counters start again from zero, and the exporter adds the last snapshot of the old life to them,
@@ -18,9 +18,8 @@ import time
 from bisect import bisect_left
 
 import msgspec
-import numpy as np
 
-from .datadir import stats_dir, write_atomic
+from .datadir import STATS_SUFFIX, stats_dir, stats_file, write_atomic
 
 WRITE_EVERY_S = 1.0
 # Latency buckets in seconds (upper bounds; +Inf is added by the exposition): 50 us .. 10 s.
@@ -69,7 +68,7 @@ class StatsFile:
 
     def __init__(self, run_dir: str, process: str):
         self.dir = stats_dir(run_dir)
-        self.path = os.path.join(self.dir, f"{process}.msgpack")
+        self.path = stats_file(run_dir, process)
         self.process = process
         self.boot_ns = time.time_ns()
         self.next_at = 0.0
@@ -98,7 +97,7 @@ def read_all(run_dir: str) -> list[Snapshot]:
     except FileNotFoundError:
         return out
     for name in names:
-        if not name.endswith(".msgpack"):
+        if not name.endswith(STATS_SUFFIX):
             continue
         try:
             with open(os.path.join(d, name), "rb") as f:
@@ -110,8 +109,3 @@ def read_all(run_dir: str) -> list[Snapshot]:
 
 def label_key(*values) -> str:
     return "|".join(str(v) for v in values)
-
-
-def op_code_table(n_ops: int = 256, n_codes: int = 64) -> np.ndarray:
-    """Request counts by [op, code] (both small integers on the wire)."""
-    return np.zeros((n_ops, n_codes), dtype=np.int64)

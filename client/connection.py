@@ -38,7 +38,7 @@ def parse_bootstrap(value: str | int) -> str:
     host, sep, port = rest.rpartition(":")
     if not sep:
         host, port = "127.0.0.1", rest
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise BootstrapError(f"bad bootstrap {value!r}: expected host:port, tcp://host:port or a port (1-65535)")
     inner = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not inner or not all(c.isalnum() or c in ".-_:" for c in inner) or (":" in inner and inner == host):

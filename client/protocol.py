@@ -272,7 +272,7 @@ class StatusReply(msgspec.Struct):
     worker_count: int
     spread_pending: bool
     workers: list[WorkerStatus]
-    # traffic since the router started (TOTALS; what same-host ring readers take is not seen)
+    # traffic the workers counted since they started, restarts included (TOTALS; what same-host ring readers take is not seen)
     records_in: int = 0
     bytes_in: int = 0
     records_out: int = 0

@@ -21,7 +21,7 @@ exporter lives; a restart of the exporter or of the whole broker is an ordinary 
 from __future__ import annotations
 
 import logging
-import os
+import threading
 import time
 
 import numpy as np
@@ -41,7 +41,7 @@ log = logging.getLogger("tailrace.metrics")
 # Label names of every metric a process reports in its snapshot (broker/stats.py keys are the
 # label values joined by "|", in this order), with the help text and the kind.
 PROCESS_METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
-    "worker_requests": ("counter", ("worker", "op", "code"), "Requests a worker answered, by op and reply code."),
+    "worker_requests": ("counter", ("worker", "op", "code"), "Client requests a worker answered, by op and reply code (the router's heartbeats are not counted)."),
     "worker_request_duration_seconds": ("histogram", ("worker", "op"),
                                         "Time a worker spent on a request (service time; a durable ack's wait for the fsync is not in it)."),
     "partition_records_fetched": ("counter", ("topic", "partition"), "Records returned by fetches (same-host ring readers are not seen)."),
@@ -60,7 +60,7 @@ PROCESS_METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "partition_owner_worker": ("gauge", ("topic", "partition"), "The worker that owns the partition."),
     "clients_connected": ("gauge", (), "Client connections to the router."),
 }
-TOTAL_SUFFIX = "_total"
+EXIT_NO_PORT = 2  # listed in supervisord.conf's exitcodes: not restarted in a loop
 
 
 class Lives:
@@ -84,24 +84,25 @@ class Lives:
 
 
 def _add(a: dict, b: dict) -> dict:
+    """``a`` + ``b``, each {"counters": {name: {key: n}}, "histograms": {name: {key: h}}}."""
     out = {"counters": {}, "histograms": {}}
-    for part in ("counters",):
-        for src in (a.get(part, {}), b.get(part, {})):
-            for name, series in src.items():
-                dst = out[part].setdefault(name, {})
-                for k, v in series.items():
-                    dst[k] = dst.get(k, 0) + v
-    for src in (a.get("histograms", {}), b.get("histograms", {})):
-        for name, series in src.items():
-            dst = out["histograms"].setdefault(name, {})
-            for k, h in series.items():
-                cur = dst.get(k)
-                if cur is None:
-                    dst[k] = {"counts": list(h["counts"]), "sum": h["sum"]}
-                else:
-                    cur["counts"] = [x + y for x, y in zip(cur["counts"], h["counts"])]
-                    cur["sum"] += h["sum"]
+    for src in (a, b):
+        merge(out["counters"], out["histograms"], src.get("counters", {}), src.get("histograms", {}))
     return out
+
+
+def merge(counters: dict, histograms: dict, more_counters: dict, more_histograms: dict) -> None:
+    """Add series into ``counters`` and ``histograms`` (same key: values and buckets summed)."""
+    for name, series in more_counters.items():
+        dst = counters.setdefault(name, {})
+        for k, v in series.items():
+            dst[k] = dst.get(k, 0) + v
+    for name, series in more_histograms.items():
+        dst = histograms.setdefault(name, {})
+        for k, h in series.items():
+            cur = dst.get(k)
+            dst[k] = {"counts": list(h["counts"]), "sum": h["sum"]} if cur is None else \
+                {"counts": [x + y for x, y in zip(cur["counts"], h["counts"])], "sum": cur["sum"] + h["sum"]}
 
 
 class BrokerCollector:
@@ -112,11 +113,19 @@ class BrokerCollector:
         self.run_dir = s.ipc_path()
         self.catalog = Catalog(s.data_dir)
         self.lives = Lives()
+        # prometheus_client serves scrapes on threads and calls collect() outside its own lock:
+        # two at once would both see a process's new life and add the old one twice.
+        self.lock = threading.Lock()
 
     def describe(self):
         return []  # collected at scrape time only (no registration-time scrape)
 
     def collect(self):
+        with self.lock:
+            families = list(self._collect())
+        yield from families
+
+    def _collect(self):
         t0 = time.perf_counter()
         self.catalog.reload()
         topics = self.catalog.data.topics
@@ -205,17 +214,8 @@ class BrokerCollector:
         hists: dict[str, dict[str, dict]] = {}
         for snap in stats.read_all(self.run_dir):
             c, h = self.lives.see(snap)
-            for into, parts in ((counters, c), (gauges, snap.gauges)):
-                for name, series in parts.items():
-                    dst = into.setdefault(name, {})
-                    for k, v in series.items():
-                        dst[k] = dst.get(k, 0) + v
-            for name, series in h.items():
-                dst = hists.setdefault(name, {})
-                for k, v in series.items():
-                    cur = dst.get(k)
-                    dst[k] = {"counts": list(v["counts"]), "sum": v["sum"]} if cur is None else \
-                        {"counts": [x + y for x, y in zip(cur["counts"], v["counts"])], "sum": cur["sum"] + v["sum"]}
+            merge(counters, hists, c, h)
+            merge(gauges, {}, snap.gauges, {})
         for name, (kind, labels, text) in PROCESS_METRICS.items():
             fam = _family(name, kind, labels, text)  # an empty family still tells a reader the metric exists
             if kind == "histogram":
@@ -244,16 +244,12 @@ class BrokerCollector:
 
     # --- the journal ----------------------------------------------------------------------
     def _journal(self):
-        segments = 0
-        try:
-            segments = sum(1 for n in os.listdir(os.path.join(self.s.data_dir, datadir.JOURNAL_DIR)) if n.endswith(".log"))
-        except FileNotFoundError:
-            pass
+        segments, disk = datadir.journal_usage(self.s.data_dir)
         g = GaugeMetricFamily("tailrace_journal_segments", "Journal segment files.")
         g.add_metric([], segments)
         yield g
         g = GaugeMetricFamily("tailrace_journal_bytes", "Disk the journal takes (allocated blocks).")
-        g.add_metric([], datadir.journal_disk_bytes(self.s.data_dir))
+        g.add_metric([], disk)
         yield g
 
 
@@ -279,19 +275,6 @@ def _family(name: str, kind: str, labels: tuple[str, ...], text: str):
     return GaugeMetricFamily(full, text, labels=list(labels))
 
 
-def parse_bind(text: str) -> tuple[str, int] | None:
-    """``host:port`` (or a port: loopback), or None for ``off``."""
-    text = text.strip()
-    if text.lower() in ("off", "no", "0", ""):
-        return None
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = "127.0.0.1", text
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"metrics bind {text!r}: expected host:port, a port, or off")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
 def registry_for(s: settings_mod.Settings) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(BrokerCollector(s))
@@ -301,7 +284,7 @@ def registry_for(s: settings_mod.Settings) -> CollectorRegistry:
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s metrics %(levelname)s %(message)s")
     s = settings_mod.from_env()
-    where = parse_bind(s.metrics_bind)
+    where = s.metrics_address()
     if where is None:
         log.info("metrics endpoint off (--metrics-bind off)")
         return 0
@@ -310,7 +293,12 @@ def main() -> int:
         return datadir.EXIT_REFUSED
     stop: list = []
     datadir.stop_on_signals(stop)
-    server, thread = start_http_server(where[1], addr=where[0], registry=registry_for(s))
+    try:
+        server, thread = start_http_server(where[1], addr=where[0], registry=registry_for(s))
+    except OSError as exc:  # the port is taken: say so once, and stay down (supervisord: an expected exit)
+        log.error("cannot serve metrics on %s:%d: %s; the broker runs on without them", *where, exc)
+        datadir.leave_program(claim)
+        return EXIT_NO_PORT
     log.info("serving metrics on http://%s:%d/metrics", *where)
     while not stop:
         time.sleep(0.2)

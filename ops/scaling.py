@@ -25,6 +25,7 @@ from pathlib import Path
 from tailrace.broker import datadir
 from tailrace.broker import settings as settings_mod
 from tailrace.client.admin import Admin
+from tailrace.client.connection import CONNECT_TIMEOUT_MS
 from tailrace.client.errors import TailraceError
 
 BASE_GROUP = "worker"
@@ -137,14 +138,15 @@ def running_workers(sv) -> list[int]:
     return sorted(ids)
 
 
-def set_workers(s: settings_mod.Settings, bootstrap: str, n: int, timeout_s: float = 120.0, log=print) -> dict:
+def set_workers(s: settings_mod.Settings, bootstrap: str, n: int, timeout_s: float = 120.0, log=print,
+                connect_timeout_ms: int = CONNECT_TIMEOUT_MS) -> dict:
     """Grow or shrink a running broker to ``n`` workers; returns the router's final status."""
     if n < 1:
         raise ScalingError(f"workers={n} must be >= 1")
     run_dir = s.ipc_path()
     sv = supervisor(run_dir)
     deadline = time.monotonic() + timeout_s
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, connect_timeout_ms=connect_timeout_ms) as admin:
         before = admin.status()
         old = before["worker_count"]
         if n > old:

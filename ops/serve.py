@@ -82,18 +82,16 @@ def check_bind(endpoint: str) -> str | None:
     return None
 
 
-def check_metrics_bind(text: str) -> str | None:
+def check_metrics_bind(s: settings_mod.Settings) -> str | None:
     """The same for the Prometheus endpoint (``--metrics-bind``; ``off`` needs no port)."""
-    from .metrics import parse_bind
-
-    try:
-        where = parse_bind(text)
-    except ValueError as exc:
-        return str(exc)
-    if where is None:
-        return None
-    why = check_bind(f"tcp://{where[0]}:{where[1]}")
+    where = s.metrics_address()  # validated with the settings
+    why = check_bind(f"tcp://{where[0]}:{where[1]}") if where is not None else None
     return f"{why} (the metrics endpoint: choose another with --metrics-bind, or --metrics-bind off)" if why else None
+
+
+def metrics_url(s: settings_mod.Settings) -> str:
+    where = s.metrics_address()
+    return "off" if where is None else f"http://{where[0]}:{where[1]}/metrics"
 
 
 def log_files(s: settings_mod.Settings) -> str:
@@ -144,7 +142,7 @@ def run(s: settings_mod.Settings, env: dict[str, str], argv: list[str], default_
         say(f"refused: {exc}")
         claim.release()
         return EXIT_UNSAFE
-    why = check_bind(s.bind) or check_metrics_bind(s.metrics_bind)
+    why = check_bind(s.bind) or check_metrics_bind(s)
     if why:
         say(why)
         claim.release()
@@ -176,8 +174,7 @@ def run(s: settings_mod.Settings, env: dict[str, str], argv: list[str], default_
                             pass_fds=claim.fds, process_group=0,
                             preexec_fn=datadir.pdeathsig_preexec(os.getpid()))
     procs.append(proc)
-    metrics = "off" if s.metrics_bind.strip().lower() in ("off", "no", "0", "") else f"http://{s.metrics_bind}/metrics"
-    say(f"serving {s.bind}, data in {s.data_dir}; metrics {metrics}; logs: {log_files(s)}")
+    say(f"serving {s.bind}, data in {s.data_dir}; metrics {metrics_url(s)}; logs: {log_files(s)}")
     if stopping:
         proc.send_signal(signal.SIGTERM)
     _relay(proc.stdout.fileno())

@@ -27,8 +27,8 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from tailrace.broker import datadir
-from tailrace.broker.datadir import ROUTER_FILE, journal_disk_bytes, write_atomic
-from tailrace.broker.stats import StatsFile, label_key
+from tailrace.broker.datadir import ROUTER_FILE, journal_usage, write_atomic
+from tailrace.broker.stats import StatsFile
 from tailrace.client import protocol as P
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import Catalog, stored_worker_count, valid_topic_name
@@ -163,14 +163,12 @@ class Router(WorkerLiveness):
                 self.ask_offsets(ident, routing, topic, op, reply)
             elif op == P.Op.STATUS:
                 reply(P.ErrorCode.OK, self.status())
-            elif op == P.Op.SET_WORKERS:
+            else:  # SET_WORKERS: ACCEPTED_FRAMES let no other op through
                 n = _set_workers_dec.decode(frames[2]).workers
                 if not 1 <= n <= MAX_WORKERS:
                     return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"workers={n} must be 1..{MAX_WORKERS}"))
                 self.set_workers(n)
                 reply(P.ErrorCode.OK, self.status())
-            else:
-                reply(P.ErrorCode.UNKNOWN_OP, P.ErrorReply(f"unknown op {op}"))
         except P.DECODE_ERRORS as exc:
             reply(P.ErrorCode.MALFORMED, P.ErrorReply(f"undecodable header: {type(exc).__name__}: {exc}"))
         except Exception as exc:
@@ -279,7 +277,7 @@ class Router(WorkerLiveness):
             **dict(zip(P.TOTALS, self.traffic.totals())),
             rates=self.traffic.rates(),
             unflushed_records=self.traffic.unflushed(),
-            journal_bytes=journal_disk_bytes(self.s.data_dir),
+            journal_bytes=journal_usage(self.s.data_dir)[1],
             shm_used_bytes=self.catalog.shm_bytes(ring_region_bytes),
             shm_budget_bytes=self.s.shm_budget_bytes,
         )
@@ -289,7 +287,8 @@ class Router(WorkerLiveness):
         now = time.monotonic()
         workers = sorted(set(range(self.count)) | set(self.retiring))
         gauges = {
-            "worker_heartbeat_age_seconds": {str(w): round(now - self.last_pong.get(w, now), 3) for w in workers},
+            "worker_heartbeat_age_seconds": {str(w): round(now - self.last_pong[w], 3) for w in workers
+                                             if w in self.seen and w in self.last_pong},  # never answered: no age
             "worker_partitions": {str(w): len(self.scheduler.partitions_of(w)) for w in workers},
             "worker_load": {str(w): round(self.scheduler.total(w), 3) for w in workers if w in self.scheduler.load},
             "worker_up": {str(w): int(self._answering(w, now)) for w in workers},

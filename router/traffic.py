@@ -23,10 +23,11 @@ class Traffic:
         self.unflushed_by: dict[int, int] = {}  # worker -> records not yet durable
         self.samples: deque[tuple[float, list[int]]] = deque()
         self.restarts: dict[int, int] = {}  # worker -> new boot ids seen
+        self.retired: dict[int, int] = {}  # worker -> boot id of the life forget() already counted
 
     def on_heartbeat(self, worker: int, boot_ns: int, totals: list[int], unflushed: int) -> None:
-        if len(totals) != N:
-            return  # a worker of an older version: it reports none
+        if len(totals) != N or self.retired.get(worker) == boot_ns:
+            return  # a worker of an older version (it reports none), or a retired life counted already
         before = self.current.get(worker)
         if before is not None and before[0] != boot_ns:
             self.gone = [g + t for g, t in zip(self.gone, before[1])]
@@ -39,6 +40,7 @@ class Traffic:
         before = self.current.pop(worker, None)
         if before is not None:
             self.gone = [g + t for g, t in zip(self.gone, before[1])]
+            self.retired[worker] = before[0]
         self.unflushed_by.pop(worker, None)
 
     def totals(self) -> list[int]:

@@ -1,5 +1,10 @@
 """``python -m tailrace ...`` is the ``tailrace`` command."""
 
-from tailrace.cli import main
+import sys
+
+try:
+    from tailrace.cli import main
+except KeyboardInterrupt:  # Ctrl-C while the command is still importing: no traceback either
+    sys.exit(130)
 
 raise SystemExit(main())

@@ -131,7 +131,6 @@ def _bytes(n) -> str:
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return ""
 
 
 def _rate(n) -> str:
@@ -156,7 +155,7 @@ def cmd_workers(args) -> int:
     s = settings_mod.from_env(data_dir=_data_dir(args))
     if args.workers_cmd == "set":
         status = scaling.set_workers(s, args.bootstrap, args.count, args.timeout_s,
-                                     log=lambda m: print(m, file=sys.stderr))
+                                     log=lambda m: print(m, file=sys.stderr), connect_timeout_ms=args.connect_timeout_ms)
     else:
         with _admin(args) as admin:
             status = admin.status()
@@ -227,6 +226,7 @@ def _bootstrap_type(text: str) -> str:
 
 _positive = console.int_at_least(1)
 _natural = console.int_at_least(0)
+_seconds = console.float_above(0.0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="send every message to this partition (default: by key hash, else round robin)")
     pr.add_argument("--acks", default="memory", choices=["none", "memory", "durable"],
                     help="none: no reply; memory: acked once in the broker's memory; durable: once fsynced to disk")
-    pr.add_argument("--linger-ms", type=float, default=5.0,
+    pr.add_argument("--linger-ms", type=console.float_above(0.0, or_equal=True), default=5.0,
                     help="a line waits at most this long for others to share its batch")
     pr.set_defaults(func=cmd_produce)
 
@@ -324,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     wsub = wk.add_subparsers(dest="workers_cmd", required=True, metavar="SUBCOMMAND")
     ws = command(wsub, "set", "grow or shrink to N workers (starts or stops them through supervisord)")
     ws.add_argument("count", type=_positive, help="the number of workers wanted")
-    ws.add_argument("--timeout-s", type=float, default=120.0, help="give up if partitions have not settled by then")
+    ws.add_argument("--timeout-s", type=_seconds, default=120.0, help="give up if partitions have not settled by then")
     wl = command(wsub, "list", "workers, their partitions and whether they answer")
     for p in (ws, wl):
         with_bootstrap(p)
@@ -339,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     tp_ = command(sub, "top", "a live view of a running broker from its metrics endpoint (q quits)")
     tp_.add_argument("--metrics", default=None, metavar="URL",
                      help=f"the broker's Prometheus endpoint (default http://{_DEFAULTS.metrics_bind}/metrics)")
-    tp_.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    tp_.add_argument("--interval", type=_seconds, default=1.0, help="seconds between refreshes")
     tp_.add_argument("--iterations", type=_positive, default=None, help="stop after N refreshes (default: until q or Ctrl-C)")
     tp_.set_defaults(func=cmd_top)
 

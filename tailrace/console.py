@@ -20,7 +20,7 @@ import sys
 import time
 
 from tailrace.client.consumer import EARLIEST, LATEST, Consumer, Record
-from tailrace.client.errors import InvalidRequestError, UnknownPartitionError
+from tailrace.client.errors import InvalidRequestError, TailraceError, UnknownPartitionError
 from tailrace.client.producer import Producer
 
 READ_BYTES = 1 << 16
@@ -90,21 +90,22 @@ def produce(args, stdin_fd: int = 0) -> int:
     except KeyboardInterrupt:
         try:
             lines.finish()
-            acked = prod.flush(10_000)
-        except KeyboardInterrupt:
-            acked = prod.acked_records
-        say(f"interrupted: produced {acked} messages")
-        prod.pool.close()
+            prod.flush(10_000)
+        except (KeyboardInterrupt, TailraceError) as exc:  # a second Ctrl-C, or what was read failed
+            if isinstance(exc, TailraceError):
+                say(f"tailrace: {exc}")
+        say(f"interrupted: produced {prod.acked_records} messages")
         return EXIT_INTERRUPTED
     except BaseException:
-        try:
-            prod.flush(5_000)  # what was read before the error still goes out
-        except Exception:
-            pass
-        say(f"produced {prod.acked_records} messages before the error")
-        prod.pool.close()
+        if lines.lines:
+            try:
+                prod.flush(5_000)  # what was read before the error still goes out
+            except Exception:
+                pass
+            say(f"produced {prod.acked_records} messages before the error")
         raise
-    prod.pool.close()
+    finally:
+        prod.pool.close()  # no flush here: the paths above did it, as far as they could
     say(f"produced {acked} messages")
     return EXIT_OK
 
@@ -137,6 +138,19 @@ def int_at_least(minimum: int, expected: str = "an integer"):
         if n < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {n}")
         return n
+    return parse
+
+
+def float_above(minimum: float, or_equal: bool = False):
+    """An argparse type: a number > ``minimum`` (>= with ``or_equal``), or a one-line usage error."""
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
+        if not (x >= minimum if or_equal else x > minimum) or x != x:
+            raise argparse.ArgumentTypeError(f"must be {'at least' if or_equal else 'more than'} {minimum:g}, not {text}")
+        return x
     return parse
 
 
@@ -192,7 +206,7 @@ def kcat_format(fmt: str):
     value bytes, %T timestamp (ms), %% a percent sign, \\n \\t \\\\ escapes. A line ends each
     record unless the format has its own \\n."""
     parts: list = []
-    i, lit = 0, []
+    i, lit, ends_line = 0, [], False
     while i < len(fmt):
         c = fmt[i]
         if c in "%\\" and i + 1 < len(fmt):
@@ -206,13 +220,14 @@ def kcat_format(fmt: str):
                 lit.append("%")
             elif c == "\\" and n in "nt\\":
                 lit.append({"n": "\n", "t": "\t", "\\": "\\"}[n])
+                ends_line = ends_line or n == "n"
             else:
                 raise argparse.ArgumentTypeError(f"unknown token {c}{n} (known: %t %p %o %k %K %v %s %S %T %% \\n \\t)")
             i += 2
             continue
         lit.append(c)
         i += 1
-    if "\n" not in fmt.replace("\\n", "\n"):
+    if not ends_line and "\n" not in fmt:
         lit.append("\n")
     if lit:
         parts.append("".join(lit).encode())

@@ -18,8 +18,6 @@ import tty
 import urllib.request
 from collections import defaultdict
 
-DEFAULT_METRICS = "http://127.0.0.1:9420/metrics"
-
 
 def scrape(url: str, timeout_s: float = 2.0) -> dict[str, list[tuple[dict, float]]]:
     """name -> [(labels, value)] of every sample (histogram buckets under ``name_bucket``)."""
@@ -71,7 +69,8 @@ class View:
 
         def rate(name, *keys):
             cur, old = _by(m.get(name, []), *keys), _by(p.get(name, []), *keys)
-            return {k: (v - old.get(k, v)) / dt if dt > 0 else 0.0 for k, v in cur.items()}
+            # a counter that went down was reset (the broker or the exporter restarted): count from 0
+            return {k: (v - old.get(k, v) if v >= old.get(k, v) else v) / dt if dt > 0 else 0.0 for k, v in cur.items()}
 
         in_r = rate("tailrace_partition_records_appended_total", "topic", "partition")
         out_r = rate("tailrace_partition_records_fetched_total", "topic", "partition")

@@ -34,7 +34,8 @@ def main(argv=None) -> int:
                    segment_bytes=16 << 20)
         b.start()
         try:
-            Admin(b.bootstrap, timeout_ms=60_000).create_topic("many", a.partitions, ring_bytes=64 * 1024)
+            with Admin(b.bootstrap, timeout_ms=60_000) as admin:
+                admin.create_topic("many", a.partitions, ring_bytes=64 * 1024)
             with Producer(b.bootstrap, acks="memory") as prod:
                 for p in range(a.partitions):
                     prod.send_batch("many", [b"m" * 20] * 10, partition=p)

@@ -193,8 +193,18 @@ def _silent_listener() -> tuple[socket.socket, int]:
     return s, s.getsockname()[1]
 
 
+def _start_s() -> float:
+    """What the interpreter and the command's imports take here, before any connecting."""
+    t0 = time.monotonic()
+    assert run("--help").returncode == 0
+    return time.monotonic() - t0
+
+
 @pytest.mark.parametrize("kind", ["refused", "silent"])
 def test_a_missing_broker_fails_within_two_seconds(kind):
+    # The promise is 2 s on an ordinary machine: the default 1 s connect timeout plus the start
+    # (~0.25 s here). A loaded CI machine may start slower; the timeout's share is what is held.
+    limit = max(2.0, _start_s() + 1.0 + 0.75)
     listener = None
     if kind == "refused":
         port = free_port()
@@ -209,7 +219,7 @@ def test_a_missing_broker_fails_within_two_seconds(kind):
             no_traceback(r)
             assert b"no broker answered at tcp://127.0.0.1:%d" % port in r.stderr, r.stderr
             assert b"tailrace serve" in r.stderr
-            assert took < 2.0, f"{argv}: {took:.2f} s"
+            assert took < limit, f"{argv}: {took:.2f} s (limit {limit:.2f} s)"
     finally:
         if listener is not None:
             listener.close()
@@ -313,7 +323,8 @@ def test_the_readmes_supervisord_recipe_runs_as_written(tmp_path):
     port = free_port()
     bootstrap = f"tcp://127.0.0.1:{port}"
     script = (f'cd "{tmp_path}" && eval "$({tailrace} serve --print-env --bind {bootstrap} --workers 1 '
-              f'--ipc-dir {tmp_path}/run)" && exec supervisord -n -c "$TAILRACE_SUPERVISORD_CONF"')
+              f'--metrics-bind 127.0.0.1:{free_port()} --ipc-dir {tmp_path}/run)" '
+              f'&& exec supervisord -n -c "$TAILRACE_SUPERVISORD_CONF"')
     p = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         until = time.monotonic() + 60

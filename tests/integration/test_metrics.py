@@ -67,7 +67,8 @@ def wait_for(b, check, within_s: float = 15.0) -> dict:
 def test_a_scrape_reads_back_the_workload_exactly_and_counters_survive_a_worker_restart(make_broker):
     b = make_broker(workers=2)
     topic, partitions = "metered", 3
-    Admin(b.bootstrap).create_topic(topic, partitions)
+    with Admin(b.bootstrap) as a:
+        a.create_topic(topic, partitions)
     conn = Connection(b.bootstrap)
     header = P.encode(P.ProduceRequest(acks=P.Acks.DURABLE))
     n = dict.fromkeys(range(partitions), 0)
@@ -88,7 +89,8 @@ def test_a_scrape_reads_back_the_workload_exactly_and_counters_survive_a_worker_
 
     m = wait_for(b, lambda m: all(m.get(("tailrace_partition_records_fetched_total", part(topic, p))) == n[p]
                                   for p in range(partitions)))
-    offsets = Admin(b.bootstrap).list_offsets(topic)
+    with Admin(b.bootstrap) as a:
+        offsets = a.list_offsets(topic)
     for p in range(partitions):
         lab = part(topic, p)
         assert m[("tailrace_partition_records_appended_total", lab)] == n[p]
@@ -128,7 +130,8 @@ def test_a_scrape_reads_back_the_workload_exactly_and_counters_survive_a_worker_
 
 
 def test_the_grafana_dashboard_names_only_metrics_a_scrape_has(broker):
-    Admin(broker.bootstrap).create_topic("dash", 1)
+    with Admin(broker.bootstrap) as a:
+        a.create_topic("dash", 1)
     with Producer(broker.bootstrap, acks="durable") as prod:
         prod.send_batch("dash", [b"x"] * 10)
         prod.flush()
@@ -158,7 +161,8 @@ def _tmux() -> str:
 
 def test_top_shows_the_topic_and_a_rate_under_tmux(broker, tmp_path):
     tmux = _tmux()
-    Admin(broker.bootstrap).create_topic("watched", 2)
+    with Admin(broker.bootstrap) as a:
+        a.create_topic("watched", 2)
     stop = threading.Event()
 
     def produce():
