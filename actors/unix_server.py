@@ -24,6 +24,7 @@ import struct
 import time
 from collections import deque
 
+from tailrace.broker.reply_port import BACKLOG_BYTES, BACKLOG_STALL_S, PEER_BACKLOG_BYTES, ReplyPort
 from tailrace.client import protocol as P
 from tailrace.client.unixwire import RECV_BYTES, WOULD_BLOCK, FrameReader, WireError, encode, listen
 
@@ -165,7 +166,7 @@ class UnixServer:
             size -= sent
             c.moved_at = time.monotonic()
             self.ep.modify(c.sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
-        elif c.out_bytes + size > P.PEER_BACKLOG_BYTES or self.total_backlog + size > P.BACKLOG_BYTES:
+        elif c.out_bytes + size > PEER_BACKLOG_BYTES or self.total_backlog + size > BACKLOG_BYTES:
             return self._drop("not reading")
         else:
             bufs = [memoryview(b"".join(bufs))]
@@ -200,8 +201,8 @@ class UnixServer:
         if self.accept_paused_until and now >= self.accept_paused_until:
             self.accept_paused_until = 0.0
             self.ep.register(self.listener.fileno(), select.EPOLLIN)
-        for c in [c for c in self.conns.values() if c.out and now - c.moved_at > P.BACKLOG_STALL_S]:
-            self._drop(f"not reading for {P.BACKLOG_STALL_S:.0f} s")
+        for c in [c for c in self.conns.values() if c.out and now - c.moved_at > BACKLOG_STALL_S]:
+            self._drop(f"not reading for {BACKLOG_STALL_S:.0f} s")
             self._close(c)
 
     def _close(self, c: _Conn) -> None:
@@ -241,7 +242,7 @@ class PortMux:
     """The worker's one reply port: a frame list whose identity is a Unix connection's goes to
     the UnixServer, any other to the ZeroMQ ReplyPort."""
 
-    def __init__(self, zmq_port: P.ReplyPort, unix: UnixServer | None):
+    def __init__(self, zmq_port: ReplyPort, unix: UnixServer | None):
         self.zmq, self.unix = zmq_port, unix
 
     def send(self, frames) -> bool:

@@ -28,6 +28,7 @@ import posix_ipc
 import zmq
 
 from tailrace.broker import datadir
+from tailrace.broker.reply_port import ReplyPort
 from tailrace.broker.stats import Histogram, StatsFile, label_key
 from tailrace.client import protocol as P
 from tailrace.broker import settings as settings_mod
@@ -534,7 +535,7 @@ class WorkerProcess:
         self.worker = worker = Worker(s, worker_id, table)
         self.ctx = ctx = zmq.Context()
         self.sock = sock = ctx.socket(zmq.ROUTER)
-        P.ReplyPort.configure(sock)
+        ReplyPort.configure(sock)
         sock.setsockopt(zmq.RCVHWM, 100_000)
         sock.setsockopt(zmq.MAXMSGSIZE, s.max_frame_bytes)  # a larger part drops the peer, unread
         sock.bind(s.worker_endpoint(worker_id))
@@ -552,7 +553,7 @@ class WorkerProcess:
         except OSError as exc:
             log.warning("no Unix socket for same-host clients (%s); ZeroMQ only", exc)
             self.unix = None
-        worker.port = PortMux(P.ReplyPort(sock, log, f"worker {worker_id}"), self.unix)
+        worker.port = PortMux(ReplyPort(sock, log, f"worker {worker_id}"), self.unix)
         self.poller = zmq.Poller()
         self.poller.register(sock, zmq.POLLIN)
         self.unix_fd = self.unix.fileno() if self.unix is not None else -1

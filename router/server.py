@@ -27,6 +27,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from tailrace.broker import datadir
+from tailrace.broker.reply_port import ReplyPort
 from tailrace.broker.datadir import ROUTER_FILE, journal_usage, write_atomic
 from tailrace.broker.stats import StatsFile
 from tailrace.client import protocol as P
@@ -85,7 +86,7 @@ class Router(WorkerLiveness):
         self.pending: dict[int, tuple[bytes, bytes, str]] = {}  # internal request id -> (client id, routing, topic)
         self._internal_id = 0
         self.front: zmq.Socket | None = None
-        self.port: P.ReplyPort | None = None
+        self.port: ReplyPort | None = None
         self.ctx: zmq.Context | None = None
         self.poller: zmq.Poller | None = None
         self.dealers: dict[int, zmq.Socket] = {}  # worker -> DEALER connected to its endpoint
@@ -324,13 +325,13 @@ def main() -> int:
     router = Router(s)
     ctx = zmq.Context()
     front = ctx.socket(zmq.ROUTER)
-    P.ReplyPort.configure(front)
+    ReplyPort.configure(front)
     front.setsockopt(zmq.RCVHWM, 100_000)
     front.setsockopt(zmq.MAXMSGSIZE, s.max_frame_bytes)  # a larger part drops the peer, unread
     router.monitor = front.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
     front.bind(s.bind)
     router.front = front
-    router.port = P.ReplyPort(front, log, "router")
+    router.port = ReplyPort(front, log, "router")
     poller = zmq.Poller()
     poller.register(front, zmq.POLLIN)
     router.ctx, router.poller = ctx, poller

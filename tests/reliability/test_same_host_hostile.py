@@ -24,6 +24,7 @@ from tailrace.client import protocol as P
 from tailrace.client.connection import Connection
 from tailrace.client.records import encode_batch, iter_batches
 from tailrace.client.unixwire import MAX_FRAMES, U16, U32, FrameReader, WireError, encode, path_of
+from tailrace.broker import reply_port as RP
 
 from tests.helpers import rss_kib
 from .test_fuzz import PROBE_TIMEOUT_MS, Prober, _code_name, _fuzz_broker, fuzz, mutated, probe_worker, produce_and_read_back, requests
@@ -314,7 +315,7 @@ def test_a_unix_client_that_pipelines_fetches_and_never_reads_is_bounded_and_dis
         r = warm.request(P.Op.FETCH, "big", 0, P.encode(P.FetchRequest(0, max_bytes=1 << 20)))
         served_meanwhile = len(r.body)
         # the stalled connection is closed once its queue has not moved for BACKLOG_STALL_S
-        time.sleep(max(0.0, P.BACKLOG_STALL_S + 1.5 - (time.monotonic() - sent_at)))
+        time.sleep(max(0.0, RP.BACKLOG_STALL_S + 1.5 - (time.monotonic() - sent_at)))
         peak = max(peak, rss_kib(pid) - rss_before)
         replies = raw.read_to_close(10)
     finally:
@@ -328,14 +329,14 @@ def test_a_unix_client_that_pipelines_fetches_and_never_reads_is_bounded_and_dis
         deadline = time.monotonic() + 10
         while got < 1200 and time.monotonic() < deadline:
             got += len(cons.poll(500))
-    limit_kib = (P.PEER_BACKLOG_BYTES >> 10) + 32 * 1024
+    limit_kib = (RP.PEER_BACKLOG_BYTES >> 10) + 32 * 1024
     print(f"\n{fetches} unread 1 MiB fetches on a Unix socket: owner worker RSS growth {peak} KiB (limit {limit_kib}); "
           f"the worker closed the connection ({raw.closed_how}) after the client had {raw.received >> 10} KiB in its "
           f"buffers ({len(replies)} whole replies); drop log lines: {dropped[:1]}; another client fetched "
           f"{served_meanwhile} bytes meanwhile; a same-host consumer then polls {got} records; worker pid unchanged: "
           f"{b.pids()[f'worker-{owner.worker}'] == pid}")
     assert raw.closed_how in ("eof", "reset"), "the worker kept a connection whose replies had not moved for 5 s"
-    assert raw.received < P.PEER_BACKLOG_BYTES, f"{raw.received} bytes delivered: the backlog was not dropped"
+    assert raw.received < RP.PEER_BACKLOG_BYTES, f"{raw.received} bytes delivered: the backlog was not dropped"
     assert peak < limit_kib, f"worker RSS grew {peak} KiB"
     assert dropped, "replies the client never read were dropped without a log line"
     assert served_meanwhile > 0 and got == 1200

@@ -10,6 +10,7 @@ import time
 import pytest
 import zmq
 
+from tailrace.broker import reply_port as RP
 from tailrace.client import protocol as P
 
 log = logging.getLogger("test")
@@ -23,7 +24,7 @@ def pair(tmp_path):
 
     def make(rcvhwm: int):
         router = ctx.socket(zmq.ROUTER)
-        P.ReplyPort.configure(router)
+        RP.ReplyPort.configure(router)
         ep = f"ipc://{tmp_path}/r.ipc"
         router.bind(ep)
         peer = ctx.socket(zmq.DEALER)
@@ -34,7 +35,7 @@ def pair(tmp_path):
         peer.send(b"hello")  # the ROUTER knows a peer once it has heard from it
         assert router.poll(5000)
         router.recv_multipart()
-        return P.ReplyPort(router, log, "test"), peer
+        return RP.ReplyPort(router, log, "test"), peer
 
     yield make
     for s in socks:
@@ -62,9 +63,9 @@ def test_a_peer_that_never_reads_costs_at_most_the_byte_budget_then_replies_drop
     sent = [port.send([b"peer", big]) for _ in range(200)]
     held = port.backlog_bytes.get(b"peer", 0)
     assert port.dropped > 0 and sent.count(False) == port.dropped
-    assert held <= P.PEER_BACKLOG_BYTES and port.total_backlog == held
-    assert port.dropped >= 200 - P.PEER_SNDHWM - P.PEER_BACKLOG_BYTES // len(big) - 16  # 16: kernel buffers
-    port.moved_at[b"peer"] -= P.BACKLOG_STALL_S + 1  # as if it had not read for the stall time
+    assert held <= RP.PEER_BACKLOG_BYTES and port.total_backlog == held
+    assert port.dropped >= 200 - RP.PEER_SNDHWM - RP.PEER_BACKLOG_BYTES // len(big) - 16  # 16: kernel buffers
+    port.moved_at[b"peer"] -= RP.BACKLOG_STALL_S + 1  # as if it had not read for the stall time
     port.flush()
     assert not port.backlog and port.total_backlog == 0
 
