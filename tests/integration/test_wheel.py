@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from tailrace.bench.launcher import free_port
@@ -66,7 +67,8 @@ def test_the_wheel_installs_one_package_serves_without_the_source_tree_and_unins
     bootstrap = f"tcp://127.0.0.1:{free_port()}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TAILRACE_")}
     env["TAILRACE_BOOTSTRAP"] = bootstrap
-    serve = subprocess.Popen([str(tailrace), "serve", "--bind", bootstrap, "--workers", "1",
+    metrics = f"127.0.0.1:{free_port()}"  # not the default 9420: a developer's own broker may hold it
+    serve = subprocess.Popen([str(tailrace), "serve", "--bind", bootstrap, "--workers", "1", "--metrics-bind", metrics,
                               "--segment-bytes", str(8 << 20), "--shm-budget-bytes", str(256 << 20)],
                              cwd=work, env=env, stdout=open(tmp_path / "serve.out", "wb"), stderr=subprocess.STDOUT)
     try:
@@ -80,6 +82,18 @@ def test_the_wheel_installs_one_package_serves_without_the_source_tree_and_unins
         out = _run([str(tailrace), "consume", "wheel", "--from", "earliest", "--timeout-ms", "1000"], cwd=work, env=env).stdout
         assert sorted(out.split()) == ["one", "three", "two"], out
         assert (work / "data" / "journal").is_dir()  # the embedded default: ./data
+        # the metrics program runs from the wheel too (supervisord.conf inside the package)
+        until = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5) as r:
+                    text = r.read().decode()
+                if 'tailrace_partition_records_appended_total{partition="0",topic="wheel"}' in text:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < until, "no metrics from the wheel's broker"
+            time.sleep(0.5)
     finally:
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(120) == 0, (tmp_path / "serve.out").read_text()
