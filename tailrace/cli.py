@@ -20,9 +20,9 @@ from tailrace.client.admin import Admin
 from tailrace.client.connection import DEFAULT_BOOTSTRAP, parse_bootstrap
 from tailrace.client.errors import BootstrapError, TailraceError
 
+from tailrace.console import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from tailrace.ops import scaling, serve
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 _DEFAULTS = settings_mod.Settings(data_dir="")  # the settings' defaults, for the help texts
 ENV_BOOTSTRAP = "TAILRACE_BOOTSTRAP"
 # A command fails this soon when no broker answers (the interpreter's start comes on top: the

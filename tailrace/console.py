@@ -24,7 +24,7 @@ from tailrace.client.errors import InvalidRequestError, TailraceError, UnknownPa
 from tailrace.client.producer import Producer
 
 READ_BYTES = 1 << 16
-EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 130
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130  # the command line's exit codes
 FROM_NAMES = {"earliest": EARLIEST, "beginning": EARLIEST, "latest": LATEST, "end": LATEST}
 
 
