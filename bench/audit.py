@@ -41,7 +41,10 @@ class Produced:
 
 
 def produce_until(bootstrap: str, topic: str, partitions: int, acks: str, stop: threading.Event,
-                  batch: int = 200, out: Produced | None = None, max_records: int | None = None) -> Produced:
+                  batch: int = 200, out: Produced | None = None, max_records: int | None = None,
+                  producer=Producer) -> Produced:
+    """``producer``: the Producer class, or anything with its API (the tests run the asyncio
+    client through it too)."""
     out = out or Produced()
     out.sent = dict.fromkeys(range(partitions), 0)
     out.acked = dict.fromkeys(range(partitions), 0)
@@ -49,7 +52,7 @@ def produce_until(bootstrap: str, topic: str, partitions: int, acks: str, stop: 
     def on_ack(_t, p, _base, n):
         out.acked[p] += n
 
-    prod = Producer(bootstrap, acks=acks, on_ack=on_ack, request_timeout_ms=1500, delivery_timeout_ms=90_000,
+    prod = producer(bootstrap, acks=acks, on_ack=on_ack, request_timeout_ms=1500, delivery_timeout_ms=90_000,
                     retry_backoff_ms=20)
     rng = random.Random(1)
     try:
@@ -66,6 +69,8 @@ def produce_until(bootstrap: str, topic: str, partitions: int, acks: str, stop: 
         out.errors.append(exc)
     finally:
         prod.pool.close()
+        if hasattr(prod, "_close_loop"):
+            prod._close_loop()
     return out
 
 
@@ -81,11 +86,11 @@ class Audit:
         return not any(self.lost.values()) and not any(self.duplicated.values()) and not any(self.out_of_order.values())
 
 
-def tail_until(bootstrap: str, topic: str, stop: threading.Event, out: dict, errors: list) -> None:
+def tail_until(bootstrap: str, topic: str, stop: threading.Event, out: dict, errors: list, consumer=Consumer) -> None:
     """A live consumer from offset 0: fills ``out[p]`` with column chunks until ``stop`` is set
     and it has caught up with the high watermarks at that moment."""
     try:
-        with Consumer(bootstrap, max_wait_ms=100) as cons:
+        with consumer(bootstrap, max_wait_ms=100) as cons:
             cons.assign(topic, start="earliest")
             ends = None
             counts: dict[int, int] = {}

@@ -1,11 +1,59 @@
-"""Admin: create, list and describe topics; list offsets; broker status."""
+"""Admin: create, list and describe topics; list offsets; broker status.
+
+Each operation is written once, as a ``Call`` (the request to make and how to read its reply):
+``Admin`` makes it with a blocking round trip, ``aio.AsyncAdmin`` with an awaited one.
+"""
 
 from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
 
 import msgspec
 
 from . import protocol as P
-from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Connection
+from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Connection, Reply
+
+
+class Call(NamedTuple):
+    op: int
+    topic: str
+    partition: int
+    header: bytes
+    parse: Callable[[Reply], Any]
+
+
+def _status(r: Reply) -> dict:
+    return msgspec.msgpack.decode(r.header)
+
+
+class AdminCalls:
+    """The admin operations as ``Call`` values (no I/O)."""
+
+    @staticmethod
+    def create_topic(name: str, partitions: int, ring_bytes: int = 0) -> Call:
+        return Call(P.Op.CREATE_TOPIC, name, -1, P.encode(P.CreateTopicRequest(partitions, ring_bytes)),
+                    lambda r: P.decoder(P.TopicInfo).decode(r.header))
+
+    @staticmethod
+    def list_topics() -> Call:
+        return Call(P.Op.LIST_TOPICS, "", -1, P.EMPTY_MAP, lambda r: P.decoder(P.ListTopicsReply).decode(r.header).topics)
+
+    @staticmethod
+    def describe_topic(name: str) -> Call:
+        return Call(P.Op.DESCRIBE_TOPIC, name, -1, P.EMPTY_MAP, lambda r: P.decoder(P.DescribeReply).decode(r.header))
+
+    @staticmethod
+    def list_offsets(name: str) -> Call:
+        return Call(P.Op.LIST_OFFSETS, name, -1, P.EMPTY_MAP,
+                    lambda r: P.decoder(P.ListOffsetsReply).decode(r.header).partitions)
+
+    @staticmethod
+    def status() -> Call:
+        return Call(P.Op.STATUS, "", -1, P.EMPTY_MAP, _status)
+
+    @staticmethod
+    def set_workers(workers: int) -> Call:
+        return Call(P.Op.SET_WORKERS, "", -1, P.encode(P.SetWorkersRequest(workers)), _status)
 
 
 class Admin:
@@ -14,33 +62,29 @@ class Admin:
         self.conn = Connection(bootstrap, connect_timeout_ms)
         self.timeout_ms = timeout_ms
 
+    def _call(self, c: Call):
+        return c.parse(self.conn.request(c.op, c.topic, c.partition, c.header, timeout_ms=self.timeout_ms))
+
     def create_topic(self, name: str, partitions: int, ring_bytes: int = 0) -> P.TopicInfo:
-        r = self.conn.request(P.Op.CREATE_TOPIC, name, -1, P.encode(P.CreateTopicRequest(partitions, ring_bytes)),
-                              timeout_ms=self.timeout_ms)
-        return P.decoder(P.TopicInfo).decode(r.header)
+        return self._call(AdminCalls.create_topic(name, partitions, ring_bytes))
 
     def list_topics(self) -> list[P.TopicInfo]:
-        r = self.conn.request(P.Op.LIST_TOPICS, timeout_ms=self.timeout_ms)
-        return P.decoder(P.ListTopicsReply).decode(r.header).topics
+        return self._call(AdminCalls.list_topics())
 
     def describe_topic(self, name: str) -> P.DescribeReply:
-        r = self.conn.request(P.Op.DESCRIBE_TOPIC, name, timeout_ms=self.timeout_ms)
-        return P.decoder(P.DescribeReply).decode(r.header)
+        return self._call(AdminCalls.describe_topic(name))
 
     def list_offsets(self, name: str) -> list[P.PartitionOffsets]:
         """Log start, high watermark and durable watermark of every partition, one round trip."""
-        r = self.conn.request(P.Op.LIST_OFFSETS, name, timeout_ms=self.timeout_ms)
-        return P.decoder(P.ListOffsetsReply).decode(r.header).partitions
+        return self._call(AdminCalls.list_offsets(name))
 
     def status(self) -> dict:
-        r = self.conn.request(P.Op.STATUS, timeout_ms=self.timeout_ms)
-        return msgspec.msgpack.decode(r.header)
+        return self._call(AdminCalls.status())
 
     def set_workers(self, workers: int) -> dict:
         """Tell the router to place partitions on workers 0..workers-1 (it does not start or stop
         processes: ``tailrace workers set`` does both). Returns the router's status."""
-        r = self.conn.request(P.Op.SET_WORKERS, "", -1, P.encode(P.SetWorkersRequest(workers)), timeout_ms=self.timeout_ms)
-        return msgspec.msgpack.decode(r.header)
+        return self._call(AdminCalls.set_workers(workers))
 
     def close(self) -> None:
         self.conn.close()

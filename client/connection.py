@@ -68,6 +68,34 @@ class Reply:
             raise error_for(self.code, f"{P.ErrorCode(self.code).name}: {message}", **details)
 
 
+def request_frames(op: int, topic: str | bytes, partition: int, rid: int, header: bytes = P.EMPTY_MAP,
+                   body=None) -> list:
+    """The frames of one request (docs/PROTOCOL.md): routing header, header map, body if any.
+    A topic name over the limit raises ``InvalidRequestError`` here (the broker would drop the
+    huge frame unread, and say nothing)."""
+    t = topic.encode() if isinstance(topic, str) else topic
+    if len(t) > P.MAX_TOPIC_BYTES:
+        raise InvalidRequestError(f"topic name of {len(t)} bytes: at most {P.MAX_TOPIC_BYTES} (not sent)")
+    frames = [P.pack_routing(op, partition, rid, t), header]
+    if body is not None:
+        frames.append(body)
+    return frames
+
+
+def parse_reply(frames: list, via: str) -> Reply:
+    """A reply's frames (``bytes``, or ``zmq.Frame`` as received without copying: a body of
+    64 KiB or more stays a zero-copy frame) as a ``Reply``."""
+    routing = frames[0] if isinstance(frames[0], bytes) else frames[0].bytes
+    header = P.EMPTY_MAP
+    if len(frames) > 1:
+        header = frames[1] if isinstance(frames[1], bytes) else frames[1].bytes
+    body = frames[2] if len(frames) > 2 else None
+    if body is not None and not isinstance(body, bytes) and len(body) < P.COPY_THRESHOLD:
+        body = body.bytes
+    _v, op, code, partition, rid, topic = P.unpack_routing(routing)
+    return Reply(op, code, partition, rid, topic, header, body, via)
+
+
 class Connection:
     """``connect_timeout_ms``: a request made before the connection ever completed a ZeroMQ
     handshake with a broker fails with ``BrokerUnavailableError`` after this long (ZeroMQ itself
@@ -122,12 +150,7 @@ class Connection:
 
     def send(self, op: int, topic: str | bytes, partition: int, header: bytes = P.EMPTY_MAP, body=None) -> int:
         rid = next(self._ids)
-        t = topic.encode() if isinstance(topic, str) else topic
-        if len(t) > P.MAX_TOPIC_BYTES:  # the broker would drop a huge frame unread, and say nothing
-            raise InvalidRequestError(f"topic name of {len(t)} bytes: at most {P.MAX_TOPIC_BYTES} (not sent)")
-        frames = [P.pack_routing(op, partition, rid, t), header]
-        if body is not None:
-            frames.append(body)
+        frames = request_frames(op, topic, partition, rid, header, body)
         sock = self.sock
         if self.is_unix:
             sock.send_frames(frames)
@@ -166,19 +189,8 @@ class Connection:
     def _recv_ready(self) -> Reply:
         """The reply a poll said is waiting (large bodies stay zero-copy frames)."""
         if self.is_unix:  # already bytes
-            frames = self.sock.recv_frames()
-            routing = frames[0]
-            header = frames[1] if len(frames) > 1 else P.EMPTY_MAP
-            body = frames[2] if len(frames) > 2 else None
-        else:
-            frames = P.recv_frames_nocopy(self.sock)
-            routing = frames[0].bytes
-            header = frames[1].bytes if len(frames) > 1 else P.EMPTY_MAP
-            body = frames[2] if len(frames) > 2 else None
-            if body is not None and len(body) < 65536:
-                body = body.bytes
-        _v, op, code, partition, rid, topic = P.unpack_routing(routing)
-        return Reply(op, code, partition, rid, topic, header, body, self.endpoint)
+            return parse_reply(self.sock.recv_frames(), self.endpoint)
+        return parse_reply(P.recv_frames_nocopy(self.sock), self.endpoint)
 
     def wait_for(self, rid: int, timeout_ms: int) -> Reply:
         if rid in self._early:

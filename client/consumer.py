@@ -23,7 +23,7 @@ import numpy as np
 
 from . import protocol as P
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Pool
-from .routes import Routes
+from .routes import BlockingRoutes
 from .errors import InvalidRequestError, OffsetOutOfRangeError, UnknownPartitionError
 from .records import Columns, batches_to_columns, iter_batches
 from .ring_reader import SharedRings, TailStatus
@@ -56,41 +56,38 @@ class _Assigned:
     below: bool = False  # the position is below the ring: fetch it
 
 
-class Consumer:
-    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, *, max_bytes: int = 4 << 20,
-                 max_records: int = 1 << 20, max_wait_ms: int = 500, isolation: str = "memory",
-                 request_timeout_ms: int = 3000, direct: bool = True, same_host: bool = False,
-                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS):
-        self.pool = Pool(bootstrap, connect_timeout_ms)
-        self.conn = self.pool.router
-        self.routes = Routes(self.pool, direct, same_host)
+class ConsumerCore:
+    """Everything a consumer decides, without I/O: assigned partitions and positions, which
+    fetches to send, what a fetch reply means, records out of replies. ``Consumer`` below drives
+    it with blocking polls (and reads the rings on the same host); ``aio.AsyncConsumer`` from an
+    asyncio event loop. Subclasses set ``self.pool`` (``send`` never blocks), ``self.routes``
+    and ``_route``."""
+
+    def __init__(self, *, max_bytes: int = 4 << 20, max_records: int = 1 << 20, max_wait_ms: int = 500,
+                 isolation: str = "memory", request_timeout_ms: int = 3000):
         self.max_bytes = max_bytes
         self.max_records = max_records
         self.max_wait_ms = max_wait_ms
         self.isolation = isolation
         self.request_timeout_s = request_timeout_ms / 1000
-        self._fetch_header_cache: dict[int, bytes] = {}
         self.assigned: dict[tuple[str, int], _Assigned] = {}
         self._by_rid: dict[int, _Assigned] = {}
         self.last_reply: dict[tuple[str, int], P.FetchReply] = {}
-        # same_host: read partitions straight from the broker's shared-memory rings (client/ring_reader.py)
-        # and fetch what is below them over the workers' Unix sockets; falls back to ordinary
-        # fetches wherever the rings cannot be mapped (another host or user)
-        self.same_host = same_host
-        self._rings = None  # ring_reader.SharedRings once mapped
         self._tailed: list[_Assigned] = []
         self._tail_slots = self._tail_pos = np.zeros(0, dtype=np.int64)
         self._fetching = False
-        self._tails_at = 0.0
         self._deferred: Exception | None = None  # see _take_or_defer
-        self._ring_error = ""  # the last reason ring reads could not be set up (logged once)
 
-    def list_offsets(self, topic: str) -> list[P.PartitionOffsets]:
-        r = self.conn.request(P.Op.LIST_OFFSETS, topic)
-        return P.decoder(P.ListOffsetsReply).decode(r.header).partitions
+    pool = None
+    routes = None
 
-    def assign(self, topic: str, partitions: Iterable[int] | None = None, start: str | int = EARLIEST) -> None:
-        offsets = {po.partition: po for po in self.list_offsets(topic)}
+    def _route(self, topic: str, partition: int) -> str | None:
+        raise NotImplementedError
+
+    def _assign_from(self, topic: str, offsets: list[P.PartitionOffsets], partitions: Iterable[int] | None,
+                     start: str | int) -> None:
+        """``assign`` once the topic's offsets are known (LIST_OFFSETS)."""
+        offsets = {po.partition: po for po in offsets}
         wanted = sorted(offsets) if partitions is None else list(partitions)
         missing = [p for p in wanted if p not in offsets]
         if missing:
@@ -106,8 +103,6 @@ class Consumer:
             else:
                 pos = int(start)
             self.assigned[(topic, p)] = _Assigned(topic, p, pos)
-        if self.same_host:
-            self._attach_rings(topic)
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
         a = self.assigned[(topic, partition)]
@@ -131,33 +126,15 @@ class Consumer:
                 if a.via is not None:
                     self.routes.demote(a.topic, a.partition)
             header = P.encode(P.FetchRequest(a.position, self.max_bytes, self.max_records, max_wait_ms, self.isolation))
-            via = self.routes.endpoint(a.topic, a.partition)
+            via = self._route(a.topic, a.partition)
             rid = self.pool.send(via, P.Op.FETCH, a.topic, a.partition, header)
             a.inflight, a.sent, a.wait_s, a.via = rid, now, max_wait_ms / 1000, via
             self._by_rid[rid] = a
 
-    def poll_raw(self, timeout_ms: int = 1000) -> list[tuple[_Assigned, int, P.FetchReply, object]]:
-        """Fetch replies with data, as (partition state, start offset, reply, body buffer)."""
+    def _raise_deferred(self) -> None:
         if self._deferred is not None:  # an error met after records were already handed out
             exc, self._deferred = self._deferred, None
             raise exc
-        if self.same_host:
-            return self._poll_rings(timeout_ms)
-        deadline = time.monotonic() + timeout_ms / 1000
-        out = []
-        while True:
-            left = max(0, int((deadline - time.monotonic()) * 1000))
-            # A fetch may outlive this call (the next poll picks its reply up), so it always asks
-            # for the full wait: shrinking it to this call's deadline made near-zero-wait fetches
-            # spin the broker at the end of every poll.
-            self._send_fetches(self.max_wait_ms)
-            r = self.pool.recv(left if not out else 0)
-            if r is None:
-                if out or left == 0:
-                    return out
-                continue
-            if not self._take_or_defer(r, out):
-                return out
 
     def _take_or_defer(self, r, out: list) -> bool:
         """``_take``; an error it raises after ``out`` already holds records (whose partitions'
@@ -199,6 +176,96 @@ class Consumer:
         if a.tail is not None:
             self._index_tails()
 
+    def _index_tails(self) -> None:
+        """Arrays of the ring-read partitions' slots and positions, for the one-gather idle check."""
+        tails = [a for a in self.assigned.values() if a.tail is not None]
+        self._tailed = tails
+        self._tail_slots = np.array([a.tail.slot for a in tails], dtype=np.int64)
+        self._tail_pos = np.array([a.position for a in tails], dtype=np.int64)
+        self._fetching = any(a.tail is None or a.below for a in self.assigned.values())
+
+    @staticmethod
+    def _to_columns(raw: list) -> list[tuple[str, int, Columns]]:
+        """``poll_raw``'s replies as columns, per partition (numpy only: no object per message)."""
+        out = []
+        for a, start, _info, body in raw:
+            buf = body.buffer if hasattr(body, "buffer") else body
+            cols = batches_to_columns(iter_batches(buf), start)
+            out.append((a.topic, a.partition, cols))
+        return out
+
+    @staticmethod
+    def _to_records(columns: list[tuple[str, int, Columns]]) -> list[Record]:
+        records = []
+        for topic, partition, cols in columns:
+            v, vo = cols.values.tobytes(), cols.value_offsets.tolist()
+            k, ko, kv = cols.keys.tobytes(), cols.key_offsets.tolist(), cols.key_valid.tolist()
+            ts = (cols.timestamps_us // 1000).tolist()
+            records.extend(
+                Record(topic, partition, off, ts[i], k[ko[i] : ko[i + 1]] if kv[i] else None, v[vo[i] : vo[i + 1]])
+                for i, off in enumerate(cols.offsets.tolist())
+            )
+        return records
+
+
+class Consumer(ConsumerCore):
+    """The blocking consumer (``ConsumerCore`` driven by the caller's polls), with same-host
+    ring reads."""
+
+    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, *, direct: bool = True, same_host: bool = False,
+                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, **options):
+        super().__init__(**options)
+        self.pool = Pool(bootstrap, connect_timeout_ms)
+        self.conn = self.pool.router
+        self.routes = BlockingRoutes(self.pool, direct, same_host)
+        # same_host: read partitions straight from the broker's shared-memory rings (client/ring_reader.py)
+        # and fetch what is below them over the workers' Unix sockets; falls back to ordinary
+        # fetches wherever the rings cannot be mapped (another host or user)
+        self.same_host = same_host
+        self._rings = None  # ring_reader.SharedRings once mapped
+        self._tails_at = 0.0
+        self._ring_error = ""  # the last reason ring reads could not be set up (logged once)
+
+    def _route(self, topic: str, partition: int) -> str | None:
+        return self.routes.endpoint(topic, partition)
+
+    def list_offsets(self, topic: str) -> list[P.PartitionOffsets]:
+        r = self.conn.request(P.Op.LIST_OFFSETS, topic)
+        return P.decoder(P.ListOffsetsReply).decode(r.header).partitions
+
+    def assign(self, topic: str, partitions: Iterable[int] | None = None, start: str | int = EARLIEST) -> None:
+        self._assign_from(topic, self.list_offsets(topic), partitions, start)
+        if self.same_host:
+            self._attach_rings(topic)
+
+    def poll_raw(self, timeout_ms: int = 1000) -> list[tuple[_Assigned, int, P.FetchReply, object]]:
+        """Fetch replies with data, as (partition state, start offset, reply, body buffer)."""
+        self._raise_deferred()
+        if self.same_host:
+            return self._poll_rings(timeout_ms)
+        deadline = time.monotonic() + timeout_ms / 1000
+        out = []
+        while True:
+            left = max(0, int((deadline - time.monotonic()) * 1000))
+            # A fetch may outlive this call (the next poll picks its reply up), so it always asks
+            # for the full wait: shrinking it to this call's deadline made near-zero-wait fetches
+            # spin the broker at the end of every poll.
+            self._send_fetches(self.max_wait_ms)
+            r = self.pool.recv(left if not out else 0)
+            if r is None:
+                if out or left == 0:
+                    return out
+                continue
+            if not self._take_or_defer(r, out):
+                return out
+
+    def poll_columns(self, timeout_ms: int = 1000) -> list[tuple[str, int, Columns]]:
+        """Fetched records as columns, per partition (numpy only: no object per message)."""
+        return self._to_columns(self.poll_raw(timeout_ms))
+
+    def poll(self, timeout_ms: int = 1000) -> list[Record]:
+        return self._to_records(self.poll_columns(timeout_ms))
+
     # --- same-host ring reads (same_host=True) ----------------------------------------------------
     def _attach_rings(self, topic: str) -> None:
         """Map the broker's control table and this topic's rings read-only; on any failure (not
@@ -224,14 +291,6 @@ class Consumer:
                     a.tail = None
         self._tails_at = time.monotonic()
         self._index_tails()
-
-    def _index_tails(self) -> None:
-        """Arrays of the ring-read partitions' slots and positions, for the one-gather idle check."""
-        tails = [a for a in self.assigned.values() if a.tail is not None]
-        self._tailed = tails
-        self._tail_slots = np.array([a.tail.slot for a in tails], dtype=np.int64)
-        self._tail_pos = np.array([a.position for a in tails], dtype=np.int64)
-        self._fetching = any(a.tail is None or a.below for a in self.assigned.values())
 
     def _poll_rings(self, timeout_ms: int) -> list:
         """Read partitions from the rings; a partition below its ring (or not mapped) goes
@@ -300,27 +359,6 @@ class Consumer:
         for topic in sorted({a.topic for a in self.assigned.values() if stale or a.tail is None}):
             self._attach_rings(topic)
         self._tails_at = time.monotonic()
-
-    def poll_columns(self, timeout_ms: int = 1000) -> list[tuple[str, int, Columns]]:
-        """Fetched records as columns, per partition (numpy only: no object per message)."""
-        out = []
-        for a, start, _info, body in self.poll_raw(timeout_ms):
-            buf = body.buffer if hasattr(body, "buffer") else body
-            cols = batches_to_columns(iter_batches(buf), start)
-            out.append((a.topic, a.partition, cols))
-        return out
-
-    def poll(self, timeout_ms: int = 1000) -> list[Record]:
-        records = []
-        for topic, partition, cols in self.poll_columns(timeout_ms):
-            v, vo = cols.values.tobytes(), cols.value_offsets.tolist()
-            k, ko, kv = cols.keys.tobytes(), cols.key_offsets.tolist(), cols.key_valid.tolist()
-            ts = (cols.timestamps_us // 1000).tolist()
-            records.extend(
-                Record(topic, partition, off, ts[i], k[ko[i] : ko[i + 1]] if kv[i] else None, v[vo[i] : vo[i + 1]])
-                for i, off in enumerate(cols.offsets.tolist())
-            )
-        return records
 
     def _drop_rings(self) -> None:
         """Unmap every ring (each partition is fetched until mapped again)."""

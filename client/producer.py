@@ -24,13 +24,13 @@ import time
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
 from . import protocol as P
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Pool
-from .routes import Routes
+from .routes import BlockingRoutes
 from .errors import TailraceError, TimeoutError_, error_for
 from .records import encode_batch, encode_batch_buffers
 
@@ -51,6 +51,15 @@ PARTITIONERS = {"round_robin": round_robin, "key_hash": key_hash}
 TIMEOUT_SCAN_S = 0.05  # how often in-flight batches are checked for request timeouts
 
 
+class Ack(NamedTuple):
+    """Where a record was stored: what an asyncio ``send`` resolves with (aio.py)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int  # the broker's append time, ms since the epoch
+
+
 @dataclass
 class _Pending:
     values: list = field(default_factory=list)
@@ -58,6 +67,7 @@ class _Pending:
     keyed: bool = False
     nbytes: int = 0
     since: float = 0.0
+    waiters: list | None = None  # one future per record (the asyncio producer), else None
 
 
 @dataclass
@@ -70,12 +80,23 @@ class _InFlight:
     first_sent: float = 0.0
     attempts: int = 1
     via: str | None = None  # endpoint it was sent to (None: the router)
+    waiters: list | None = None  # the records' futures (asyncio producer)
+    not_before: float = 0.0  # a retry waits for its backoff
 
 
-class Producer:
+class ProducerCore:
+    """Everything a producer decides, without I/O: batching, partitioning, sequence numbers,
+    what to send next, what a reply means (ack, retry, error), request timeouts.
+
+    Its subclasses give it the I/O: ``self.pool`` (``send(endpoint, op, topic, partition,
+    header, body) -> request id``, never blocking), ``self.routes`` (routes.Routes) and
+    ``_route(topic, partition)``; they hand every reply to ``_on_reply`` and call ``_advance``
+    when time passes. ``Producer`` below does it with blocking polls, ``aio.AsyncProducer``
+    from an asyncio event loop: the same batches, sequences and retries either way.
+    """
+
     def __init__(
         self,
-        bootstrap: str = DEFAULT_BOOTSTRAP,
         *,
         acks: str = "memory",
         linger_ms: float = 5.0,
@@ -86,17 +107,9 @@ class Producer:
         request_timeout_ms: int = 5_000,
         delivery_timeout_ms: int = 120_000,
         idempotent: bool = True,
-        direct: bool = True,
-        same_host: bool = False,
         retry_backoff_ms: float = 2.0,
         on_ack: Callable[[str, int, int, int], None] | None = None,
-        connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
     ):
-        self.pool = Pool(bootstrap, connect_timeout_ms)
-        self.conn = self.pool.router
-        # same_host: send to the owning workers' Unix sockets instead of their ZeroMQ endpoints
-        # (client/unixwire.py); the router and any fallback stay ZeroMQ.
-        self.routes = Routes(self.pool, direct, same_host)
         self.acks = P.ACKS_BY_NAME[acks] if isinstance(acks, str) else P.Acks(acks)
         self.linger_s = linger_ms / 1000
         self.batch_records = batch_records
@@ -111,7 +124,7 @@ class Producer:
         self.on_ack = on_ack
         self._header = P.encode(P.ProduceRequest(acks=int(self.acks), timeout_ms=request_timeout_ms))
         self._pending: dict[tuple[str, int], _Pending] = {}
-        self._ready: dict[tuple[str, int], deque] = {}  # (topic, p) -> deque of (frame, count)
+        self._ready: dict[tuple[str, int], deque] = {}  # (topic, p) -> deque of (frame, count, waiters)
         self._inflight: dict[int, _InFlight] = {}  # request id -> batch
         self._inflight_per: dict[tuple[str, int], int] = {}
         self._retry: dict[tuple[str, int], deque] = {}  # (topic, p) -> batches to resend first
@@ -124,22 +137,23 @@ class Producer:
         self.errors: list[TailraceError] = []
         self.acked_records = 0
         self.retries = 0
-        self._sent_records = 0
 
-    # --- metadata ------------------------------------------------------------------------
-    def partitions_for(self, topic: str) -> int:
-        return self.routes.partitions(topic)
+    # --- what the I/O side provides --------------------------------------------------------
+    pool = None
+    routes = None
 
-    def _choose(self, topic: str, key: bytes | None, partition: int | None) -> int:
+    def _route(self, topic: str, partition: int) -> str | None:
+        raise NotImplementedError
+
+    # --- queueing ----------------------------------------------------------------------------
+    def _choose(self, topic: str, key: bytes | None, partition: int | None, partitions: int) -> int:
         if partition is not None:
             return partition
         self._counter += 1
-        return self.partitioner(key, self.partitions_for(topic), self._counter)
+        return self.partitioner(key, partitions, self._counter)
 
-    # --- sending -------------------------------------------------------------------------
-    def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
-        p = self._choose(topic, key, partition)
-        tp = (topic, p)
+    def _add(self, tp, value: bytes, key: bytes | None, waiter=None) -> None:
+        """Queue one record for partition ``tp`` (and its future, if it has one)."""
         pend = self._pending.get(tp)
         if pend is None:
             pend = self._pending[tp] = _Pending(since=time.monotonic())
@@ -149,38 +163,46 @@ class Producer:
             pend.keyed = True
             pend.keys = [b""] * len(pend.values)
         pend.values.append(value)
+        if waiter is not None:
+            if pend.waiters is None:
+                pend.waiters = [None] * (len(pend.values) - 1)
+            pend.waiters.append(waiter)
+        elif pend.waiters is not None:
+            pend.waiters.append(None)
         self._lingering.add(tp)
         if pend.keyed:
             pend.keys.append(b"" if key is None else key)
         pend.nbytes += len(value)
         if len(pend.values) >= self.batch_records or pend.nbytes >= self.batch_bytes:
             self._seal(tp, pend)
-        self._pump()
 
-    def send_batch(self, topic: str, values: Sequence[bytes], keys: Sequence[bytes] | None = None,
-                   partition: int | None = None) -> None:
-        """Send many values in one call. With a key-hash partitioner and keys, values are
-        grouped by partition; otherwise the whole call goes to one partition (explicit, or the
-        next round-robin choice), split into batches of at most batch_records / batch_bytes."""
-        if not values:
-            return
-        if partition is None and keys is not None and self.partitioner is key_hash:
-            n = self.partitions_for(topic)
-            parts = np.fromiter((zlib.crc32(k) % n for k in keys), dtype=np.int64, count=len(keys))
+    def _split_batch(self, topic: str, values: Sequence[bytes], keys: Sequence[bytes] | None,
+                     partitions: int) -> list[tuple[int, list, list | None]]:
+        """``send_batch``'s partitioning: (partition, values, keys) groups. With a key-hash
+        partitioner and keys, by key; otherwise the whole call to one partition."""
+        if keys is not None and self.partitioner is key_hash:
+            parts = np.fromiter((zlib.crc32(k) % partitions for k in keys), dtype=np.int64, count=len(keys))
+            out = []
             for p in np.unique(parts).tolist():
                 idx = np.flatnonzero(parts == p).tolist()
-                self.send_batch(topic, [values[i] for i in idx], [keys[i] for i in idx], partition=p)
-            return
-        p = self._choose(topic, None, partition)
+                out.append((p, [values[i] for i in idx], [keys[i] for i in idx]))
+            return out
+        return [(self._choose(topic, None, None, partitions), values, keys)]
+
+    def _queue_batch(self, tp, values: Sequence[bytes], keys: Sequence[bytes] | None) -> None:
+        """Queue ``values`` for ``tp`` as batches of at most batch_records / batch_bytes."""
         step = self.batch_records
         avg = max(1, sum(map(len, values[:64])) // min(len(values), 64))
         step = max(1, min(step, self.batch_bytes // avg))
-        q = self._ready.setdefault((topic, p), deque())
+        q = self._ready.setdefault(tp, deque())
         for i in range(0, len(values), step):
             chunk = values[i : i + step]
-            frame = encode_batch(chunk, None if keys is None else keys[i : i + step], **self._ids((topic, p), len(chunk)))
-            q.append((frame, len(chunk)))
-        self._pump()
+            frame = encode_batch(chunk, None if keys is None else keys[i : i + step], **self._ids(tp, len(chunk)))
+            q.append((frame, len(chunk), None))
+
+    def _queue_buffers(self, tp, values, value_offsets, keys, key_offsets) -> None:
+        frame = encode_batch_buffers(values, value_offsets, keys, key_offsets, **self._ids(tp, len(value_offsets) - 1))
+        self._ready.setdefault(tp, deque()).append((frame, len(value_offsets) - 1, None))
 
     def _ids(self, tp, count: int) -> dict:
         """Producer id and base sequence for the next batch of ``count`` records to ``tp``."""
@@ -190,54 +212,76 @@ class Producer:
         self._seq[tp] = (seq + count) & 0x7FFFFFFF
         return {"producer_id": self.producer_id, "base_sequence": seq}
 
-    def send_buffers(self, topic: str, values: bytes | np.ndarray, value_offsets: np.ndarray,
-                     partition: int | None = None, keys: bytes | np.ndarray | None = None,
-                     key_offsets: np.ndarray | None = None) -> None:
-        """Send one pre-joined batch: ``values`` back to back, ``value_offsets`` int32[n + 1]
-        (and optionally ``keys`` with ``key_offsets`` the same way): no Python step per record."""
-        p = self._choose(topic, None, partition)
-        frame = encode_batch_buffers(values, value_offsets, keys, key_offsets,
-                                     **self._ids((topic, p), len(value_offsets) - 1))
-        self._ready.setdefault((topic, p), deque()).append((frame, len(value_offsets) - 1))
-        self._pump()
-
     def _seal(self, tp, pend: _Pending) -> None:
         self._lingering.discard(tp)
-        if not pend.values:
-            return
-        frame = encode_batch(pend.values, pend.keys if pend.keyed else None, **self._ids(tp, len(pend.values)))
-        self._ready.setdefault(tp, deque()).append((frame, len(pend.values)))
-        pend.values, pend.keys, pend.keyed, pend.nbytes = [], [], False, 0
+        waiters = pend.waiters
+        if waiters is not None and any(w is not None and w.cancelled() for w in waiters):
+            # a cancelled send not yet in a batch is never sent (aio.py: "acked once or not stored")
+            keep = [i for i, w in enumerate(waiters) if w is None or not w.cancelled()]
+            pend.values = [pend.values[i] for i in keep]
+            if pend.keyed:
+                pend.keys = [pend.keys[i] for i in keep]
+            waiters = [waiters[i] for i in keep]
+        if pend.values:
+            frame = encode_batch(pend.values, pend.keys if pend.keyed else None, **self._ids(tp, len(pend.values)))
+            self._ready.setdefault(tp, deque()).append((frame, len(pend.values), waiters))
+        pend.values, pend.keys, pend.keyed, pend.nbytes, pend.waiters = [], [], False, 0, None
 
-    def _pump(self, timeout_ms: int = 0) -> None:
-        """Send what may be sent, then take in replies (waiting up to ``timeout_ms`` for one)."""
+    def _seal_all(self) -> None:
+        for tp in list(self._lingering):
+            self._seal(tp, self._pending[tp])
+
+    # --- sending -------------------------------------------------------------------------
+    def _idle(self, tp) -> bool:
+        """Whether partition ``tp`` could send a batch now (so lingering records should be sealed
+        into one). While it cannot, records keep joining the pending batch: many sends to a busy
+        partition become one batch, not a queue of small ones."""
+        if tp in self._ready or tp in self._retry:
+            return False
+        return self.acks == P.Acks.NONE or self._inflight_per.get(tp, 0) < self.max_in_flight
+
+    def _advance(self) -> None:
+        """Seal what has lingered long enough, send what may be sent."""
         now = time.monotonic()
         for tp in list(self._lingering):
             pend = self._pending[tp]
-            if now - pend.since >= self.linger_s:
+            if now - pend.since >= self.linger_s and self._idle(tp):
                 self._seal(tp, pend)
         for tp in list(self._retry) + list(self._ready):
-            self._send_ready(tp)
-        self._drain(timeout_ms)
+            self._send_ready(tp, now)
 
-    def _send_ready(self, tp) -> None:
+    def _next_due(self) -> float | None:
+        """When ``_advance`` has something to do next without a reply coming (a linger running
+        out on an idle partition, a retry's backoff), as a ``time.monotonic()`` value."""
+        due = [self._pending[tp].since + self.linger_s for tp in self._lingering if self._idle(tp)]
+        due.extend(q[0].not_before for q in self._retry.values() if q)
+        return min(due) if due else None
+
+    def _send_ready(self, tp, now: float) -> None:
         retry = self._retry.get(tp)
         ready = self._ready.get(tp)
         while self.acks == P.Acks.NONE or self._inflight_per.get(tp, 0) < self.max_in_flight:
             if retry:
+                if retry[0].not_before > now:
+                    break  # its backoff first; nothing overtakes it
                 b = retry.popleft()
-                b.sent = time.monotonic()
+                b.sent = now
                 b.attempts += 1
             elif ready:
-                frame, count = ready.popleft()
-                now = time.monotonic()
-                b = _InFlight(tp[0], tp[1], frame, count, now, now)
+                frame, count, waiters = ready.popleft()
+                b = _InFlight(tp[0], tp[1], frame, count, now, now, waiters=waiters)
             else:
                 break
-            b.via = self.routes.endpoint(b.topic, b.partition)
-            rid = self.pool.send(b.via, P.Op.PRODUCE, b.topic, b.partition, self._header, b.frame)
+            b.via = self._route(b.topic, b.partition)
+            try:
+                rid = self.pool.send(b.via, P.Op.PRODUCE, b.topic, b.partition, self._header, b.frame)
+            except TailraceError as exc:  # refused before sending (a topic name over the limit)
+                self._fail(b, exc)
+                continue
             if self.acks == P.Acks.NONE:
                 self.acked_records += b.count
+                if b.waiters:
+                    self._resolve(b, None)
                 continue
             self._inflight[rid] = b
             self._inflight_per[tp] = self._inflight_per.get(tp, 0) + 1
@@ -246,32 +290,53 @@ class Producer:
         if ready is not None and not ready:
             del self._ready[tp]
 
-    def _drain(self, timeout_ms: int) -> None:
-        wait = timeout_ms
-        while self._inflight:
-            r = self.pool.recv(wait)
-            if r is None:
-                break
-            wait = 0
-            b = self._inflight.pop(r.request_id, None)
-            if b is None:
-                continue
-            tp = (b.topic, b.partition)
-            self._inflight_per[tp] -= 1
-            self.routes.answered(b.topic, b.partition, r.via, r.code)
-            if r.code == P.ErrorCode.OK:
-                self.acked_records += b.count
+    # --- replies -------------------------------------------------------------------------
+    def _on_reply(self, r) -> None:
+        b = self._inflight.pop(r.request_id, None)
+        if b is None:
+            return
+        tp = (b.topic, b.partition)
+        self._inflight_per[tp] -= 1
+        self.routes.answered(b.topic, b.partition, r.via, r.code)
+        if r.code == P.ErrorCode.OK:
+            self.acked_records += b.count
+            if self.on_ack is not None or b.waiters:
+                rep = P.decoder(P.ProduceReply).decode(r.header)
                 if self.on_ack is not None:
-                    rep = P.decoder(P.ProduceReply).decode(r.header)
                     self.on_ack(b.topic, b.partition, rep.base_offset, rep.record_count)
-            elif r.code in P.RETRIABLE and time.monotonic() - b.first_sent < self.delivery_timeout_s:
-                time.sleep(self.retry_backoff_s)
-                self._retry.setdefault(tp, deque()).appendleft(b)
-            else:
-                try:
-                    r.raise_for_code()
-                except TailraceError as exc:
-                    self.errors.append(exc)
+                if b.waiters:
+                    self._resolve(b, rep)
+        elif r.code in P.RETRIABLE and time.monotonic() - b.first_sent < self.delivery_timeout_s:
+            b.not_before = time.monotonic() + self.retry_backoff_s
+            self._retry.setdefault(tp, deque()).appendleft(b)
+        else:
+            try:
+                r.raise_for_code()
+            except TailraceError as exc:
+                self._fail(b, exc)
+
+    def _resolve(self, b: _InFlight, rep: P.ProduceReply | None) -> None:
+        """Hand each record's future its ``Ack`` (offsets -1 for acks="none": nothing is told)."""
+        base = -1 if rep is None else rep.base_offset
+        ts = -1 if rep is None else rep.append_time_us // 1000
+        single = len(b.waiters) == 1 and b.count > 1  # a send_batch: its one future gets the first offset
+        for i, w in enumerate(b.waiters):
+            if w is not None and not w.done():
+                w.set_result(Ack(b.topic, b.partition, base if (single or base < 0) else base + i, ts))
+
+    def _fail(self, b: _InFlight, exc: TailraceError) -> None:
+        """A batch failed for good: its futures raise ``exc``; without futures, ``flush`` does."""
+        told = False
+        for w in b.waiters or ():
+            if w is not None and not w.done():
+                w.set_exception(exc)
+                told = True
+        if not told:
+            self.errors.append(exc)
+
+    def _scan_timeouts(self) -> None:
+        """Resend (idempotent) or fail the batches whose reply is overdue; at most every
+        TIMEOUT_SCAN_S."""
         now = time.monotonic()
         if now < self._timeouts_at:
             return
@@ -288,11 +353,15 @@ class Producer:
                     self.retries += 1
                     self._retry.setdefault(tp, deque()).appendleft(b)  # same bytes: the broker dedups
                 else:
-                    self.errors.append(TimeoutError_(
+                    self._fail(b, TimeoutError_(
                         f"no ack for {b.count} records to {b.topic}/{b.partition} in {self.delivery_timeout_s}s"))
 
-    def poll(self, timeout_ms: int = 0) -> None:
-        self._pump(timeout_ms)
+    def _take_errors(self) -> None:
+        """Raise the first error no future was told of (``flush``)."""
+        if self.errors:
+            first = self.errors[0]
+            self.errors = []
+            raise first
 
     @property
     def in_flight(self) -> int:
@@ -303,19 +372,99 @@ class Producer:
         """Whether records wait to be sent (lingering, sealed, or to be retried)."""
         return bool(self._lingering or self._ready or self._retry)
 
+    @property
+    def busy(self) -> bool:
+        """Whether anything is queued or unacknowledged (what ``flush`` waits out)."""
+        return bool(self._inflight or self._ready or self._retry or self._lingering)
+
+
+class Producer(ProducerCore):
+    """The blocking producer: ``ProducerCore`` driven by the caller's own calls."""
+
+    def __init__(
+        self,
+        bootstrap: str = DEFAULT_BOOTSTRAP,
+        *,
+        direct: bool = True,
+        same_host: bool = False,
+        connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
+        **options,
+    ):
+        super().__init__(**options)
+        self.pool = Pool(bootstrap, connect_timeout_ms)
+        self.conn = self.pool.router
+        # same_host: send to the owning workers' Unix sockets instead of their ZeroMQ endpoints
+        # (client/unixwire.py); the router and any fallback stay ZeroMQ.
+        self.routes = BlockingRoutes(self.pool, direct, same_host)
+
+    def _route(self, topic: str, partition: int) -> str | None:
+        return self.routes.endpoint(topic, partition)
+
+    # --- metadata ------------------------------------------------------------------------
+    def partitions_for(self, topic: str) -> int:
+        return self.routes.partitions(topic)
+
+    # --- sending -------------------------------------------------------------------------
+    def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
+        if partition is None:
+            partition = self._choose(topic, key, None, self.partitions_for(topic))
+        self._add((topic, partition), value, key)
+        self._pump()
+
+    def send_batch(self, topic: str, values: Sequence[bytes], keys: Sequence[bytes] | None = None,
+                   partition: int | None = None) -> None:
+        """Send many values in one call. With a key-hash partitioner and keys, values are
+        grouped by partition; otherwise the whole call goes to one partition (explicit, or the
+        next round-robin choice), split into batches of at most batch_records / batch_bytes."""
+        if not values:
+            return
+        if partition is not None:
+            self._queue_batch((topic, partition), values, keys)
+        else:
+            for p, vs, ks in self._split_batch(topic, values, keys, self.partitions_for(topic)):
+                self._queue_batch((topic, p), vs, ks)
+        self._pump()
+
+    def send_buffers(self, topic: str, values: bytes | np.ndarray, value_offsets: np.ndarray,
+                     partition: int | None = None, keys: bytes | np.ndarray | None = None,
+                     key_offsets: np.ndarray | None = None) -> None:
+        """Send one pre-joined batch: ``values`` back to back, ``value_offsets`` int32[n + 1]
+        (and optionally ``keys`` with ``key_offsets`` the same way): no Python step per record."""
+        if partition is None:
+            partition = self._choose(topic, None, None, self.partitions_for(topic))
+        self._queue_buffers((topic, partition), values, value_offsets, keys, key_offsets)
+        self._pump()
+
+    def _pump(self, timeout_ms: int = 0) -> None:
+        """Send what may be sent, then take in replies (waiting up to ``timeout_ms`` for one,
+        less when a retry's backoff ends sooner)."""
+        self._advance()
+        if self._retry and timeout_ms:
+            timeout_ms = min(timeout_ms, max(1, int(self.retry_backoff_s * 1000)))
+        self._drain(timeout_ms)
+
+    def _drain(self, timeout_ms: int) -> None:
+        wait = timeout_ms
+        while self._inflight:
+            r = self.pool.recv(wait)
+            if r is None:
+                break
+            wait = 0
+            self._on_reply(r)
+        self._scan_timeouts()
+
+    def poll(self, timeout_ms: int = 0) -> None:
+        self._pump(timeout_ms)
+
     def flush(self, timeout_ms: int = 60_000) -> int:
         """Send everything queued and wait for every ack; return records acked so far."""
-        for tp, pend in self._pending.items():
-            self._seal(tp, pend)
+        self._seal_all()
         deadline = time.monotonic() + timeout_ms / 1000
         while self._inflight or any(self._ready.values()) or self._retry:
             if time.monotonic() > deadline:
                 raise TimeoutError_(f"flush timed out with {len(self._inflight)} batches in flight")
             self._pump(timeout_ms=50)
-        if self.errors:
-            first = self.errors[0]
-            self.errors = []
-            raise first
+        self._take_errors()
         return self.acked_records
 
     def close(self) -> None:
@@ -331,4 +480,4 @@ class Producer:
         self.close()
 
 
-__all__ = ["Producer", "round_robin", "key_hash", "error_for"]
+__all__ = ["Ack", "Producer", "ProducerCore", "round_robin", "key_hash", "error_for"]

@@ -7,6 +7,10 @@ request of this client's went through the router and was answered OK (the router
 request is what makes a worker adopt a partition). A
 ``NOT_OWNER`` reply, or a direct request lost with a worker, sends the partition back to the
 router path and schedules a fresh DESCRIBE: the router path always works, for any client.
+
+``Routes`` holds that state and decides; it does no I/O. Whoever owns it makes the DESCRIBE
+requests it asks for (``due``) and hands the answers in (``learn``): ``BlockingRoutes`` below
+does it inline, the asyncio client (aio.py) in a task of its own.
 """
 
 from __future__ import annotations
@@ -16,14 +20,13 @@ import time
 
 from . import protocol as P
 from . import unixwire
-from .connection import Pool
 
 REFRESH_S = 1.0
 
 
 class Routes:
-    def __init__(self, pool: Pool, direct: bool = True, same_host: bool = False):
-        self.pool = pool
+    def __init__(self, router_endpoint: str, direct: bool = True, same_host: bool = False):
+        self.router_endpoint = router_endpoint
         self.direct = direct
         self.same_host = same_host  # address owners at their Unix sockets (client/unixwire.py)
         self.partitions_of: dict[str, int] = {}  # topic -> partition count
@@ -31,9 +34,8 @@ class Routes:
         self.confirmed: set[tuple[str, int]] = set()  # answered OK via the router at least once
         self.refresh_at: dict[str, float] = {}  # topic -> when to DESCRIBE again
 
-    def describe(self, topic: str) -> int:
-        r = self.pool.router.request(P.Op.DESCRIBE_TOPIC, topic)
-        d = P.decoder(P.DescribeReply).decode(r.header)
+    def learn(self, topic: str, d: P.DescribeReply) -> int:
+        """Take in a DESCRIBE_TOPIC answer; returns the topic's partition count."""
         self.partitions_of[topic] = d.topic.partitions
         for pi in d.partitions:
             old = self.endpoints.get((topic, pi.partition))
@@ -46,32 +48,32 @@ class Routes:
         self.refresh_at.pop(topic, None)
         return d.topic.partitions
 
-    def partitions(self, topic: str) -> int:
-        n = self.partitions_of.get(topic)
-        return self.describe(topic) if n is None else n
-
-    def endpoint(self, topic: str, partition: int) -> str | None:
-        """Where to send a request for this partition now (None: through the router)."""
+    def due(self, topic: str) -> bool:
+        """Whether a DESCRIBE of ``topic`` is wanted before addressing it (never unknown to a
+        client that goes through the router only: it does not need one)."""
         if not self.direct:
-            return None
+            return False
         if topic not in self.partitions_of:
-            try:
-                self.describe(topic)
-            except Exception:
-                return None  # unknown topic and the like: the router's reply will say so
+            return True
         t = self.refresh_at.get(topic)
-        if t is not None and time.monotonic() >= t:
-            try:
-                self.describe(topic)
-            except Exception:
-                self.refresh_at[topic] = time.monotonic() + REFRESH_S
-        if (topic, partition) not in self.confirmed:
+        return t is not None and time.monotonic() >= t
+
+    def failed(self, topic: str) -> None:
+        """A DESCRIBE of ``topic`` failed: a known topic is asked about again in REFRESH_S (an
+        unknown one at its next use: the router's reply to the request itself will say why)."""
+        if topic in self.partitions_of:
+            self.refresh_at[topic] = time.monotonic() + REFRESH_S
+
+    def route(self, topic: str, partition: int) -> str | None:
+        """Where to send a request for this partition now, from what is known (None: through
+        the router)."""
+        if not self.direct or (topic, partition) not in self.confirmed:
             return None
         return self.endpoints.get((topic, partition))
 
     def answered(self, topic: str, partition: int, via: str, code: int) -> None:
         tp = (topic, partition)
-        if code == P.ErrorCode.OK and via == self.pool.router.endpoint:
+        if code == P.ErrorCode.OK and via == self.router_endpoint:
             self.confirmed.add(tp)
         elif code == P.ErrorCode.NOT_OWNER:
             self.demote(topic, partition)
@@ -79,3 +81,28 @@ class Routes:
     def demote(self, topic: str, partition: int) -> None:
         self.confirmed.discard((topic, partition))
         self.refresh_at.setdefault(topic, time.monotonic() + REFRESH_S)
+
+
+class BlockingRoutes(Routes):
+    """``Routes`` that make their DESCRIBE requests inline, on the pool's router connection."""
+
+    def __init__(self, pool, direct: bool = True, same_host: bool = False):
+        super().__init__(pool.router.endpoint, direct, same_host)
+        self.pool = pool
+
+    def describe(self, topic: str) -> int:
+        r = self.pool.router.request(P.Op.DESCRIBE_TOPIC, topic)
+        return self.learn(topic, P.decoder(P.DescribeReply).decode(r.header))
+
+    def partitions(self, topic: str) -> int:
+        n = self.partitions_of.get(topic)
+        return self.describe(topic) if n is None else n
+
+    def endpoint(self, topic: str, partition: int) -> str | None:
+        """Where to send a request for this partition now (None: through the router)."""
+        if self.due(topic):
+            try:
+                self.describe(topic)
+            except Exception:
+                self.failed(topic)
+        return self.route(topic, partition)

@@ -33,3 +33,12 @@ def make_broker(tmp_path):
 @pytest.fixture
 def broker(make_broker) -> Broker:
     return make_broker()
+
+
+@pytest.fixture(params=["blocking", "async"])
+def client(request):
+    """The blocking client, then the asyncio one behind the same API (tests/clients.py): a test
+    that takes it runs its assertions against both."""
+    from tests.clients import CLIENTS
+
+    return CLIENTS[request.param]

@@ -11,13 +11,14 @@ from tailrace import Admin, Consumer, Producer
 from tailrace.client import protocol as P
 from tailrace.client.connection import Connection
 from tailrace.client.records import encode_batch, iter_batches
+from tests.clients import BLOCKING
 from tests.helpers import MSG_BYTES, PROGRAMS, partition_payload
 
 
 
-def produce_partitions(bootstrap, topic, partitions, per_partition, acks, batch=4000, start=0):
+def produce_partitions(bootstrap, topic, partitions, per_partition, acks, batch=4000, start=0, client=BLOCKING):
     acked = []
-    with Producer(bootstrap, acks=acks, on_ack=lambda t, p, base, n: acked.append((p, base, n))) as prod:
+    with client.Producer(bootstrap, acks=acks, on_ack=lambda t, p, base, n: acked.append((p, base, n))) as prod:
         for first in range(start, start + per_partition, batch):
             n = min(batch, start + per_partition - first)
             for p in range(partitions):
@@ -27,11 +28,12 @@ def produce_partitions(bootstrap, topic, partitions, per_partition, acks, batch=
     return acked
 
 
-def consume_all(bootstrap, topic, expect_per_partition: dict[int, int], timeout_s=120, isolation="memory"):
+def consume_all(bootstrap, topic, expect_per_partition: dict[int, int], timeout_s=120, isolation="memory",
+                client=BLOCKING):
     got: dict[int, list] = {p: [] for p in expect_per_partition}
     counts = dict.fromkeys(expect_per_partition, 0)
     deadline = time.monotonic() + timeout_s
-    with Consumer(bootstrap, max_wait_ms=200, isolation=isolation) as cons:
+    with client.Consumer(bootstrap, max_wait_ms=200, isolation=isolation) as cons:
         cons.assign(topic, list(expect_per_partition), start="earliest")
         while any(counts[p] < expect_per_partition[p] for p in counts) and time.monotonic() < deadline:
             for _t, p, cols in cons.poll_columns(500):
@@ -60,19 +62,19 @@ def test_million_durable_messages_come_back_complete_in_order_byte_identical(bro
     print(f"\n1M durable: produce {total / produce_s:,.0f} msg/s, consume {total / consume_s:,.0f} msg/s")
 
 
-def test_restart_keeps_messages_and_offsets_and_producing_continues(make_broker):
+def test_restart_keeps_messages_and_offsets_and_producing_continues(make_broker, client):
     b = make_broker()
     Admin(b.bootstrap).create_topic("keep", 3)
-    produce_partitions(b.bootstrap, "keep", 3, 5000, "durable", batch=700)
-    before = consume_all(b.bootstrap, "keep", dict.fromkeys(range(3), 5000))
+    produce_partitions(b.bootstrap, "keep", 3, 5000, "durable", batch=700, client=client)
+    before = consume_all(b.bootstrap, "keep", dict.fromkeys(range(3), 5000), client=client)
     assert b.stop() == 0
     assert not b.shm_regions(), "clean stop must unlink shared memory"
     b.start()
-    after = consume_all(b.bootstrap, "keep", dict.fromkeys(range(3), 5000))
+    after = consume_all(b.bootstrap, "keep", dict.fromkeys(range(3), 5000), client=client)
     for p in range(3):
         assert np.array_equal(np.concatenate([c.offsets for c in before[p]]), np.concatenate([c.offsets for c in after[p]]))
         assert np.array_equal(np.concatenate([c.values for c in before[p]]), np.concatenate([c.values for c in after[p]]))
-    acked = produce_partitions(b.bootstrap, "keep", 3, 10, "memory", start=5000)
+    acked = produce_partitions(b.bootstrap, "keep", 3, 10, "memory", start=5000, client=client)
     assert sorted(base for _p, base, _n in acked) == [5000, 5000, 5000]
     offs = Admin(b.bootstrap).list_offsets("keep")
     assert [(o.log_start_offset, o.high_watermark) for o in offs] == [(0, 5010)] * 3
@@ -206,12 +208,12 @@ def test_cli_produce_and_consume_round_trip(broker):
     assert '"topics": 1' in cli("status", "--json").stdout.decode()
 
 
-def test_producer_partitioners_and_consumer_records(broker):
+def test_producer_partitioners_and_consumer_records(broker, client):
     Admin(broker.bootstrap).create_topic("keys", 4)
-    with Producer(broker.bootstrap, partitioner="key_hash", acks="memory", linger_ms=1) as prod:
+    with client.Producer(broker.bootstrap, partitioner="key_hash", acks="memory", linger_ms=1) as prod:
         for i in range(200):
             prod.send("keys", b"v%d" % i, key=b"user-%d" % (i % 5))
-    with Consumer(broker.bootstrap, max_wait_ms=100) as cons:
+    with client.Consumer(broker.bootstrap, max_wait_ms=100) as cons:
         cons.assign("keys", start="earliest")
         recs = []
         deadline = time.monotonic() + 10
@@ -229,14 +231,14 @@ def test_producer_partitioners_and_consumer_records(broker):
     assert all(v == sorted(v) for v in per_key_order.values())
 
 
-def test_clients_address_the_owning_worker_directly_and_fall_back_to_the_router(broker):
+def test_clients_address_the_owning_worker_directly_and_fall_back_to_the_router(broker, client):
     Admin(broker.bootstrap).create_topic("direct", 2)
 
     def forwarded():
         with Admin(broker.bootstrap) as a:
             return a.status()["forwarded"]
 
-    with Producer(broker.bootstrap, acks="memory") as prod:
+    with client.Producer(broker.bootstrap, acks="memory") as prod:
         prod.send_batch("direct", [b"warm"] * 10, partition=0)
         prod.send_batch("direct", [b"warm"] * 10, partition=1)
         prod.flush()
@@ -246,7 +248,7 @@ def test_clients_address_the_owning_worker_directly_and_fall_back_to_the_router(
         prod.flush()
         assert forwarded() == before, "produce went through the router instead of the owner"
         assert set(prod.pool.direct) == {broker.settings.worker_endpoint(0), broker.settings.worker_endpoint(1)}
-    with Consumer(broker.bootstrap, max_wait_ms=100) as cons:
+    with client.Consumer(broker.bootstrap, max_wait_ms=100) as cons:
         cons.assign("direct", start="earliest")
         got = 0
         deadline = time.monotonic() + 10
@@ -254,14 +256,14 @@ def test_clients_address_the_owning_worker_directly_and_fall_back_to_the_router(
             got += sum(len(c) for _t, _p, c in cons.poll_columns(200))
         assert got == 1020
     # A simple client without client-side addressing still works through the router.
-    with Producer(broker.bootstrap, acks="memory", direct=False) as prod:
+    with client.Producer(broker.bootstrap, acks="memory", direct=False) as prod:
         prod.send("direct", b"via-router", partition=0)
         before = forwarded()
         prod.flush()
         assert forwarded() == before + 1 and not prod.pool.direct
 
 
-def test_describe_says_which_partitions_are_adopted_and_new_clients_go_direct_from_the_first_request(broker):
+def test_describe_says_which_partitions_are_adopted_and_new_clients_go_direct_from_the_first_request(broker, client):
     Admin(broker.bootstrap).create_topic("adopt", 2)
 
     def forwarded():
@@ -270,20 +272,20 @@ def test_describe_says_which_partitions_are_adopted_and_new_clients_go_direct_fr
 
     with Admin(broker.bootstrap) as a:
         assert [p.adopted for p in a.describe_topic("adopt").partitions] == [False, False]
-    with Producer(broker.bootstrap, acks="memory") as prod:  # first use: through the router
+    with client.Producer(broker.bootstrap, acks="memory") as prod:  # first use: through the router
         prod.send("adopt", b"warm", partition=0)
         prod.flush()
     with Admin(broker.bootstrap) as a:
         assert [p.adopted for p in a.describe_topic("adopt").partitions] == [True, False]
     before = forwarded()
-    with Producer(broker.bootstrap, acks="memory") as prod:  # a new client: straight to the owner
+    with client.Producer(broker.bootstrap, acks="memory") as prod:  # a new client: straight to the owner
         prod.send("adopt", b"direct", partition=0)
         prod.flush()
         assert forwarded() == before, "a new client's first request for an adopted partition went through the router"
         prod.send("adopt", b"first use", partition=1)  # not adopted yet: the router makes the owner adopt it
         prod.flush()
         assert forwarded() == before + 1
-    with Consumer(broker.bootstrap, max_wait_ms=100) as cons:
+    with client.Consumer(broker.bootstrap, max_wait_ms=100) as cons:
         cons.assign("adopt", [0], start="earliest")
         got = []
         deadline = time.monotonic() + 10

@@ -91,13 +91,17 @@ def _scale_under_load(b, n: int, produced: Produced):
     return acked_before, took, out, _status(b), owners
 
 
-def test_grow_from_one_to_two_workers_and_shrink_back_under_load(make_broker):
+def test_grow_from_one_to_two_workers_and_shrink_back_under_load(make_broker, client):
+    """Partitions move twice under a live producer and consumer (NOT_OWNER, NOT_READY, the
+    router fallback): the blocking client's and the asyncio client's, same assertions."""
     b = make_broker(workers=1, worker_timeout_ms=2000, reassign_grace_ms=2000)
     Admin(b.bootstrap).create_topic("scale", 8)
     stop_prod, stop_cons = threading.Event(), threading.Event()
     produced, chunks, cons_errors = Produced(), {}, []
-    prod = threading.Thread(target=produce_until, args=(b.bootstrap, "scale", 8, "memory", stop_prod), kwargs={"out": produced})
-    cons = threading.Thread(target=tail_until, args=(b.bootstrap, "scale", stop_cons, chunks, cons_errors))
+    prod = threading.Thread(target=produce_until, args=(b.bootstrap, "scale", 8, "memory", stop_prod),
+                            kwargs={"out": produced, "producer": client.Producer})
+    cons = threading.Thread(target=tail_until, args=(b.bootstrap, "scale", stop_cons, chunks, cons_errors),
+                            kwargs={"consumer": client.Consumer})
     prod.start()
     cons.start()
     try:

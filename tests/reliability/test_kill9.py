@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from tailrace import Admin, Consumer
+from tailrace import Admin
 
 from tailrace.bench.audit import Produced, audit, produce_until
+from tests.clients import CLIENTS
 
 VICTIMS = ["worker-0", "flusher", "router", "worker-1", "all", "flusher", "all"]
 
@@ -36,18 +37,22 @@ def _wait_restarted(broker, old: dict, victim: str, timeout_s: float = 30) -> No
     raise AssertionError(f"{victim} not restarted by supervisord within {timeout_s}s")
 
 
-@pytest.mark.parametrize("acks", ["none", "memory", "durable"])
-def test_kill9_of_every_process_kind_under_load_loses_no_acknowledged_record(make_broker, acks):
+@pytest.mark.parametrize("acks,client", [("none", "blocking"), ("memory", "blocking"), ("durable", "blocking"),
+                                         ("durable", "async")])
+def test_kill9_of_every_process_kind_under_load_loses_no_acknowledged_record(make_broker, acks, client):
+    """``client``: the producer and the tailing consumer are the blocking client's, or the
+    asyncio client's behind the same API (tests/clients.py): the same assertions for both."""
+    clients = CLIENTS[client]
     b = make_broker(workers=2, ring_bytes=1 << 20, max_batch_bytes=256 * 1024)
     Admin(b.bootstrap).create_topic("crash", 4)
     stop = threading.Event()
     produced = Produced()
-    producer = threading.Thread(target=produce_until, args=(b.bootstrap, "crash", 4, acks, stop), kwargs={"out": produced})
+    producer = threading.Thread(target=produce_until, args=(b.bootstrap, "crash", 4, acks, stop), kwargs={"out": produced, "producer": clients.Producer})
     tail_seen = {}
     tail_errors = []  # collected here: an assert inside the thread would not fail the test
 
     def tail():
-        with Consumer(b.bootstrap, max_wait_ms=100, request_timeout_ms=1000) as c:
+        with clients.Consumer(b.bootstrap, max_wait_ms=100, request_timeout_ms=1000) as c:
             c.assign("crash", start="earliest")
             while not stop.is_set():
                 for _t, p, cols in c.poll_columns(200):
@@ -58,7 +63,7 @@ def test_kill9_of_every_process_kind_under_load_loses_no_acknowledged_record(mak
     tailer = threading.Thread(target=tail)
     producer.start()
     tailer.start()
-    rng = random.Random(acks)
+    rng = random.Random(acks if client == "blocking" else acks + client)
     cycles = 0
     try:
         for victim in VICTIMS:

@@ -1,0 +1,683 @@
+"""The asyncio client: ``AsyncAdmin``, ``AsyncProducer``, ``AsyncConsumer``.
+
+The same names, options and semantics as the blocking client (admin.py, producer.py,
+consumer.py), and the same protocol logic: the batching, sequence numbers, retries, routing and
+reply handling are ``ProducerCore``, ``ConsumerCore``, ``Routes`` and ``AdminCalls``, shared with
+the blocking classes; only the I/O is here. ZeroMQ sockets are ``zmq.asyncio`` DEALERs; the
+same-host path is the workers' Unix sockets (unixwire.py) read with the event loop's
+``add_reader``. No thread, no per-call executor; works under uvloop.
+
+Producing::
+
+    async with AsyncProducer("127.0.0.1:7420", acks="durable") as p:
+        ack = await p.send("orders", b"...")        # Ack(topic, partition, offset, timestamp)
+
+``send`` queues the record at once (in call order) and returns a future. Many coroutines may
+share one producer: records for one partition from all of them join one batch while the
+partition's previous batch is in flight (``max_in_flight_per_partition``, 1 by default, keeps
+order through retries), and each future resolves with its own record's offset.
+
+Cancellation: cancelling a send's future (or the coroutine awaiting it) before its record is
+sealed into a batch withdraws the record (it is never stored); after that, the batch goes as it
+is (its other records belong to other coroutines) and the cancelled record is stored once. The
+producer's state never depends on who is still waiting.
+
+Consuming: ``AsyncConsumer`` fetches with long polls, like ``Consumer``. With ``same_host=True``
+it fetches over the workers' Unix sockets; it does not map the shared-memory rings (waiting on
+the rings' futex would need a thread), so it reads what a fetch reads, one hop later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+from collections import deque
+from typing import Iterable, Sequence
+
+import zmq
+import zmq.asyncio
+
+from . import protocol as P
+from . import unixwire
+from .admin import AdminCalls, Call
+from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Reply, parse_bootstrap, parse_reply, request_frames
+from .consumer import EARLIEST, ConsumerCore, Record
+from .errors import BootstrapError, BrokerUnavailableError, TimeoutError_
+from .producer import TIMEOUT_SCAN_S, Ack, ProducerCore
+from .records import Columns
+from .routes import Routes
+
+__all__ = ["Ack", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "Record"]
+
+
+class _ZmqLink:
+    """One zmq.asyncio DEALER and the task that reads its replies."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, deliver, monitor: bool):
+        self.endpoint = endpoint
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 100_000)
+        self.sock.setsockopt(zmq.RCVHWM, 100_000)
+        self.monitor = None
+        if monitor:
+            self.monitor = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            self.monitor.setsockopt(zmq.LINGER, 0)
+        try:
+            self.sock.connect(endpoint)
+        except zmq.ZMQError as exc:  # e.g. a host name that does not resolve
+            self.close()
+            raise BootstrapError(f"cannot connect to {endpoint}: {exc}") from None
+        self.deliver = deliver
+        self.reader = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart(copy=False)
+            try:
+                r = parse_reply(frames, self.endpoint)
+            except Exception:  # noqa: BLE001 - not a reply of ours (a short frame): nothing to match it to
+                continue
+            self.deliver(r)
+
+    def send(self, frames: list) -> None:
+        f = self.sock.send_multipart(frames, copy=all(len(x) < P.COPY_THRESHOLD for x in frames))
+        if f.done():
+            f.result()  # raise now what an immediate send met
+        # else: queued behind a full pipe (100,000 messages); it goes as the pipe drains
+
+    async def handshake(self, timeout_ms: int) -> None:
+        if self.monitor is None:
+            return
+        try:
+            if not await self.monitor.poll(timeout_ms):
+                raise BrokerUnavailableError(
+                    f"no broker answered at {self.endpoint} within {timeout_ms / 1000:g} s "
+                    "(is `tailrace serve` running?)")
+        finally:
+            self._stop_monitor()
+
+    def _stop_monitor(self) -> None:
+        if self.monitor is not None:
+            try:
+                self.sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self.monitor.close(0)
+            self.monitor = None
+
+    def close(self) -> None:
+        reader = getattr(self, "reader", None)
+        if reader is not None:
+            reader.cancel()
+        self._stop_monitor()
+        self.sock.close(0)
+
+
+class _UnixLink:
+    """A worker's same-host Unix socket (unixwire.py framing), driven by the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, endpoint: str, deliver, gone):
+        self.endpoint = endpoint
+        self.loop = loop
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.sock.connect(unixwire.path_of(endpoint))  # a local connect: never waits
+        except OSError:
+            self.sock.close()
+            raise
+        self.sock.setblocking(False)
+        self.reader = unixwire.FrameReader(1 << 30)
+        self.deliver = deliver
+        self.gone = gone  # called once when the worker closes the connection
+        self._out = bytearray()  # what the kernel did not take yet
+        self._rbuf = bytearray(unixwire.RECV_BYTES)
+        self._rmv = memoryview(self._rbuf)
+        self.closed = False
+        loop.add_reader(self.sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        try:
+            n = self.sock.recv_into(self._rbuf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            n = 0
+        if not n:
+            self._lost()
+            return
+        self.reader.feed(self._rmv[:n])
+        try:
+            messages = self.reader.messages()
+        except unixwire.WireError:
+            self._lost()
+            return
+        for frames in messages:
+            self.deliver(parse_reply(frames, self.endpoint))
+
+    def send(self, frames: list) -> None:
+        """Raises OSError when the worker is gone (the caller goes through the router)."""
+        if self.closed:
+            raise ConnectionError(f"{self.endpoint} is closed")
+        bufs = unixwire.encode(frames)
+        if self._out:  # keep order behind what waits
+            self._out += b"".join(bufs)
+            return
+        total = sum(len(b) for b in bufs)
+        try:
+            sent = self.sock.sendmsg(bufs, [], socket.MSG_NOSIGNAL)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent < total:
+            self._out += memoryview(b"".join(bufs))[sent:]
+            self.loop.add_writer(self.sock.fileno(), self._writable)
+
+    def _writable(self) -> None:
+        try:
+            n = self.sock.send(self._out, socket.MSG_NOSIGNAL)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._lost()
+            return
+        del self._out[:n]
+        if not self._out:
+            self.loop.remove_writer(self.sock.fileno())
+
+    def _lost(self) -> None:
+        if not self.closed:
+            self.close()
+            self.gone(self.endpoint)  # replies owed are lost, as over ZeroMQ: timeouts resend
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            fd = self.sock.fileno()
+            self.loop.remove_reader(fd)
+            if self._out:
+                self.loop.remove_writer(fd)
+            self.sock.close()
+
+
+class AsyncPool:
+    """The router link plus one link per worker endpoint, sharing one request-id space (the
+    asyncio twin of connection.Pool). Replies to ``request`` go to their awaiting coroutine;
+    every other reply to ``on_reply``."""
+
+    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
+                 on_reply=None):
+        self.router_endpoint = parse_bootstrap(bootstrap)
+        self.connect_timeout_ms = connect_timeout_ms
+        self.on_reply = on_reply
+        self._ids = itertools.count(1)
+        self._ctx: zmq.asyncio.Context | None = None
+        self._links: dict[str, object] = {}
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._connected = connect_timeout_ms <= 0 or self.router_endpoint.startswith(unixwire.SCHEME)
+        self._handshake: asyncio.Future | None = None
+        self.closed = False
+
+    def _link(self, endpoint: str):
+        link = self._links.get(endpoint)
+        if link is None:
+            if self.closed:
+                raise ConnectionError("the client is closed")
+            if endpoint.startswith(unixwire.SCHEME):
+                link = _UnixLink(asyncio.get_running_loop(), endpoint, self._deliver, self.forget)
+            else:
+                if self._ctx is None:
+                    self._ctx = zmq.asyncio.Context()
+                monitor = endpoint == self.router_endpoint and not self._connected
+                link = _ZmqLink(self._ctx, endpoint, self._deliver, monitor)
+            self._links[endpoint] = link
+        return link
+
+    def _deliver(self, r: Reply) -> None:
+        f = self._waiting.pop(r.request_id, None)
+        if f is not None:
+            if not f.done():
+                f.set_result(r)
+        elif self.on_reply is not None:
+            self.on_reply(r)
+
+    def send(self, endpoint: str | None, op: int, topic, partition: int, header: bytes = P.EMPTY_MAP, body=None) -> int:
+        """Send one request now (never waits); returns its id. A worker's Unix socket that is
+        gone sends it through the router instead."""
+        rid = next(self._ids)
+        frames = request_frames(op, topic, partition, rid, header, body)
+        if endpoint is not None and endpoint != self.router_endpoint:
+            try:
+                self._link(endpoint).send(frames)
+                return rid
+            except OSError:  # the worker is gone (or not on this host): the router path works
+                self.forget(endpoint)
+        self._link(self.router_endpoint).send(frames)
+        return rid
+
+    async def connected(self) -> None:
+        """Return once the router completed a handshake (at once after the first time); raise
+        ``BrokerUnavailableError`` after ``connect_timeout_ms`` without one."""
+        if self._connected:
+            return
+        link = self._link(self.router_endpoint)
+        if self._handshake is None:
+            self._handshake = asyncio.ensure_future(link.handshake(self.connect_timeout_ms))
+        try:
+            await asyncio.shield(self._handshake)
+        except BrokerUnavailableError:
+            self._handshake = None
+            link.close()
+            self._links.pop(self.router_endpoint, None)
+            raise
+        self._connected = True
+
+    async def request(self, op: int, topic="", partition: int = -1, header: bytes = P.EMPTY_MAP, body=None,
+                      timeout_ms: int = 10_000) -> Reply:
+        """One round trip through the router; raises the reply's error."""
+        await self.connected()
+        rid = self.send(None, op, topic, partition, header, body)
+        f = self._waiting[rid] = asyncio.get_running_loop().create_future()
+        try:
+            r = await asyncio.wait_for(f, timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            raise TimeoutError_(f"no reply from {self.router_endpoint} within {timeout_ms} ms") from None
+        finally:
+            self._waiting.pop(rid, None)
+        r.raise_for_code()
+        return r
+
+    @property
+    def direct(self) -> dict:
+        """The links to workers (endpoint -> link), as ``Pool.direct``."""
+        return {ep: link for ep, link in self._links.items() if ep != self.router_endpoint}
+
+    def forget(self, endpoint: str) -> None:
+        link = self._links.pop(endpoint, None)
+        if link is not None:
+            link.close()
+
+    def close(self) -> None:
+        self.closed = True
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
+        for f in self._waiting.values():
+            if not f.done():
+                f.cancel()
+        self._waiting.clear()
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+
+class AsyncRoutes(Routes):
+    """``Routes`` whose DESCRIBE requests run as tasks: addressing never waits for one (until it
+    is answered, a partition goes through the router)."""
+
+    def __init__(self, pool: AsyncPool, direct: bool = True, same_host: bool = False):
+        super().__init__(pool.router_endpoint, direct, same_host)
+        self.pool = pool
+        self._describing: dict[str, asyncio.Task] = {}
+
+    async def describe(self, topic: str) -> int:
+        r = await self.pool.request(P.Op.DESCRIBE_TOPIC, topic)
+        return self.learn(topic, P.decoder(P.DescribeReply).decode(r.header))
+
+    async def partitions(self, topic: str) -> int:
+        n = self.partitions_of.get(topic)
+        return await self.describe(topic) if n is None else n
+
+    def endpoint(self, topic: str, partition: int) -> str | None:
+        if self.due(topic) and topic not in self._describing:
+            self._describing[topic] = asyncio.ensure_future(self._describe_later(topic))
+        return self.route(topic, partition)
+
+    async def _describe_later(self, topic: str) -> None:
+        try:
+            await self.describe(topic)
+        except Exception:  # noqa: BLE001 - the router path works meanwhile
+            self.failed(topic)
+        finally:
+            self._describing.pop(topic, None)
+
+    def close(self) -> None:
+        for t in self._describing.values():
+            t.cancel()
+        self._describing.clear()
+
+
+class AsyncProducer(ProducerCore):
+    """``Producer`` for asyncio: the same options (``acks``, ``linger_ms``, ``batch_records``,
+    ``partitioner``, ``idempotent``, ``direct``, ``same_host``...). Create it inside the event
+    loop that uses it."""
+
+    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, *, direct: bool = True, same_host: bool = False,
+                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, **options):
+        super().__init__(**options)
+        self.pool = AsyncPool(bootstrap, connect_timeout_ms, self._reply)
+        self.routes = AsyncRoutes(self.pool, direct, same_host)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._kicked = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._flushers: list[asyncio.Future] = []
+        self._waiting_meta: dict[str, deque] = {}  # topic -> sends waiting for its partition count
+        self.closed = False
+
+    def _route(self, topic: str, partition: int) -> str | None:
+        return self.routes.endpoint(topic, partition)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    # --- sending -------------------------------------------------------------------------
+    async def partitions_for(self, topic: str) -> int:
+        return await self.routes.partitions(topic)
+
+    def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None) -> asyncio.Future:
+        """Queue one record now; the returned future resolves with its ``Ack`` (or raises the
+        error that stopped it). ``await p.send(...)`` waits for the acknowledgement."""
+        fut = self.loop.create_future()
+        if self.closed:
+            fut.set_exception(RuntimeError("the producer is closed"))
+            return fut
+        n = self.routes.partitions_of.get(topic)
+        if topic in self._waiting_meta or (n is None and (partition is None or self.routes.direct)):
+            # learn the topic first (as the blocking producer does, inline): where its partitions
+            # are, so even the first request goes straight to the owner; behind earlier sends
+            self._wait_meta(topic, ("one", value, key, partition, fut))
+            return fut
+        if partition is None:
+            partition = self._choose(topic, key, None, n)
+        self._add((topic, partition), value, key, fut)
+        self._kick()
+        return fut
+
+    def send_batch(self, topic: str, values: Sequence[bytes], keys: Sequence[bytes] | None = None,
+                   partition: int | None = None) -> asyncio.Future:
+        """Queue many values now (grouped as ``Producer.send_batch`` does); the future resolves
+        with one ``Ack`` per batch sent (its first record's offset)."""
+        if not values:
+            f = self.loop.create_future()
+            f.set_result([])
+            return f
+        known = topic in self.routes.partitions_of and topic not in self._waiting_meta
+        if partition is not None and (known or not self.routes.direct):
+            futs = self._queue_futures((topic, partition), values, keys)
+        elif known:
+            futs = []
+            for p, vs, ks in self._split_batch(topic, values, keys, self.routes.partitions_of[topic]):
+                futs += self._queue_futures((topic, p), vs, ks)
+        else:
+            f = self.loop.create_future()
+            self._wait_meta(topic, ("batch", values, keys, partition, f))
+            return f
+        self._kick()
+        return asyncio.gather(*futs)
+
+    def send_buffers(self, topic: str, values, value_offsets, partition: int | None = None, keys=None,
+                     key_offsets=None) -> asyncio.Future:
+        """``Producer.send_buffers``: one pre-joined batch; resolves with its first offset's ``Ack``
+        (the partition must be given, or the topic's partitions known: ``await partitions_for``)."""
+        if partition is None:
+            n = self.routes.partitions_of.get(topic)
+            if n is None:
+                raise ValueError(f"partitions of {topic!r} not known yet: await partitions_for({topic!r}) first")
+            partition = self._choose(topic, None, None, n)
+        tp = (topic, partition)
+        self._queue_buffers(tp, values, value_offsets, keys, key_offsets)
+        f = self.loop.create_future()
+        frame, count, _w = self._ready[tp][-1]
+        self._ready[tp][-1] = (frame, count, [f])
+        self._kick()
+        return f
+
+    def _queue_futures(self, tp, values, keys) -> list:
+        before = len(self._ready.get(tp, ()))
+        self._queue_batch(tp, values, keys)
+        q = self._ready[tp]
+        futs = []
+        for i in range(before, len(q)):
+            frame, count, _w = q[i]
+            f = self.loop.create_future()
+            q[i] = (frame, count, [f])
+            futs.append(f)
+        return futs
+
+    def _wait_meta(self, topic: str, item) -> None:
+        q = self._waiting_meta.get(topic)
+        if q is None:
+            q = self._waiting_meta[topic] = deque()
+            asyncio.ensure_future(self._learn_then_queue(topic))
+        q.append(item)
+
+    async def _learn_then_queue(self, topic: str) -> None:
+        """Ask for ``topic``'s partitions, then queue the sends that waited, in order (or fail
+        them with the reason: UNKNOWN_TOPIC, a broker that does not answer...)."""
+        try:
+            n = await self.routes.partitions(topic)
+            error = None
+        except Exception as exc:  # noqa: BLE001 - handed to every waiting send
+            n, error = 0, exc
+        q = self._waiting_meta.pop(topic, deque())
+        for kind, values, keys, partition, fut in q:
+            if error is not None and (partition is None or not getattr(error, "retriable", False)):
+                if not fut.done():
+                    fut.set_exception(error)
+                continue  # (a named partition after a retriable error goes by the router: retries cover it)
+            if fut.cancelled():
+                continue
+            if kind == "one":
+                self._add((topic, self._choose(topic, keys, partition, n)), values, keys, fut)
+            else:
+                futs = []
+                groups = [(partition, values, keys)] if partition is not None else self._split_batch(topic, values, keys, n)
+                for p, vs, ks in groups:
+                    futs += self._queue_futures((topic, p), vs, ks)
+                g = asyncio.gather(*futs)
+                g.add_done_callback(lambda g, fut=fut: _copy_outcome(g, fut))
+        self._kick()
+
+    # --- driving -------------------------------------------------------------------------
+    def _reply(self, r: Reply) -> None:
+        self._on_reply(r)
+        self._kick()
+
+    def _kick(self) -> None:
+        """Run ``_step`` once, after what is ready to run now: coroutines woken by acks send
+        their next records first, so those join one batch instead of going one by one."""
+        if not self._kicked:
+            self._kicked = True
+            self.loop.call_soon(self._step)
+
+    def _step(self) -> None:
+        self._kicked = False
+        self._advance()
+        self._scan_timeouts()
+        due = self._next_due()
+        if self._inflight:
+            t = self.loop.time() + TIMEOUT_SCAN_S  # request timeouts are watched while anything is out
+            due = t if due is None else min(due, t)
+        if due is not None and (self._timer is None or due < self._timer_at):
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = due
+            self._timer = self.loop.call_at(max(due, self.loop.time()), self._on_timer)
+        if self._flushers and not self.busy:
+            for f in self._flushers:
+                if not f.done():
+                    f.set_result(None)
+            self._flushers.clear()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._step()
+
+    async def poll(self, timeout_ms: int = 0) -> None:
+        """Replies are taken in as they come; this only gives the loop ``timeout_ms``."""
+        await asyncio.sleep(timeout_ms / 1000)
+
+    async def flush(self, timeout_ms: int = 60_000) -> int:
+        """Send everything queued and wait for every ack; return records acked so far. Raises
+        the first permanent error of a batch no future was told of (``send_batch``'s are)."""
+        while self._waiting_meta:
+            await asyncio.sleep(0.001)
+        self._seal_all()
+        if self.busy:
+            f = self.loop.create_future()
+            self._flushers.append(f)
+            self._kick()
+            try:
+                await asyncio.wait_for(f, timeout_ms / 1000)
+            except asyncio.TimeoutError:
+                raise TimeoutError_(f"flush timed out with {len(self._inflight)} batches in flight") from None
+        self._take_errors()
+        return self.acked_records
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            await self.flush()
+        finally:
+            self.closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+            self.routes.close()
+            self.pool.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+
+def _copy_outcome(src: asyncio.Future, dst: asyncio.Future) -> None:
+    if dst.done():
+        return
+    if src.cancelled():
+        dst.cancel()
+    elif src.exception() is not None:
+        dst.set_exception(src.exception())
+    else:
+        dst.set_result(src.result())
+
+
+class AsyncConsumer(ConsumerCore):
+    """``Consumer`` for asyncio: ``assign``, ``poll``, ``poll_columns``, ``poll_raw``, ``seek``,
+    ``position``, long-polling fetches, the same options."""
+
+    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, *, direct: bool = True, same_host: bool = False,
+                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, **options):
+        super().__init__(**options)
+        self.pool = AsyncPool(bootstrap, connect_timeout_ms, self._reply)
+        self.routes = AsyncRoutes(self.pool, direct, same_host)
+        self.same_host = same_host
+        self._replies: deque[Reply] = deque()
+        self._arrived: asyncio.Event | None = None
+
+    def _route(self, topic: str, partition: int) -> str | None:
+        return self.routes.endpoint(topic, partition)
+
+    def _reply(self, r: Reply) -> None:
+        self._replies.append(r)
+        if self._arrived is not None:
+            self._arrived.set()
+
+    async def list_offsets(self, topic: str) -> list[P.PartitionOffsets]:
+        c = AdminCalls.list_offsets(topic)
+        return c.parse(await self.pool.request(c.op, c.topic, c.partition, c.header))
+
+    async def assign(self, topic: str, partitions: Iterable[int] | None = None, start: str | int = EARLIEST) -> None:
+        self._assign_from(topic, await self.list_offsets(topic), partitions, start)
+        if self.routes.due(topic):  # where the owners are, before the first fetch (as Consumer)
+            try:
+                await self.routes.describe(topic)
+            except Exception:  # noqa: BLE001 - the router path works meanwhile
+                self.routes.failed(topic)
+
+    async def poll_raw(self, timeout_ms: int = 1000) -> list:
+        """Fetch replies with data, as (partition state, start offset, reply, body buffer)."""
+        self._raise_deferred()
+        if self._arrived is None:
+            self._arrived = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        out: list = []
+        while True:
+            self._send_fetches(self.max_wait_ms)
+            while self._replies:
+                if not self._take_or_defer(self._replies.popleft(), out):
+                    return out
+            if out:
+                return out
+            left = deadline - loop.time()
+            if left <= 0:
+                return out
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
+    async def poll_columns(self, timeout_ms: int = 1000) -> list[tuple[str, int, Columns]]:
+        """Fetched records as columns, per partition (numpy only: no object per message)."""
+        return self._to_columns(await self.poll_raw(timeout_ms))
+
+    async def poll(self, timeout_ms: int = 1000) -> list[Record]:
+        return self._to_records(await self.poll_columns(timeout_ms))
+
+    async def close(self) -> None:
+        self.routes.close()
+        self.pool.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+
+class AsyncAdmin:
+    """``Admin`` for asyncio: the same operations, awaited."""
+
+    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, timeout_ms: int = 10_000,
+                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS):
+        self.pool = AsyncPool(bootstrap, connect_timeout_ms)
+        self.timeout_ms = timeout_ms
+
+    async def _call(self, c: Call):
+        return c.parse(await self.pool.request(c.op, c.topic, c.partition, c.header, timeout_ms=self.timeout_ms))
+
+    async def create_topic(self, name: str, partitions: int, ring_bytes: int = 0) -> P.TopicInfo:
+        return await self._call(AdminCalls.create_topic(name, partitions, ring_bytes))
+
+    async def list_topics(self) -> list[P.TopicInfo]:
+        return await self._call(AdminCalls.list_topics())
+
+    async def describe_topic(self, name: str) -> P.DescribeReply:
+        return await self._call(AdminCalls.describe_topic(name))
+
+    async def list_offsets(self, name: str) -> list[P.PartitionOffsets]:
+        return await self._call(AdminCalls.list_offsets(name))
+
+    async def status(self) -> dict:
+        return await self._call(AdminCalls.status())
+
+    async def set_workers(self, workers: int) -> dict:
+        return await self._call(AdminCalls.set_workers(workers))
+
+    async def close(self) -> None:
+        self.pool.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
