@@ -74,7 +74,8 @@ def comparison_table(rows: list[dict], systems: list[str]) -> str:
         ours = by.get(("tailrace", case))
         line = [case, _figure(ours)]
         for p in peers:
-            theirs = by.get((p, case))
+            # a peer has one client: tailrace's /async rows are set against the peer's plain case
+            theirs = by.get((p, case)) or by.get((p, case.removesuffix("/async")))
             line += [_figure(theirs), _ratio(ours, theirs)]
         body.append(line)
     return report.table(headers, body)
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     _exit_on_sigterm()
     names = selected(opts.workloads)
     plotter = load_plotter(opts.plot, "python -m tailrace.bench.compare")
-    systems = [] if opts.no_tailrace else [TailraceSystem(workers=opts.workers, data_root=opts.data_root)]
+    systems = [] if opts.no_tailrace else [TailraceSystem(workers=opts.workers, data_root=opts.data_root,
+                                                                client=opts.client)]
     for name in [p for p in opts.peers.split(",") if p]:
         if name not in PEERS:
             print(f"unknown peer {name!r}; choose from {', '.join(PEERS)}", file=sys.stderr)

@@ -75,6 +75,8 @@ class Broker:
         return self.proc
 
     def start(self, timeout_s: float = 60.0) -> "Broker":
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError("this broker is already running (a second start would orphan the first)")
         self.spawn()
         self.wait_ready(timeout_s)
         return self

@@ -69,6 +69,10 @@ def add_workload_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--many-batch", type=int, default=1000, help="records per request in the partitions workload")
     ap.add_argument("--single-producers", type=_ints, default=[1, 16, 64], help="durable-single concurrency, comma list")
     ap.add_argument("--single-procs", type=int, default=2, help="processes the single-message producers are spread over")
+    ap.add_argument("--client", choices=["blocking", "async"], default="blocking",
+                    help="tailrace's client in durable-single and e2e-latency: the blocking one (raw requests "
+                         "over its Connection) or the asyncio one (tailrace.aio, one AsyncProducer shared by "
+                         "each process's coroutines); cases of the async client end in /async")
     ap.add_argument("--single-messages", type=int, default=1_000_000, help="upper bound per durable-single case")
     ap.add_argument("--single-seconds", type=float, default=10.0, help="time bound per durable-single case")
     ap.add_argument("--rate", type=int, default=5000, help="e2e-latency messages per second")
@@ -169,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     plotter = load_plotter(opts.plot, "tailrace bench")
     from .systems import TailraceSystem
 
-    system = TailraceSystem(bootstrap=opts.bootstrap, workers=opts.workers, data_root=opts.data_root)
+    system = TailraceSystem(bootstrap=opts.bootstrap, workers=opts.workers, data_root=opts.data_root,
+                            client=opts.client)
     started = time.time()
     raw = run_all(system, names, opts)
     judged = full_size(opts, ap)

@@ -27,14 +27,23 @@ MiB = 1 << 20
 BROKER_SETTINGS = {"shm_budget_bytes": 4 * GiB, "max_batch_bytes": 512 * 1024}
 
 
+CLIENTS = {"blocking": "tailrace.bench.gen_tailrace", "async": "tailrace.bench.gen_aio"}
+
+
 class TailraceSystem:
     name = "tailrace"
     gen = "tailrace.bench.gen_tailrace"
     same_host = True  # latency workloads also run over the same-host transport (Unix sockets, rings)
 
     def __init__(self, bootstrap: str | None = None, workers: int = 2, data_root: str | None = None,
-                 settings: dict | None = None):
+                 settings: dict | None = None, client: str = "blocking"):
         self.bootstrap = bootstrap  # a running broker: nothing is started or stopped
+        # client="async": the single-message and e2e generators use the asyncio client
+        # (gen_aio.py; its other workloads are gen_tailrace's), and their cases end in /async
+        if client not in CLIENTS:
+            raise ValueError(f"client {client!r}: one of {', '.join(CLIENTS)}")
+        self.gen = CLIENTS[client]
+        self.case_suffix = "" if client == "blocking" else f"/{client}"
         self.workers = workers
         self.data_root = data_root
         self.settings = {**BROKER_SETTINGS, **(settings or {})}

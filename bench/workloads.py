@@ -214,7 +214,7 @@ def durable_single(system, o) -> list[dict]:
 
 
 def _single_case(system, o, k: int, transport: str) -> dict:
-    case = f"durable-single/{k}{_suffix(transport)}"
+    case = f"durable-single/{k}{_suffix(transport)}{getattr(system, 'case_suffix', '')}"
     topic = new_topic(f"single{k}")
     system.create_topic(topic, o.partitions, o.ring_bytes)
     system.warm(topic, o.partitions)
@@ -316,7 +316,7 @@ def e2e_latency(system, o) -> list[dict]:
 
 
 def _e2e_case(system, o, transport: str) -> dict:
-    case = f"e2e/{o.rate}{_suffix(transport)}"
+    case = f"e2e/{o.rate}{_suffix(transport)}{getattr(system, 'case_suffix', '')}"
     topic = new_topic("e2e")
     system.create_topic(topic, o.partitions, o.ring_bytes)
     system.warm(topic, o.partitions)
