@@ -44,6 +44,8 @@ from .scheduler import StickyScheduler
 log = logging.getLogger("tailrace.router")
 
 DRAIN_MAX = 512
+ASK_RETRY_S = 1.0  # an offsets question unanswered this long goes again, to another worker if one answers
+ASK_TRIES = 5  # then the client hears NOT_READY (retriable) instead of waiting out its own timeout
 MAX_PARTITIONS = 1024
 MIN_RING_BYTES = 64 * 1024
 EXIT_OK = 0
@@ -83,7 +85,9 @@ class Router(WorkerLiveness):
         self.generation = next_generation(s.data_dir)
         self._epoch_counter = 0
         self.routes: dict[tuple[bytes, int], tuple[int, bytes]] = {}  # (topic, partition) -> (worker, assign frame)
-        self.pending: dict[int, tuple[bytes, bytes, str]] = {}  # internal request id -> (client id, routing, topic)
+        # internal request id -> [client id, routing, topic, worker asked, when, tries]: offsets
+        # questions on their way to a worker, asked again while unanswered (ask_again)
+        self.pending: dict[int, list] = {}
         self._internal_id = 0
         self.front: zmq.Socket | None = None
         self.port: ReplyPort | None = None
@@ -216,9 +220,49 @@ class Router(WorkerLiveness):
                 return reply(P.ErrorCode.UNKNOWN_TOPIC, P.ErrorReply(f"unknown topic {name!r}"))
         self._internal_id += 1
         rid = self._internal_id
-        self.pending[rid] = (ident, routing, name)
-        worker, _ = self.routes[(topic, 0)]
+        worker = self._offsets_worker(topic, None)
+        self.pending[rid] = [ident, routing, name, worker, time.monotonic(), 1]
+        self._send_ask(rid, worker, topic)
+
+    def _offsets_worker(self, topic: bytes, avoid: int | None) -> int:
+        """Any worker reads offsets from shared memory: the owner of partition 0 if it answers
+        heartbeats, else another that does (never ``avoid``, the one that left a question
+        unanswered, when there is a choice)."""
+        now = time.monotonic()
+        owner = self.routes[(topic, 0)][0] if (topic, 0) in self.routes else min(self.dealers)
+
+        def fresh(w: int) -> bool:  # answered one of the last heartbeats (long before it is declared dead)
+            return w != avoid and self._answering(w, now) and now - self.last_pong.get(w, 0.0) < 3 * HEARTBEAT_S
+
+        if fresh(owner):
+            return owner
+        others = [w for w in sorted(self.dealers) if fresh(w)]
+        if others:
+            return others[0]
+        return owner if owner in self.dealers else min(self.dealers)
+
+    def _send_ask(self, rid: int, worker: int, topic: bytes) -> None:
         P.send_frames(self.dealers[worker], [b"", b"\0" * P.ASSIGN.size, P.pack_routing(P.Op.LIST_OFFSETS, -1, rid, topic), P.EMPTY_MAP])
+
+    def ask_again(self) -> None:
+        """Offsets questions a worker did not answer: its process may have died with the question
+        in its socket (a kill -9 before the router declared it dead). Reading offsets changes
+        nothing, so ask again, elsewhere if possible; after ASK_TRIES tell the client NOT_READY."""
+        now = time.monotonic()
+        for rid, ask in list(self.pending.items()):
+            ident, routing, name, worker, sent, tries = ask
+            if now - sent < ASK_RETRY_S:
+                continue
+            _v, op, _c, partition, request_id, topic = P.unpack_routing(routing)
+            if tries >= ASK_TRIES or (topic, 0) not in self.routes:
+                del self.pending[rid]
+                self.port.send([ident, P.pack_routing(op, partition, request_id, P.echo_topic(topic), P.ErrorCode.NOT_READY),
+                                P.encode(P.ErrorReply(f"no worker answered for the offsets of topic {name!r} in {tries} tries"))])
+                continue
+            w = self._offsets_worker(topic, worker)
+            log.warning("offsets of topic %r unanswered by worker %d for %.1f s: asking worker %d", name, worker, now - sent, w)
+            ask[3:] = [w, now, tries + 1]
+            self._send_ask(rid, w, topic)
 
     def on_worker_reply(self, frames: list[bytes]) -> None:
         """A reply from a worker: to its client as it is, or to the router itself (empty id)."""
@@ -237,7 +281,7 @@ class Router(WorkerLiveness):
         pending = self.pending.pop(rid, None)
         if pending is None:
             return
-        ident, routing, name = pending
+        ident, routing, name = pending[:3]
         _v, client_op, _c, partition, request_id, _t = P.unpack_routing(routing)
         head = P.pack_routing(client_op, partition, request_id, topic, code)
         if code != P.ErrorCode.OK or client_op == P.Op.LIST_OFFSETS:
@@ -351,6 +395,7 @@ def main() -> int:
         now = time.monotonic()
         if now - last_ping > HEARTBEAT_S:
             router.tick()
+            router.ask_again()
             router.count_clients()
             router.stats.maybe_write(router.stats_parts)
             last_ping = now

@@ -71,6 +71,29 @@ def test_a_hung_worker_loses_its_partitions_after_the_grace_and_nothing_acked_is
     assert alive == {0, 1} and {p.worker for p in Admin(b.bootstrap).describe_topic("hang").partitions} <= alive
 
 
+def test_offsets_questions_go_around_a_worker_that_stopped_answering(make_broker):
+    """The router asks a worker for offsets (they live in shared memory); the one it asks may be
+    dead or hung before heartbeats say so. The question goes again, to a worker that answers,
+    instead of leaving the client to its own timeout."""
+    b = make_broker(workers=2, worker_timeout_ms=60_000, reassign_grace_ms=60_000)  # never declared dead here
+    with Admin(b.bootstrap) as a:
+        a.create_topic("around", 2)
+        owner = a.describe_topic("around").partitions[0].worker
+    victim = b.pids()[f"worker-{owner}"]
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        with Admin(b.bootstrap, timeout_ms=8000) as a:
+            took = []
+            for ask in (a.list_offsets, a.describe_topic, a.list_offsets):
+                t0 = time.monotonic()
+                ask("around")
+                took.append(time.monotonic() - t0)
+    finally:
+        os.kill(victim, signal.SIGCONT)
+    print(f"\noffsets answered around a stopped worker in {', '.join(f'{t:.2f}' for t in took)} s")
+    assert max(took) < 3.0, took
+
+
 def _workers_set(b, n: int) -> str:
     """`tailrace workers set n` exactly as a user runs it, against this broker."""
     out = subprocess.run([sys.executable, "-m", "tailrace", "workers", "set", str(n), "--bootstrap", b.bootstrap,
