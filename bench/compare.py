@@ -67,6 +67,8 @@ def _ratio(ours: dict | None, theirs: dict | None) -> str:
 def comparison_table(rows: list[dict], systems: list[str]) -> str:
     by = {(r["system"], r["case"]): r for r in rows}
     cases = list(dict.fromkeys(r["case"] for r in rows))
+    # a peer's plain case already shown against tailrace's /async row gets no line of its own
+    cases = [c for c in cases if ("tailrace", c) in by or ("tailrace", f"{c}/async") not in by]
     peers = [s for s in systems if s != "tailrace"]
     headers = ["case", "tailrace"] + [h for p in peers for h in (p, f"tailrace/{p}")]
     body = []

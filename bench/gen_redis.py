@@ -63,6 +63,10 @@ def produce(spec: dict, ctx) -> dict:
 
 
 def single(spec: dict, ctx) -> dict:
+    if spec.get("uvloop"):  # --uvloop: the same loop as the asyncio tailrace client's generator
+        import uvloop
+
+        return uvloop.run(_single(spec, ctx))
     return asyncio.run(_single(spec, ctx))
 
 

@@ -73,6 +73,9 @@ def add_workload_options(ap: argparse.ArgumentParser) -> None:
                     help="tailrace's client in durable-single and e2e-latency: the blocking one (raw requests "
                          "over its Connection) or the asyncio one (tailrace.aio, one AsyncProducer shared by "
                          "each process's coroutines); cases of the async client end in /async")
+    ap.add_argument("--uvloop", action="store_true",
+                    help="asyncio load generators (tailrace's --client async, Redis durable-single) run on "
+                         "uvloop instead of asyncio's own loop (needs uvloop installed)")
     ap.add_argument("--single-messages", type=int, default=1_000_000, help="upper bound per durable-single case")
     ap.add_argument("--single-seconds", type=float, default=10.0, help="time bound per durable-single case")
     ap.add_argument("--rate", type=int, default=5000, help="e2e-latency messages per second")

@@ -225,7 +225,7 @@ def _single_case(system, o, k: int, transport: str) -> dict:
     jobs = [Job(f"{system.gen}:single", {
         "endpoint": system.endpoint, "direct": not o.via_router, "same_host": transport == "same-host", "topic": topic,
         "partitions": o.partitions, "producers": n, "first_producer": f, "messages": q, "size": o.size, "acks": "durable",
-        "max_seconds": o.single_seconds})
+        "max_seconds": o.single_seconds, "uvloop": getattr(o, "uvloop", False)})
         for n, q, f in zip(per_proc, quotas, first)]
     run = run_jobs(jobs, label=f"{system.name} {case}", total=o.single_messages, timeout_s=o.single_seconds + 120,
                    broker_pids=system.pids(), on_go=_profiler(o, system, case))
@@ -236,7 +236,7 @@ def _single_case(system, o, k: int, transport: str) -> dict:
                         "acked": acked, "errors": sum(r["errors"] for r in run.results),
                         "redirected": sum(r.get("redirected", 0) for r in run.results)},
                 params={"producers": k, "processes": procs, "partitions": o.partitions, "size": o.size,
-                        "transport": transport, "max_seconds": o.single_seconds})
+                        "transport": transport, "max_seconds": o.single_seconds, "uvloop": getattr(o, "uvloop", False)})
 
 
 def _consume_case(system, o, case: str, ring_bytes: int) -> dict:
@@ -322,7 +322,8 @@ def _e2e_case(system, o, transport: str) -> dict:
     system.warm(topic, o.partitions)
     total = int(o.rate * o.duration)
     common = {"endpoint": system.endpoint, "direct": not o.via_router, "same_host": transport == "same-host", "topic": topic,
-              "partitions": o.partitions, "size": max(o.size, 8), "max_seconds": o.duration * 3 + 10}
+              "partitions": o.partitions, "size": max(o.size, 8), "max_seconds": o.duration * 3 + 10,
+              "uvloop": getattr(o, "uvloop", False)}
     jobs = [Job(f"{system.gen}:e2e_consume", {**common, "expected": total, "max_wait_ms": o.max_wait_ms}),
             Job(f"{system.gen}:e2e_produce", {**common, "rate": o.rate, "messages": total, "acks": "memory"})]
     run = run_jobs(jobs, label=f"{system.name} {case}", total=total, timeout_s=o.duration * 3 + 130,
@@ -332,7 +333,8 @@ def _e2e_case(system, o, transport: str) -> dict:
                 counts={"expected": total, "sent": prod["sent"], "acked": prod["acked"], "consumed": cons["consumed"],
                         "errors": prod.get("errors", 0), "redirected": prod.get("redirected", 0)},
                 params={"rate": o.rate, "duration_s": o.duration, "partitions": o.partitions, "acks": "memory",
-                        "transport": transport, "max_wait_ms": o.max_wait_ms, "rate_achieved": round(prod["rate_achieved"], 1)})
+                        "transport": transport, "max_wait_ms": o.max_wait_ms, "rate_achieved": round(prod["rate_achieved"], 1),
+                        "uvloop": getattr(o, "uvloop", False)})
 
 
 @_with_system("sizes")

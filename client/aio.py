@@ -3,9 +3,10 @@
 The same names, options and semantics as the blocking client (admin.py, producer.py,
 consumer.py), and the same protocol logic: the batching, sequence numbers, retries, routing and
 reply handling are ``ProducerCore``, ``ConsumerCore``, ``Routes`` and ``AdminCalls``, shared with
-the blocking classes; only the I/O is here. ZeroMQ sockets are ``zmq.asyncio`` DEALERs; the
-same-host path is the workers' Unix sockets (unixwire.py) read with the event loop's
-``add_reader``. No thread, no per-call executor; works under uvloop.
+the blocking classes; only the I/O is here. ZeroMQ DEALERs and the workers' same-host Unix
+sockets (unixwire.py) are both read with the event loop's ``add_reader`` on their file
+descriptors (_ZmqLink says why not ``zmq.asyncio``). No thread, no per-call executor; works
+under uvloop.
 
 Producing::
 
@@ -36,7 +37,6 @@ from collections import deque
 from typing import Iterable, Sequence
 
 import zmq
-import zmq.asyncio
 
 from . import protocol as P
 from . import unixwire
@@ -52,10 +52,20 @@ __all__ = ["Ack", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "Record"]
 
 
 class _ZmqLink:
-    """One zmq.asyncio DEALER and the task that reads its replies."""
+    """One ZeroMQ DEALER driven by the event loop.
 
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, deliver, monitor: bool):
+    The socket's ``FD`` is registered with ``loop.add_reader``; it signals that the socket's
+    events changed (edge-triggered), so each wake-up, and each send (which may consume the
+    signal), is followed by reading every message ``EVENTS`` says is waiting. This is what
+    zmq.asyncio does inside, without a future per send and per receive: a first version on
+    ``zmq.asyncio.Socket.send_multipart``/``recv_multipart`` spent ~150 us per request and
+    reply in pyzmq's future bookkeeping (enum flags, event rescheduling), more than the rest of
+    the client (docs/BENCHMARKS.md, "The asyncio client"). The connect-timeout wait watches
+    the handshake monitor's FD the same way."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, ctx: zmq.Context, endpoint: str, deliver, monitor: bool):
         self.endpoint = endpoint
+        self.loop = loop
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 100_000)
@@ -70,32 +80,68 @@ class _ZmqLink:
             self.close()
             raise BootstrapError(f"cannot connect to {endpoint}: {exc}") from None
         self.deliver = deliver
-        self.reader = asyncio.ensure_future(self._read())
+        self.fd = self.sock.FD
+        self.closed = False
+        self._scheduled = False
+        loop.add_reader(self.fd, self._readable)
 
-    async def _read(self) -> None:
-        while True:
-            frames = await self.sock.recv_multipart(copy=False)
+    def _readable(self) -> None:
+        self._scheduled = False
+        sock = self.sock
+        for _ in range(_DRAIN_LIMIT):
+            if self.closed or not P.socket_events(sock) & _POLLIN:
+                return
+            try:
+                frames = P.recv_frames_nocopy(sock, P.NOBLOCK)
+            except zmq.Again:
+                return
             try:
                 r = parse_reply(frames, self.endpoint)
             except Exception:  # noqa: BLE001 - not a reply of ours (a short frame): nothing to match it to
                 continue
             self.deliver(r)
+        self._again()  # more waiting: after the loop's other work
+
+    def _again(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._readable)
 
     def send(self, frames: list) -> None:
-        f = self.sock.send_multipart(frames, copy=all(len(x) < P.COPY_THRESHOLD for x in frames))
-        if f.done():
-            f.result()  # raise now what an immediate send met
-        # else: queued behind a full pipe (100,000 messages); it goes as the pipe drains
+        """Send now, never waiting; a full pipe (100,000 messages to a peer that reads
+        nothing) raises ``TimeoutError_`` and nothing of the message is sent."""
+        try:
+            P.send_frames(self.sock, frames, P.NOBLOCK)
+        except zmq.Again:
+            raise TimeoutError_(f"{self.endpoint}: 100,000 requests queued and unread (not sent)") from None
+        if P.socket_events(self.sock) & _POLLIN:  # the send may have taken the FD's signal
+            self._again()
 
     async def handshake(self, timeout_ms: int) -> None:
-        if self.monitor is None:
+        """Wait for the handshake monitor's event, the monitor's FD on the loop like the
+        socket's. Its reader is removed before the monitor closes: a loop still watching a
+        closed FD number misses every event of the next socket the kernel gives that number."""
+        mon = self.monitor
+        if mon is None:
             return
+        done = self.loop.create_future()
+
+        def check() -> None:
+            if not done.done() and P.socket_events(mon) & _POLLIN:
+                done.set_result(True)
+
+        fd = mon.FD
+        self.loop.add_reader(fd, check)
         try:
-            if not await self.monitor.poll(timeout_ms):
+            check()
+            try:
+                await asyncio.wait_for(done, timeout_ms / 1000)
+            except asyncio.TimeoutError:
                 raise BrokerUnavailableError(
                     f"no broker answered at {self.endpoint} within {timeout_ms / 1000:g} s "
-                    "(is `tailrace serve` running?)")
+                    "(is `tailrace serve` running?)") from None
         finally:
+            self.loop.remove_reader(fd)
             self._stop_monitor()
 
     def _stop_monitor(self) -> None:
@@ -108,11 +154,15 @@ class _ZmqLink:
             self.monitor = None
 
     def close(self) -> None:
-        reader = getattr(self, "reader", None)
-        if reader is not None:
-            reader.cancel()
+        if getattr(self, "closed", True) is False:
+            self.closed = True
+            self.loop.remove_reader(self.fd)
         self._stop_monitor()
         self.sock.close(0)
+
+
+_POLLIN = int(zmq.POLLIN)
+_DRAIN_LIMIT = 256  # replies read per wake-up before the loop's other work runs
 
 
 class _UnixLink:
@@ -211,7 +261,7 @@ class AsyncPool:
         self.connect_timeout_ms = connect_timeout_ms
         self.on_reply = on_reply
         self._ids = itertools.count(1)
-        self._ctx: zmq.asyncio.Context | None = None
+        self._ctx: zmq.Context | None = None
         self._links: dict[str, object] = {}
         self._waiting: dict[int, asyncio.Future] = {}
         self._connected = connect_timeout_ms <= 0 or self.router_endpoint.startswith(unixwire.SCHEME)
@@ -227,9 +277,9 @@ class AsyncPool:
                 link = _UnixLink(asyncio.get_running_loop(), endpoint, self._deliver, self.forget)
             else:
                 if self._ctx is None:
-                    self._ctx = zmq.asyncio.Context()
+                    self._ctx = zmq.Context()
                 monitor = endpoint == self.router_endpoint and not self._connected
-                link = _ZmqLink(self._ctx, endpoint, self._deliver, monitor)
+                link = _ZmqLink(asyncio.get_running_loop(), self._ctx, endpoint, self._deliver, monitor)
             self._links[endpoint] = link
         return link
 

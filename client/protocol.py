@@ -317,12 +317,21 @@ def recv_frames(sock, flags: int = 0) -> list:
     return parts
 
 
-def recv_frames_nocopy(sock) -> list:
-    """One multipart message as zmq.Frame objects (a large body is not copied), int flags."""
-    parts = [_recv(sock, 0, False)]
+def recv_frames_nocopy(sock, flags: int = 0) -> list:
+    """One multipart message as zmq.Frame objects (a large body is not copied), int flags;
+    raises zmq.Again with NOBLOCK when none is waiting."""
+    parts = [_recv(sock, flags, False)]
     while _get(sock, RCVMORE):
         parts.append(_recv(sock, 0, False))
     return parts
+
+
+_EVENTS = int(zmq.EVENTS)
+
+
+def socket_events(sock) -> int:
+    """The socket's ZMQ_EVENTS as an int (POLLIN: a message can be read now)."""
+    return _get(sock, _EVENTS)
 
 
 def drain(sock, handle, limit: int = 512) -> int:

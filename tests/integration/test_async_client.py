@@ -156,3 +156,26 @@ def test_async_admin_and_consumer_columns(broker):
     info, names, status, acks, got, positions = asyncio.run(main())
     assert info.partitions == 3 and "cols" in names and status["topics"] >= 1
     assert all(a.offset >= 0 for a in acks) and got == 300 == positions
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_clients_opened_and_closed_one_after_another_on_one_loop_each_answer_at_once(broker, loop):
+    """File descriptor numbers come back: a socket the loop watches must be unwatched before it
+    closes, or the next socket given that number is never polled and its replies wait for the
+    request timeout. Thirty clients in turn, each a handshake, a describe and direct produces."""
+    Admin(broker.bootstrap).create_topic("turns", 2)
+
+    async def main() -> list[float]:
+        took = []
+        for i in range(30):
+            t0 = time.monotonic()
+            async with AsyncAdmin(broker.bootstrap, timeout_ms=4000) as a:
+                await a.list_topics()
+            async with AsyncProducer(broker.bootstrap, acks="memory", linger_ms=0, request_timeout_ms=4000) as p:
+                await asyncio.gather(*(p.send("turns", b"%d" % i, partition=q) for q in (0, 1)))
+            took.append(time.monotonic() - t0)
+        return took
+
+    took = LOOPS[loop](main())
+    print(f"\n30 clients in turn: median {sorted(took)[15] * 1000:.1f} ms, slowest {max(took) * 1000:.1f} ms")
+    assert max(took) < 2.0, took
