@@ -30,6 +30,7 @@ from tailrace.client.unixwire import RECV_BYTES, WOULD_BLOCK, FrameReader, WireE
 
 UNIX_IDENT = b"\x00UNX\x00"  # readable prefix of a Unix connection's identity (logs)
 _CONN = struct.Struct("<I")
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 ACCEPT_MAX = 64  # connections accepted per event
 ACCEPT_PAUSE_S = 0.1  # after accept() failed for want of fds: stop listening this long
@@ -53,8 +54,10 @@ class _Conn:
 
 
 class UnixServer:
-    def __init__(self, path: str, log, what: str, max_message: int):
+    def __init__(self, path: str, log, what: str, max_message: int, allowed_uids: frozenset[int] | None = None):
         self.path = path
+        self.allowed_uids = allowed_uids  # SO_PEERCRED: the user ids served (None: any that reach the socket)
+        self.refused = 0
         self.log, self.what = log, what
         self.listener = listen(path)
         self.ep = select.epoll()
@@ -107,6 +110,14 @@ class UnixServer:
                 self.ep.unregister(self.listener.fileno())  # level-triggered: it would spin
                 self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
                 return
+            if self.allowed_uids is not None:
+                _pid, uid, _gid = _PEERCRED.unpack(s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+                if uid not in self.allowed_uids:
+                    self.refused += 1
+                    self.log.warning("%s: refused a Unix-socket client of uid %d (pid %d): not in the allowed user ids %s",
+                                     self.what, uid, _pid, sorted(self.allowed_uids))
+                    s.close()
+                    continue
             s.setblocking(False)
             c = _Conn(s, UnixIdent(UNIX_IDENT + _CONN.pack(next(self._ids) & 0xFFFFFFFF)), self.max_message)
             self.conns[s.fileno()] = c

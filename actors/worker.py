@@ -27,7 +27,7 @@ import msgspec
 import posix_ipc
 import zmq
 
-from tailrace.broker import datadir
+from tailrace.broker import auth, datadir
 from tailrace.broker.reply_port import ReplyPort
 from tailrace.broker.stats import Histogram, StatsFile, label_key
 from tailrace.client import protocol as P
@@ -534,7 +534,12 @@ class WorkerProcess:
         self.s, self.worker_id, self.table = s, worker_id, table
         self.worker = worker = Worker(s, worker_id, table)
         self.ctx = ctx = zmq.Context()
+        self.guard = None
+        if s.auth == "curve":  # broker/auth.py: CURVE clients only, router commands from the router's key only
+            self.guard = auth.Guard(ctx, s.data_dir, s.allow_dir, with_router=True)
         self.sock = sock = ctx.socket(zmq.ROUTER)
+        if self.guard is not None:
+            auth.make_server(sock, s.data_dir)
         ReplyPort.configure(sock)
         sock.setsockopt(zmq.RCVHWM, 100_000)
         sock.setsockopt(zmq.MAXMSGSIZE, s.max_frame_bytes)  # a larger part drops the peer, unread
@@ -549,7 +554,7 @@ class WorkerProcess:
         worker.reader.start()
         try:  # the same-host socket is an extra: a worker serves ZeroMQ without it
             self.unix = UnixServer(unixwire.path_of(s.worker_unix_endpoint(worker_id)), log, f"worker {worker_id}",
-                                   max_message=s.max_frame_bytes)
+                                   max_message=s.max_frame_bytes, allowed_uids=s.allowed_uids())
         except OSError as exc:
             log.warning("no Unix socket for same-host clients (%s); ZeroMQ only", exc)
             self.unix = None
@@ -561,6 +566,9 @@ class WorkerProcess:
             self.poller.register(self.unix_fd, zmq.POLLIN)
         self.poller.register(self.bell.fileno(), zmq.POLLIN)
         self.poller.register(self.reads, zmq.POLLIN)
+        if self.guard is not None:
+            self.poller.register(self.guard.zap.zap_socket, zmq.POLLIN)
+        self.last_allow_check = 0.0
         self.kicks = KickPolicy(self.ringer, self.flusher_bell)
         self.timeout_ms = 100
         self.last_fence_check = 0.0
@@ -569,8 +577,14 @@ class WorkerProcess:
         """One turn: serve requests, wake ring readers, kick the flusher, release and answer."""
         worker = self.worker
         events = dict(self.poller.poll(self.timeout_ms))
+        guard = self.guard
+        if guard is not None and guard.zap.zap_socket in events:
+            guard.zap.service()
         if self.sock in events:
-            P.drain(self.sock, worker.handle, DRAIN_MAX)
+            if guard is None:
+                P.drain(self.sock, worker.handle, DRAIN_MAX)
+            else:
+                guard.drain(self.sock, self.handle_as, self.refuse, DRAIN_MAX)
         if self.unix_fd in events:
             self.unix.service(worker.handle)
         if worker.appended:
@@ -591,6 +605,9 @@ class WorkerProcess:
         if now - self.last_fence_check > 0.05:
             worker.check_fences()
             self.last_fence_check = now
+        if guard is not None and now - self.last_allow_check > 0.5:
+            guard.allow.refresh()
+            self.last_allow_check = now
         if worker.port.backlog:
             worker.port.flush()
         worker.stats.maybe_write(worker.stats_parts)
@@ -601,6 +618,21 @@ class WorkerProcess:
             timeout = min(timeout, max(next_ms, 1))
         self.timeout_ms = timeout
         return len(events)
+
+    def handle_as(self, frames: list[bytes], principal: str) -> None:
+        """A message from an authenticated connection: only the router's key may speak as the
+        router (assignments, ADOPT, PING), whatever identity a peer declares."""
+        if frames[0] == P.ROUTER_IDENTITY and principal != auth.ROUTER_PRINCIPAL:
+            self.refuse(frames)
+            return
+        self.worker.handle(frames)
+
+    def refuse(self, frames: list[bytes]) -> None:
+        if frames[0] == P.ROUTER_IDENTITY and len(frames) >= 4:  # [router, client, assign, routing, ...]
+            self.worker.port.send(auth.refusal(frames[:2], frames[3], "router commands are taken from the router's key only"))
+        else:
+            self.worker.port.send(auth.refusal(frames[:1], frames[1] if len(frames) > 1 else b"",
+                                               "this client's key is not in the broker's allow-list"))
 
     def stop(self) -> None:
         """Answer what is parked, give durable waiters a last chance, finish disk reads, close."""
@@ -625,6 +657,8 @@ class WorkerProcess:
             sock.close(0)
         self.bell.close()
         self.ringer.close()
+        if self.guard is not None:
+            self.guard.close()
         self.ctx.term()
 
 

@@ -47,6 +47,7 @@ class Broker:
             env={}, data_dir=str(self.data_dir.resolve()), bind=self.bootstrap, workers=workers, **settings
         )
         self.proc: subprocess.Popen | None = None
+        self.client: dict = {}  # with auth="curve": key_file and server_key for the broker's own checks
 
     @property
     def metrics_url(self) -> str:
@@ -88,7 +89,7 @@ class Broker:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"broker exited with {self.proc.returncode}; see {self.data_dir}/serve.out")
             try:
-                with Admin(self.bootstrap, timeout_ms=1000) as a:
+                with Admin(self.bootstrap, timeout_ms=1000, **self.client) as a:
                     st = a.status()
                 if all(w["alive"] for w in st["workers"]):
                     return
@@ -97,14 +98,18 @@ class Broker:
             time.sleep(0.1)
         raise RuntimeError(f"broker not ready in {timeout_s}s: {last}; logs in {self.data_dir}/logs")
 
-    def pids(self) -> dict[str, int]:
-        """Program name -> pid, read from supervisorctl."""
-        out = subprocess.run(
-            [sys.executable, "-m", "supervisor.supervisorctl", "-c", str(SUPERVISORD_CONF), "status"],
+    def supervisorctl(self, *args: str) -> str:
+        """Run ``supervisorctl`` against this broker's supervisord; its output."""
+        return subprocess.run(
+            [sys.executable, "-m", "supervisor.supervisorctl", "-c", str(SUPERVISORD_CONF), *args],
             env={**self.env(), "TAILRACE_PYTHON": sys.executable, "TAILRACE_LOG_DIR": str(self.data_dir / "logs"),
                  "TAILRACE_RUN_DIR": self.run_dir},
             capture_output=True, text=True, timeout=30,
         ).stdout
+
+    def pids(self) -> dict[str, int]:
+        """Program name -> pid, read from supervisorctl."""
+        out = self.supervisorctl("status")
         pids = {}
         for line in out.splitlines():
             parts = line.split()

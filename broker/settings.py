@@ -14,7 +14,7 @@ import msgspec
 
 from tailrace.client.connection import parse_bootstrap
 
-from . import datadir
+from . import auth, datadir
 
 METRICS_OFF = ("off", "no", "none", "0", "")
 
@@ -44,6 +44,10 @@ class Settings(msgspec.Struct, kw_only=True):
     rebalance_interval_ms: int = 2000  # ... at most one move per this long
     rebalance_cooldown_ms: int = 30_000  # ... and the same partition not again within this
     rebalance_persist_ms: int = 3000  # ... and only once an imbalance has lasted this long
+    auth: str = "none"  # "curve": CurveZMQ on the router's and the workers' ZeroMQ endpoints (broker/auth.py)
+    allow_dir: str = ""  # with auth: the allow-list of client public keys (default <data_dir>/auth/clients)
+    insecure: int = 0  # 1: a non-loopback bind without auth is accepted (with a warning at every start)
+    local_uids: str = ""  # user ids the same-host Unix sockets accept, comma-separated (default: the broker's own)
     debug_read_delay_ms: int = 0  # fault injection for tests: each journal read on a worker waits this long
     debug_stop_delay_ms: int = 0  # fault injection for tests: a stopping worker lingers this long before it exits
 
@@ -108,6 +112,22 @@ class Settings(msgspec.Struct, kw_only=True):
         if self.workers < 1:
             raise ValueError(f"workers={self.workers} must be >= 1")
         datadir.parse_mode(self.data_mode)
+        if self.auth not in auth.MODES:
+            raise ValueError(f"auth={self.auth!r}: one of {', '.join(auth.MODES)}")
+        why = auth.exposure_error(self.bind, self.auth, bool(self.insecure))
+        if why:
+            raise ValueError(why)
+        self.allowed_uids()
+
+    def allowed_uids(self) -> frozenset[int]:
+        """The user ids a same-host Unix socket accepts (SO_PEERCRED): ``local_uids``, else ours."""
+        text = self.local_uids.strip()
+        if not text:
+            return frozenset({os.geteuid()})
+        try:
+            return frozenset(int(u) for u in text.split(","))
+        except ValueError:
+            raise ValueError(f"local_uids={text!r}: user ids separated by commas") from None
 
 
 _FIELDS = Settings.__struct_fields__

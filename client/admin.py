@@ -12,6 +12,7 @@ import msgspec
 
 from . import protocol as P
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Connection, Reply
+from .security import curve_keys
 
 
 class Call(NamedTuple):
@@ -58,8 +59,8 @@ class AdminCalls:
 
 class Admin:
     def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, timeout_ms: int = 10_000,
-                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS):
-        self.conn = Connection(bootstrap, connect_timeout_ms)
+                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, *, key_file=None, server_key=None):
+        self.conn = Connection(bootstrap, connect_timeout_ms, curve_keys(key_file, server_key))
         self.timeout_ms = timeout_ms
 
     def _call(self, c: Call):

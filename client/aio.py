@@ -37,11 +37,14 @@ from collections import deque
 from typing import Iterable, Sequence
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from . import protocol as P
 from . import unixwire
 from .admin import AdminCalls, Call
-from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Reply, parse_bootstrap, parse_reply, request_frames
+from .connection import (CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, HANDSHAKE_EVENTS, Reply, handshake_refused, parse_bootstrap,
+                         parse_reply, request_frames)
+from .security import CurveKeys, curve_keys
 from .consumer import EARLIEST, ConsumerCore, Record
 from .errors import BootstrapError, BrokerUnavailableError, TimeoutError_
 from .producer import TIMEOUT_SCAN_S, Ack, ProducerCore
@@ -63,16 +66,20 @@ class _ZmqLink:
     the client (docs/BENCHMARKS.md, "The asyncio client"). The connect-timeout wait watches
     the handshake monitor's FD the same way."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, ctx: zmq.Context, endpoint: str, deliver, monitor: bool):
+    def __init__(self, loop: asyncio.AbstractEventLoop, ctx: zmq.Context, endpoint: str, deliver, monitor: bool,
+                 keys: CurveKeys | None = None):
         self.endpoint = endpoint
         self.loop = loop
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 100_000)
         self.sock.setsockopt(zmq.RCVHWM, 100_000)
+        self.secured = keys is not None
+        if keys is not None:
+            keys.apply(self.sock)
         self.monitor = None
         if monitor:
-            self.monitor = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            self.monitor = self.sock.get_monitor_socket(HANDSHAKE_EVENTS)
             self.monitor.setsockopt(zmq.LINGER, 0)
         try:
             self.sock.connect(endpoint)
@@ -128,14 +135,16 @@ class _ZmqLink:
 
         def check() -> None:
             if not done.done() and P.socket_events(mon) & _POLLIN:
-                done.set_result(True)
+                done.set_result(recv_monitor_message(mon, zmq.NOBLOCK)["event"])
 
         fd = mon.FD
         self.loop.add_reader(fd, check)
         try:
             check()
             try:
-                await asyncio.wait_for(done, timeout_ms / 1000)
+                refused = handshake_refused(await asyncio.wait_for(done, timeout_ms / 1000), self.endpoint, self.secured)
+                if refused is not None:
+                    raise refused
             except asyncio.TimeoutError:
                 raise BrokerUnavailableError(
                     f"no broker answered at {self.endpoint} within {timeout_ms / 1000:g} s "
@@ -256,8 +265,9 @@ class AsyncPool:
     every other reply to ``on_reply``."""
 
     def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
-                 on_reply=None):
+                 on_reply=None, keys: CurveKeys | None = None):
         self.router_endpoint = parse_bootstrap(bootstrap)
+        self.keys = keys
         self.connect_timeout_ms = connect_timeout_ms
         self.on_reply = on_reply
         self._ids = itertools.count(1)
@@ -279,7 +289,7 @@ class AsyncPool:
                 if self._ctx is None:
                     self._ctx = zmq.Context()
                 monitor = endpoint == self.router_endpoint and not self._connected
-                link = _ZmqLink(asyncio.get_running_loop(), self._ctx, endpoint, self._deliver, monitor)
+                link = _ZmqLink(asyncio.get_running_loop(), self._ctx, endpoint, self._deliver, monitor, self.keys)
             self._links[endpoint] = link
         return link
 
@@ -403,9 +413,9 @@ class AsyncProducer(ProducerCore):
     loop that uses it."""
 
     def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, *, direct: bool = True, same_host: bool = False,
-                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, **options):
+                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, key_file=None, server_key=None, **options):
         super().__init__(**options)
-        self.pool = AsyncPool(bootstrap, connect_timeout_ms, self._reply)
+        self.pool = AsyncPool(bootstrap, connect_timeout_ms, self._reply, curve_keys(key_file, server_key))
         self.routes = AsyncRoutes(self.pool, direct, same_host)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._kicked = False
@@ -623,9 +633,9 @@ class AsyncConsumer(ConsumerCore):
     ``position``, long-polling fetches, the same options."""
 
     def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, *, direct: bool = True, same_host: bool = False,
-                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, **options):
+                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, key_file=None, server_key=None, **options):
         super().__init__(**options)
-        self.pool = AsyncPool(bootstrap, connect_timeout_ms, self._reply)
+        self.pool = AsyncPool(bootstrap, connect_timeout_ms, self._reply, curve_keys(key_file, server_key))
         self.routes = AsyncRoutes(self.pool, direct, same_host)
         self.same_host = same_host
         self._replies: deque[Reply] = deque()
@@ -697,8 +707,8 @@ class AsyncAdmin:
     """``Admin`` for asyncio: the same operations, awaited."""
 
     def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, timeout_ms: int = 10_000,
-                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS):
-        self.pool = AsyncPool(bootstrap, connect_timeout_ms)
+                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, *, key_file=None, server_key=None):
+        self.pool = AsyncPool(bootstrap, connect_timeout_ms, keys=curve_keys(key_file, server_key))
         self.timeout_ms = timeout_ms
 
     async def _call(self, c: Call):

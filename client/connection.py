@@ -13,13 +13,30 @@ import time
 from dataclasses import dataclass
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from . import protocol as P
 from . import unixwire
-from .errors import BootstrapError, BrokerUnavailableError, InvalidRequestError, TimeoutError_, error_for
+from .errors import (AuthenticationFailedError, BootstrapError, BrokerUnavailableError, InvalidRequestError,
+                     TimeoutError_, error_for)
+from .security import CurveKeys
 
 DEFAULT_BOOTSTRAP = "tcp://127.0.0.1:7420"
 CONNECT_TIMEOUT_MS = 1500  # a first request fails this soon when no broker completes a handshake
+# what the handshake monitor watches: success, or a refusal (CURVE keys wrong or missing)
+HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
+def handshake_refused(event: int, endpoint: str, secured: bool) -> AuthenticationFailedError | None:
+    """The error for a refused handshake (None for success): wrong, unknown or missing keys."""
+    if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+        return None
+    why = ("the broker refused this client's key (not in its allow-list, or the server key is wrong)"
+           if secured else "the broker requires CURVE authentication: give key_file and server_key")
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and secured:
+        why = "the handshake failed (a broker without --auth curve, or a wrong server key)"
+    return AuthenticationFailedError(f"{endpoint}: {why}")
 
 
 def parse_bootstrap(value: str | int) -> str:
@@ -102,9 +119,11 @@ class Connection:
     would retry the connect silently for ever); once a broker has answered, requests wait their
     own timeout, through broker restarts too."""
 
-    def __init__(self, endpoint: str = DEFAULT_BOOTSTRAP, connect_timeout_ms: int = CONNECT_TIMEOUT_MS):
+    def __init__(self, endpoint: str = DEFAULT_BOOTSTRAP, connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
+                 keys: CurveKeys | None = None):
         self.endpoint = parse_bootstrap(endpoint)
         self.connect_timeout_ms = connect_timeout_ms
+        self.keys = keys  # CURVE (client/security.py), or None
         self.is_unix = self.endpoint.startswith(unixwire.SCHEME)  # a worker's same-host socket
         self._pid = None
         self._ctx = None
@@ -115,10 +134,12 @@ class Connection:
         self._early: dict[int, Reply] = {}  # replies that arrived while waiting for another id
 
     def __getstate__(self):
-        return {"endpoint": self.endpoint, "connect_timeout_ms": self.connect_timeout_ms}
+        return {"endpoint": self.endpoint, "connect_timeout_ms": self.connect_timeout_ms, "keys": self.keys}
 
     def __setstate__(self, state):
-        self.__init__(state["endpoint"], state.get("connect_timeout_ms", CONNECT_TIMEOUT_MS))
+        keys = state.get("keys")
+        self.__init__(state["endpoint"], state.get("connect_timeout_ms", CONNECT_TIMEOUT_MS),
+                      CurveKeys(*keys) if keys is not None else None)
 
     @property
     def sock(self) -> zmq.Socket:
@@ -134,9 +155,11 @@ class Connection:
             self._sock.setsockopt(zmq.LINGER, 0)
             self._sock.setsockopt(zmq.SNDHWM, 100_000)
             self._sock.setsockopt(zmq.RCVHWM, 100_000)
+            if self.keys is not None:
+                self.keys.apply(self._sock)
             self._monitor = None
             if not self._connected:
-                self._monitor = self._sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+                self._monitor = self._sock.get_monitor_socket(HANDSHAKE_EVENTS)
                 self._monitor.setsockopt(zmq.LINGER, 0)
             try:
                 self._sock.connect(self.endpoint)
@@ -228,6 +251,10 @@ class Connection:
             raise BrokerUnavailableError(
                 f"no broker answered at {self.endpoint} within {self.connect_timeout_ms / 1000:g} s "
                 "(is `tailrace serve` running?)")
+        refused = handshake_refused(recv_monitor_message(self._monitor)["event"], self.endpoint, self.keys is not None)
+        if refused is not None:
+            self.close()  # final: nothing of it is kept (a later request starts a new handshake)
+            raise refused
         self._stop_monitor()
         self._connected = True
 
@@ -264,9 +291,11 @@ class Pool:
     the endpoint means "through the router". Replies from all of them come out of ``recv``.
     """
 
-    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, connect_timeout_ms: int = CONNECT_TIMEOUT_MS):
+    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
+                 keys: CurveKeys | None = None):
         self._ids = itertools.count(1)
-        self.router = Connection(bootstrap, connect_timeout_ms)
+        self.keys = keys
+        self.router = Connection(bootstrap, connect_timeout_ms, keys)
         self.router._ids = self._ids
         self.direct: dict[str, Connection] = {}  # endpoint -> connection
         self._poller: zmq.Poller | None = None
@@ -278,7 +307,7 @@ class Pool:
             return self.router
         c = self.direct.get(endpoint)
         if c is None:
-            c = self.direct[endpoint] = Connection(endpoint, connect_timeout_ms=0)  # named by the broker
+            c = self.direct[endpoint] = Connection(endpoint, connect_timeout_ms=0, keys=self.keys)  # named by the broker
             c._ids = self._ids
             self._poller = None
         return c

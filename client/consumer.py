@@ -23,6 +23,7 @@ import numpy as np
 
 from . import protocol as P
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Pool
+from .security import curve_keys
 from .routes import BlockingRoutes
 from .errors import InvalidRequestError, OffsetOutOfRangeError, UnknownPartitionError
 from .records import Columns, batches_to_columns, iter_batches
@@ -213,9 +214,9 @@ class Consumer(ConsumerCore):
     ring reads."""
 
     def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, *, direct: bool = True, same_host: bool = False,
-                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, **options):
+                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, key_file=None, server_key=None, **options):
         super().__init__(**options)
-        self.pool = Pool(bootstrap, connect_timeout_ms)
+        self.pool = Pool(bootstrap, connect_timeout_ms, curve_keys(key_file, server_key))
         self.conn = self.pool.router
         self.routes = BlockingRoutes(self.pool, direct, same_host)
         # same_host: read partitions straight from the broker's shared-memory rings (client/ring_reader.py)

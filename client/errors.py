@@ -40,6 +40,9 @@ InvalidRequestError = _make(ErrorCode.INVALID_REQUEST, "Raised when a request fi
 TimeoutError_ = _make(ErrorCode.TIMEOUT, "Raised when the broker or the client gave up waiting.")
 NotReadyError = _make(ErrorCode.NOT_READY, "Raised when the broker is starting or stopping.")
 InternalError = _make(ErrorCode.INTERNAL, "Raised when the broker hit an internal error serving the request.")
+NotAuthorizedError = _make(ErrorCode.NOT_AUTHORIZED, "Raised when the broker refused the request to this principal.")
+AuthenticationFailedError = _make(ErrorCode.AUTHENTICATION_FAILED,
+                                  "Raised when the broker refused the CURVE handshake: no key, a wrong key or one not allowed.")
 
 
 
@@ -61,7 +64,7 @@ BY_CODE: dict[int, type[TailraceError]] = {
         MalformedError, UnsupportedVersionError, UnknownOpError, UnknownTopicError, UnknownPartitionError,
         CorruptBatchError, BatchTooLargeError, OffsetOutOfRangeError, NotOwnerError, BackpressureError,
         StorageUnavailableError, TopicExistsError, ShmBudgetExceededError, InvalidRequestError, TimeoutError_,
-        NotReadyError, InternalError,
+        NotReadyError, InternalError, NotAuthorizedError, AuthenticationFailedError,
     )
 }
 

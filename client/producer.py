@@ -30,6 +30,7 @@ import numpy as np
 
 from . import protocol as P
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Pool
+from .security import curve_keys
 from .routes import BlockingRoutes
 from .errors import TailraceError, TimeoutError_, error_for
 from .records import encode_batch, encode_batch_buffers
@@ -388,10 +389,12 @@ class Producer(ProducerCore):
         direct: bool = True,
         same_host: bool = False,
         connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
+        key_file=None,
+        server_key=None,
         **options,
     ):
         super().__init__(**options)
-        self.pool = Pool(bootstrap, connect_timeout_ms)
+        self.pool = Pool(bootstrap, connect_timeout_ms, curve_keys(key_file, server_key))
         self.conn = self.pool.router
         # same_host: send to the owning workers' Unix sockets instead of their ZeroMQ endpoints
         # (client/unixwire.py); the router and any fallback stay ZeroMQ.

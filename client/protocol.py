@@ -110,6 +110,8 @@ class ErrorCode(enum.IntEnum):
     TIMEOUT = 15
     NOT_READY = 16  # broker still starting or shutting down (retriable)
     INTERNAL = 17
+    NOT_AUTHORIZED = 18  # the principal may not do this (or its key left the allow-list); nothing changed
+    AUTHENTICATION_FAILED = 19  # the CURVE handshake was refused (no key, wrong key, unknown key)
 
 
 RETRIABLE = frozenset({ErrorCode.NOT_OWNER, ErrorCode.BACKPRESSURE, ErrorCode.NOT_READY, ErrorCode.TIMEOUT})

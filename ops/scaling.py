@@ -139,14 +139,14 @@ def running_workers(sv) -> list[int]:
 
 
 def set_workers(s: settings_mod.Settings, bootstrap: str, n: int, timeout_s: float = 120.0, log=print,
-                connect_timeout_ms: int = CONNECT_TIMEOUT_MS) -> dict:
+                connect_timeout_ms: int = CONNECT_TIMEOUT_MS, **security) -> dict:
     """Grow or shrink a running broker to ``n`` workers; returns the router's final status."""
     if n < 1:
         raise ScalingError(f"workers={n} must be >= 1")
     run_dir = s.ipc_path()
     sv = supervisor(run_dir)
     deadline = time.monotonic() + timeout_s
-    with Admin(bootstrap, connect_timeout_ms=connect_timeout_ms) as admin:
+    with Admin(bootstrap, connect_timeout_ms=connect_timeout_ms, **security) as admin:
         before = admin.status()
         old = before["worker_count"]
         if n > old:

@@ -102,6 +102,8 @@ class WorkerLiveness:
         d.setsockopt(zmq.SNDHWM, 100_000)
         d.setsockopt(zmq.RCVHWM, 100_000)
         d.setsockopt(zmq.LINGER, 0)
+        if self.worker_keys is not None:  # --auth curve: the workers obey only the router's proven key
+            self.worker_keys.apply(d)
         d.connect(self.s.worker_endpoint(w))
         self.dealers[w] = d
         self.poller.register(d, zmq.POLLIN)

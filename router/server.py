@@ -26,7 +26,7 @@ from pathlib import Path
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from tailrace.broker import datadir
+from tailrace.broker import auth, datadir
 from tailrace.broker.reply_port import ReplyPort
 from tailrace.broker.datadir import ROUTER_FILE, journal_usage, write_atomic
 from tailrace.broker.stats import StatsFile
@@ -100,6 +100,7 @@ class Router(WorkerLiveness):
         self.stats = StatsFile(s.ipc_path(), "router")  # for the metrics exporter (broker/stats.py)
         self.clients = 0  # client connections to the front socket (its monitor's accepted - disconnected)
         self.monitor: zmq.Socket | None = None
+        self.worker_keys = None  # with --auth curve: the router's CURVE keys towards the workers (broker/auth.py)
         self.forwarded = 0  # produce and fetch requests forwarded to workers
         # (topic, partition) -> the assignment its owner was last sent (a forwarded request or an
         # ADOPT): equal to the route's means the owner has adopted it, or will with the request
@@ -179,6 +180,15 @@ class Router(WorkerLiveness):
         except Exception as exc:
             log.exception("metadata request op=%s failed", op)
             reply(P.ErrorCode.INTERNAL, P.ErrorReply(f"internal error: {type(exc).__name__}: {exc}"))
+
+    def on_client_as(self, frames: list[bytes], principal: str) -> None:
+        """A request from an authenticated connection (--auth curve)."""
+        self.on_client(frames)
+
+    def refuse(self, frames: list[bytes]) -> None:
+        """A request whose CURVE key is no longer in the allow-list: NOT_AUTHORIZED, nothing done."""
+        self.port.send(auth.refusal(frames[:1], frames[1] if len(frames) > 1 else b"",
+                                    "this client's key is not in the broker's allow-list"))
 
     def _refresh_routes(self) -> None:
         if self.catalog.reload():
@@ -368,7 +378,16 @@ def main() -> int:
     datadir.stop_on_signals(stop)
     router = Router(s)
     ctx = zmq.Context()
+    guard = None
+    if s.auth == "curve":
+        guard = auth.Guard(ctx, s.data_dir, s.allow_dir, with_router=False)
+        router.worker_keys = auth.router_client_keys(s.data_dir)
+    elif not auth.is_loopback(s.bind):
+        log.warning("INSECURE: %s listens beyond this host without authentication (--insecure); anyone who "
+                    "reaches it can read, write and administer everything", s.bind)
     front = ctx.socket(zmq.ROUTER)
+    if guard is not None:
+        auth.make_server(front, s.data_dir)
     ReplyPort.configure(front)
     front.setsockopt(zmq.RCVHWM, 100_000)
     front.setsockopt(zmq.MAXMSGSIZE, s.max_frame_bytes)  # a larger part drops the peer, unread
@@ -378,15 +397,22 @@ def main() -> int:
     router.port = ReplyPort(front, log, "router")
     poller = zmq.Poller()
     poller.register(front, zmq.POLLIN)
+    if guard is not None:
+        poller.register(guard.zap.zap_socket, zmq.POLLIN)
     router.ctx, router.poller = ctx, poller
     for w in range(router.count):
         router._connect(w)
-    log.info("router serving on %s with %d workers (generation %d)", s.bind, router.count, router.generation)
+    log.info("router serving on %s with %d workers (generation %d, auth %s)", s.bind, router.count, router.generation, s.auth)
     last_ping = 0.0
     while not stop:
         events = dict(poller.poll(2 if router.port.backlog else 100))
+        if guard is not None and guard.zap.zap_socket in events:
+            guard.zap.service()
         if front in events:
-            P.drain(front, router.on_client, DRAIN_MAX)
+            if guard is None:
+                P.drain(front, router.on_client, DRAIN_MAX)
+            else:
+                guard.drain(front, router.on_client_as, router.refuse, DRAIN_MAX)
         for d in list(router.dealers.values()):
             if d in events:
                 P.drain(d, router.on_worker_reply, DRAIN_MAX)
@@ -396,6 +422,8 @@ def main() -> int:
         if now - last_ping > HEARTBEAT_S:
             router.tick()
             router.ask_again()
+            if guard is not None:
+                guard.allow.refresh()
             router.count_clients()
             router.stats.maybe_write(router.stats_parts)
             last_ping = now
@@ -404,6 +432,8 @@ def main() -> int:
     front.close(0)
     for d in router.dealers.values():
         d.close(0)
+    if guard is not None:
+        guard.close()
     ctx.term()
     datadir.leave_program(claim)
     return EXIT_OK

@@ -14,6 +14,7 @@ import os
 import sys
 
 from tailrace import console
+from tailrace.broker import auth as auth_mod
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import stored_worker_count
 from tailrace.client.admin import Admin
@@ -34,8 +35,13 @@ def _data_dir(args) -> str:
     return os.path.realpath(args.data_dir) if args.data_dir else os.path.realpath(os.environ.get("TAILRACE_DATA_DIR", "./data"))
 
 
+def security(args) -> dict:
+    """``--key-file`` and ``--server-key`` as client options (client/security.py)."""
+    return {"key_file": args.key_file, "server_key": args.server_key}
+
+
 def _admin(args) -> Admin:
-    return Admin(args.bootstrap, connect_timeout_ms=args.connect_timeout_ms)
+    return Admin(args.bootstrap, connect_timeout_ms=args.connect_timeout_ms, **security(args))
 
 
 # --- serve -------------------------------------------------------------------------------------
@@ -53,6 +59,10 @@ def cmd_serve(args) -> int:
             data_mode=args.data_mode,
             ipc_dir=args.ipc_dir,
             metrics_bind=args.metrics_bind,
+            auth=args.auth,
+            allow_dir=args.allow_dir,
+            insecure=1 if args.insecure else None,
+            local_uids=args.local_uids,
         )
     except ValueError as exc:
         print(f"tailrace serve: {exc}", file=sys.stderr)
@@ -155,7 +165,8 @@ def cmd_workers(args) -> int:
     s = settings_mod.from_env(data_dir=_data_dir(args))
     if args.workers_cmd == "set":
         status = scaling.set_workers(s, args.bootstrap, args.count, args.timeout_s,
-                                     log=lambda m: print(m, file=sys.stderr), connect_timeout_ms=args.connect_timeout_ms)
+                                     log=lambda m: print(m, file=sys.stderr), connect_timeout_ms=args.connect_timeout_ms,
+                                     **security(args))
     else:
         with _admin(args) as admin:
             status = admin.status()
@@ -192,6 +203,17 @@ def cmd_status(args) -> int:
     width = max(len(k) for k, _ in lines)
     for k, v in lines:
         print(f"{k.ljust(width)}  {v}")
+    return EXIT_OK
+
+
+def cmd_keys(args) -> int:
+    try:
+        public, secret = auth_mod.generate_keys(args.dir, args.name)
+    except (FileExistsError, ValueError) as exc:
+        print(f"tailrace keys: {exc}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_ERROR
+    print(f"public key  {public}   (copy it into the broker's allow-list directory)")
+    print(f"secret key  {secret}   (mode 0600: give it to the client as --key-file / key_file=)")
     return EXIT_OK
 
 
@@ -246,6 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"the broker: host:port, tcp://host:port or a port on 127.0.0.1 (also ${ENV_BOOTSTRAP})")
         p.add_argument("--connect-timeout-ms", type=_positive, default=CLI_CONNECT_TIMEOUT_MS, metavar="MS",
                        help="fail when no broker answers this soon")
+        p.add_argument("--key-file", default=os.environ.get("TAILRACE_KEY_FILE") or None, metavar="FILE",
+                       help="a broker with --auth curve: this client's secret key file, NAME.key_secret from "
+                            "`tailrace keys generate` (also $TAILRACE_KEY_FILE)")
+        p.add_argument("--server-key", default=os.environ.get("TAILRACE_SERVER_KEY") or None, metavar="FILE|KEY",
+                       help="a broker with --auth curve: its public key, <data-dir>/auth/server.key or the Z85 "
+                            "text (also $TAILRACE_SERVER_KEY)")
         return p
 
     sv = command(sub, "serve", "run router, workers and flusher under supervisord (foreground; Ctrl-C stops all)")
@@ -265,6 +293,16 @@ def build_parser() -> argparse.ArgumentParser:
                          "/run/tailrace/<id> for root, else <tmp>/tailrace-<uid>/<id>); must be private to this user")
     sv.add_argument("--metrics-bind", default=None, metavar="HOST:PORT",
                     help=f"the Prometheus endpoint, /metrics (default {_DEFAULTS.metrics_bind}; off for none)")
+    sv.add_argument("--auth", choices=list(auth_mod.MODES), default=None,
+                    help="curve: clients must present a CurveZMQ key from the allow-list (default none; a "
+                         "non-loopback --bind needs curve or --insecure)")
+    sv.add_argument("--allow-dir", default=None, metavar="DIR",
+                    help="with --auth curve: the allowed clients' public keys, NAME.key each (default "
+                         "<data-dir>/auth/clients); re-read when it changes")
+    sv.add_argument("--insecure", action="store_true",
+                    help="accept a non-loopback --bind without --auth (logged as a warning at every start)")
+    sv.add_argument("--local-uids", default=None, metavar="UID[,UID...]",
+                    help="user ids the same-host Unix sockets serve (default: the broker's own)")
     sv.add_argument("--print-env", action="store_true",
                     help="make the data, log and run directories, print the environment supervisord.conf needs and "
                          "the supervisord command line, and exit")
@@ -342,6 +380,13 @@ def build_parser() -> argparse.ArgumentParser:
     tp_.add_argument("--interval", type=_seconds, default=1.0, help="seconds between refreshes")
     tp_.add_argument("--iterations", type=_positive, default=None, help="stop after N refreshes (default: until q or Ctrl-C)")
     tp_.set_defaults(func=cmd_top)
+
+    ky = command(sub, "keys", "CurveZMQ key pairs for clients of a broker with --auth curve")
+    ksub = ky.add_subparsers(dest="keys_cmd", required=True, metavar="SUBCOMMAND")
+    kg = command(ksub, "generate", "write NAME.key (public: put it in the broker's allow-list) and NAME.key_secret (0600)")
+    kg.add_argument("name", help="the principal's name (the key files are named after it)")
+    kg.add_argument("--dir", default=".", help="where to write the pair (default: the current directory)")
+    kg.set_defaults(func=cmd_keys)
 
     sub.add_parser("bench", help="run benchmark workloads (tailrace bench --help; bench/README.md)", add_help=False)
     return ap

@@ -75,7 +75,8 @@ def produce(args, stdin_fd: int = 0) -> int:
     sep = args.key_separator.encode() if args.key_separator is not None else None
     keyed = key is not None or sep is not None
     prod = Producer(args.bootstrap, acks=args.acks, linger_ms=args.linger_ms,
-                    partitioner="key_hash" if keyed else "round_robin", connect_timeout_ms=args.connect_timeout_ms)
+                    partitioner="key_hash" if keyed else "round_robin", connect_timeout_ms=args.connect_timeout_ms,
+                    key_file=args.key_file, server_key=args.server_key)
     lines = LineProducer(prod, args.name, key=key, separator=sep, partition=args.partition)
     try:
         if args.partition is not None:  # a wrong partition is one line at once, not a retry loop
@@ -239,7 +240,8 @@ def consume(args) -> int:
     render = formatter(args)
     out = sys.stdout.buffer
     seen = 0
-    cons = Consumer(args.bootstrap, isolation=args.isolation, connect_timeout_ms=args.connect_timeout_ms)
+    cons = Consumer(args.bootstrap, isolation=args.isolation, connect_timeout_ms=args.connect_timeout_ms,
+                    key_file=args.key_file, server_key=args.server_key)
     try:
         cons.assign(args.name, None if args.partition is None else [args.partition], start=start)
         last_new = time.monotonic()

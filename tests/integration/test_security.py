@@ -1,0 +1,259 @@
+"""CurveZMQ authentication with real processes: keys, the allow-list, the router's proven
+identity towards the workers, safe-by-default binding and the same-host uid check."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tailrace import Admin, Consumer, Producer
+from tailrace.aio import AsyncProducer
+from tailrace.broker.auth import AllowList, ZapHandler, auth_dir, default_allow_dir, generate_keys
+from tailrace.client import protocol as P
+from tailrace.client import unixwire
+from tailrace.client.connection import Connection
+from tailrace.client.errors import AuthenticationFailedError, BrokerUnavailableError, NotAuthorizedError
+from tailrace.client.security import curve_keys
+
+
+def _tailrace(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tailrace", *args], capture_output=True, text=True, timeout=60,
+                          env=env)
+
+
+def test_keys_generate_writes_a_pair_and_never_overwrites_it(tmp_path):
+    out = _tailrace("keys", "generate", "alice", "--dir", str(tmp_path / "k"))
+    assert out.returncode == 0, out.stderr
+    public, secret = tmp_path / "k" / "alice.key", tmp_path / "k" / "alice.key_secret"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    keys = curve_keys(secret, public)  # a pair the client takes as it is
+    assert len(keys.public) == len(keys.secret) == 40
+    before = secret.read_bytes()
+    again = _tailrace("keys", "generate", "alice", "--dir", str(tmp_path / "k"))
+    assert again.returncode == 1 and "never overwritten" in again.stderr
+    assert secret.read_bytes() == before
+    assert _tailrace("keys", "generate", "../up", "--dir", str(tmp_path / "k")).returncode == 2
+
+
+def test_a_non_loopback_bind_without_auth_is_refused_unless_insecure(tmp_path):
+    """Checked before anything starts (no port is opened here: --print-env stops before serving)."""
+    base = ["serve", "--data-dir", str(tmp_path / "d"), "--bind", "tcp://0.0.0.0:17420", "--print-env"]
+    refused = _tailrace(*base)
+    assert refused.returncode == 2 and "--auth curve" in refused.stderr and "--insecure" in refused.stderr
+    assert _tailrace(*base, "--insecure").returncode == 0
+    assert _tailrace(*base, "--auth", "curve").returncode == 0
+    assert _tailrace("serve", "--data-dir", str(tmp_path / "d"), "--print-env").returncode == 0  # loopback default
+
+
+@pytest.fixture
+def secured(make_broker, tmp_path):
+    """A broker with --auth curve; alice is allowed, mallory has a key the broker does not know."""
+    b = make_broker(workers=2, start=False, auth="curve")
+    allow = default_allow_dir(str(b.data_dir))
+    generate_keys(str(tmp_path / "alice"), "alice")
+    os.makedirs(allow, exist_ok=True)
+    shutil.copy(tmp_path / "alice" / "alice.key", allow)
+    generate_keys(str(tmp_path / "mallory"), "mallory")
+    b.alice = {"key_file": str(tmp_path / "alice" / "alice.key_secret"),
+               "server_key": os.path.join(auth_dir(str(b.data_dir)), "server.key")}
+    b.mallory = {**b.alice, "key_file": str(tmp_path / "mallory" / "mallory.key_secret")}
+    b.client = b.alice
+    b.start()
+    return b
+
+
+def test_only_allowed_keys_get_in_and_a_removed_key_is_refused_at_once(secured):
+    b = secured
+    pids = b.pids()
+    with Admin(b.bootstrap, **b.alice) as a:
+        a.create_topic("locked", 2)
+    with Producer(b.bootstrap, acks="durable", linger_ms=0, **b.alice) as p:  # direct: the workers are CURVE servers too
+        for i in range(100):
+            p.send("locked", b"v%d" % i)
+        assert p.flush() == 100
+
+    async def produce_async():
+        async with AsyncProducer(b.bootstrap, acks="memory", **b.alice) as ap:
+            return await ap.send("locked", b"async")
+    assert asyncio.run(produce_async()).offset >= 0
+    with Consumer(b.bootstrap, max_wait_ms=100, **b.alice) as c:
+        c.assign("locked", start="earliest")
+        got = []
+        deadline = time.monotonic() + 20
+        while len(got) < 101 and time.monotonic() < deadline:
+            got += c.poll(200)
+    assert len(got) == 101
+
+    # no key, an unknown key, a wrong server key: refused at the handshake, nothing done
+    wrong_server = {**b.alice, "server_key": b.mallory["key_file"].replace(".key_secret", ".key")}
+    for who, refused in (({}, (AuthenticationFailedError, BrokerUnavailableError)), (b.mallory, AuthenticationFailedError),
+                         (wrong_server, (AuthenticationFailedError, BrokerUnavailableError))):
+        with Admin(b.bootstrap, **who) as a, pytest.raises(refused):
+            a.create_topic("intruder", 1)
+    worker = Connection(b.settings.worker_endpoint(0), keys=curve_keys(**b.mallory))
+    try:
+        with pytest.raises(AuthenticationFailedError):  # straight at a worker: the same wall
+            worker.request(P.Op.LIST_OFFSETS, "locked")
+    finally:
+        worker.close()
+    with Admin(b.bootstrap, **b.alice) as a:
+        assert [t.name for t in a.list_topics()] == ["locked"]
+
+    # a key taken out of the allow-list: its open connections are refused from the next request
+    with Admin(b.bootstrap, **b.alice) as a, Producer(b.bootstrap, acks="memory", linger_ms=0, **b.alice) as p:
+        p.send("locked", b"still-in", partition=0)
+        p.flush()
+        a.list_topics()  # both connections open and allowed
+        os.remove(os.path.join(default_allow_dir(str(b.data_dir)), "alice.key"))
+        time.sleep(1.5)  # the router and the workers re-read the list every heartbeat (0.5 s)
+        with pytest.raises(NotAuthorizedError):
+            a.list_topics()
+        p.send("locked", b"after-removal", partition=0)
+        with pytest.raises(NotAuthorizedError):
+            p.flush(5000)
+    with Admin(b.bootstrap, **b.alice) as a, pytest.raises(AuthenticationFailedError):  # and no new connection
+        a.list_topics()
+    assert b.pids() == pids, "a refused client cost a process"
+    shutil.copy(b.alice["key_file"].replace(".key_secret", ".key"), default_allow_dir(str(b.data_dir)))
+    time.sleep(1.0)
+    with Admin(b.bootstrap, **b.alice) as a:  # allowed again, without a restart
+        assert [t.name for t in a.list_topics()] == ["locked"]
+        assert sum(o.high_watermark for o in a.list_offsets("locked")) == 102
+
+
+def _forge_adopt(endpoint: str, keys, slot: int) -> tuple[bool, list | None]:
+    """Connect to a worker as "router" with ``keys`` and send what a forged router would: take
+    the partition over (ADOPT, a huge epoch). (handshake completed, the reply or None)."""
+    ctx = zmq.Context()
+    try:
+        d = ctx.socket(zmq.DEALER)
+        d.setsockopt(zmq.IDENTITY, P.ROUTER_IDENTITY)
+        d.setsockopt(zmq.LINGER, 0)
+        keys.apply(d)
+        mon = d.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                                   | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        d.connect(endpoint)
+        assert mon.poll(5000)
+        shook = recv_monitor_message(mon)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+        try:
+            d.send_multipart([b"client", P.ASSIGN.pack(slot, 1 << 62), P.pack_routing(P.Op.ADOPT, 0, 1, b"guarded"),
+                              P.EMPTY_MAP], zmq.NOBLOCK)
+        except zmq.Again:  # the refused handshake left no connection to send on
+            return shook, None
+        return shook, (d.recv_multipart() if d.poll(3000) else None)
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_a_process_posing_as_the_router_on_a_worker_socket_is_refused(secured):
+    """The worker socket obeys assignments and ADOPT from the router's proven key only: an
+    unknown key never completes the handshake; an allowed key declaring the router's identity
+    (the real router stopped, so the identity is free) gets NOT_AUTHORIZED; nothing of the
+    partition changes."""
+    b = secured
+    with Admin(b.bootstrap, **b.alice) as a:
+        a.create_topic("guarded", 1)
+        before = a.describe_topic("guarded").partitions[0]
+    endpoint = b.settings.worker_endpoint(before.worker)
+    pids = b.pids()
+    shook, reply = _forge_adopt(endpoint, curve_keys(**b.mallory), before.slot)
+    assert not shook and reply is None
+    b.supervisorctl("stop", "router")
+    try:
+        time.sleep(0.5)
+        shook, reply = _forge_adopt(endpoint, curve_keys(**b.alice), before.slot)
+        assert shook
+        assert reply is not None and reply[0] == b"client", reply
+        _v, op, code, _p, rid, topic = P.unpack_routing(reply[1])
+        assert (op, code, rid, topic) == (P.Op.ADOPT, P.ErrorCode.NOT_AUTHORIZED, 1, b"guarded")
+    finally:
+        b.supervisorctl("start", "router")
+    b.wait_ready()
+    with Producer(b.bootstrap, acks="durable", linger_ms=0, **b.alice) as p:  # the real owner still serves
+        p.send("guarded", b"after", partition=0)
+        assert p.flush() == 1
+    with Admin(b.bootstrap, **b.alice) as a:
+        after = a.describe_topic("guarded").partitions[0]
+    assert after.worker == before.worker and after.high_watermark == before.high_watermark + 1
+    assert {k: v for k, v in b.pids().items() if k != "router"} == {k: v for k, v in pids.items() if k != "router"}
+
+
+def test_same_host_sockets_serve_only_the_allowed_user_ids(make_broker):
+    """SO_PEERCRED: the broker's own user by default; here only a uid that is not ours, so this
+    process (the broker's user) is turned away, and ZeroMQ clients are unaffected."""
+    b = make_broker(workers=1, local_uids="65534")
+    Admin(b.bootstrap).create_topic("local", 1)
+    path = unixwire.path_of(b.settings.worker_unix_endpoint(0))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(path)
+        s.sendall(b"".join(unixwire.encode([P.pack_routing(P.Op.LIST_OFFSETS, -1, 1, b"local"), P.EMPTY_MAP])))
+        try:
+            answer = s.recv(4096)
+        except ConnectionResetError:  # closed with the request unread
+            answer = b""
+        assert answer == b"", "a Unix-socket client of another uid was served"
+    with Producer(b.bootstrap, acks="memory", same_host=True, linger_ms=0) as p:  # falls back to ZeroMQ
+        p.send("local", b"x")
+        assert p.flush() == 1
+    with open(os.path.join(b.data_dir, "logs", "worker-0.log")) as f:
+        assert f"refused a Unix-socket client of uid {os.geteuid()}" in f.read()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.binary(max_size=80), max_size=9))
+def test_the_zap_handler_answers_any_request_and_never_raises(tmp_path_factory, frames):
+    """Hostile ZAP traffic (what libzmq would never send, too): every request gets an answer or is
+    dropped, the handler keeps serving, and only a listed key is ever allowed."""
+    d = tmp_path_factory.mktemp("allow")
+    ctx = zmq.Context()
+    zap = ZapHandler(ctx, AllowList(str(d)))
+    zap.start()
+    req = ctx.socket(zmq.DEALER)
+    req.connect("inproc://zeromq.zap.01")
+    try:
+        if frames:  # (an envelope with no request in it never reaches the handler)
+            req.send_multipart([b"", *frames])
+            zap.service()
+            assert req.poll(1000), "a ZAP request left unanswered (the REP socket would take no other)"
+            reply = req.recv_multipart()
+            assert reply[3] != b"200"  # nothing is allowed by an empty list
+        # still serving: a well-formed CURVE request for an unknown key is refused
+        req.send_multipart([b"", b"1.0", b"7", b"", b"127.0.0.1", b"", b"CURVE", os.urandom(32)])
+        zap.service()
+        assert req.poll(1000)
+        assert req.recv_multipart()[3] == b"400"
+    finally:
+        req.close(0)
+        zap.stop()
+        ctx.term()
+
+
+def test_hostile_handshakes_on_the_router_port_cost_nothing(secured):
+    b = secured
+    pids = b.pids()
+    port = int(b.bootstrap.rsplit(":", 1)[1])
+    junk = [b"\xff" + b"\x00" * 8 + b"\x7f\x03", os.urandom(64), b"\xff" * 1024,
+            b"\xff\x00\x00\x00\x00\x00\x00\x00\x01\x7f\x03\x00CURVE" + b"\x00" * 100]
+    for j in junk * 5:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            try:
+                s.sendall(j)
+                s.recv(64)
+            except OSError:
+                pass
+    with Admin(b.bootstrap, **b.alice) as a:
+        assert a.status()["workers"]
+    assert b.pids() == pids
