@@ -33,6 +33,7 @@ from tailrace.client import protocol as P
 from tailrace.client.connection import Connection
 from tailrace.client.errors import NotOwnerError, OffsetOutOfRangeError, TimeoutError_
 from tailrace.client.records import Columns, batches_to_columns, iter_batches
+from tailrace.client.security import curve_keys
 
 from .errors import DataLossError
 from .offsets import OffsetRange
@@ -94,8 +95,10 @@ class RangeFetcher:
     """Fetches one range; iterate it once. Not thread-safe (one per task, like its socket)."""
 
     def __init__(self, bootstrap: str, r: OffsetRange, *, endpoint: str | None = None, max_bytes: int = 4 << 20,
-                 isolation: str = "durable", timeout_ms: int = 30_000, fail_on_data_loss: bool = True):
+                 isolation: str = "durable", timeout_ms: int = 30_000, fail_on_data_loss: bool = True,
+                 security: tuple = ()):
         self.bootstrap = bootstrap
+        self.keys = curve_keys(**dict(security)) if security else None
         self.range = r
         self.endpoint = endpoint if reachable(endpoint, bootstrap) else bootstrap
         self.max_bytes = max_bytes
@@ -112,7 +115,7 @@ class RangeFetcher:
         log.info("fetching %s/%d through the router: %s", self.range.topic, self.range.partition, why)
         self.conn.close()
         self.endpoint = self.bootstrap
-        self.conn = Connection(self.bootstrap)
+        self.conn = Connection(self.bootstrap, keys=self.keys)
 
     def _wait(self, rid: int, offset: int) -> tuple[int, P.FetchReply, object]:
         """The reply to fetch ``rid`` at ``offset`` (resent through the router if the worker
@@ -146,7 +149,7 @@ class RangeFetcher:
         r = self.range
         if r.start >= r.end:
             return
-        self.conn = Connection(self.endpoint)
+        self.conn = Connection(self.endpoint, keys=self.keys)
         try:
             offset = r.start
             rid = self._send(offset)

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import Mapping, Union
 
 from tailrace.client.connection import DEFAULT_BOOTSTRAP
+from tailrace.client.errors import BootstrapError
 from tailrace.client.protocol import ACKS_BY_NAME
+from tailrace.client.security import curve_keys
 
 from .errors import OptionError
 
@@ -45,6 +47,7 @@ class ReadOptions:
     fetch_max_bytes: int
     fetch_timeout_ms: int
     direct_fetch: bool  # fetch from the partition's worker endpoint when it is reachable here
+    security: tuple = ()  # keyFile, serverKey: CurveZMQ (client/security.py), as (("key_file", ..), ("server_key", ..))
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,21 @@ class WriteOptions:
     max_batch_bytes: int  # one produce batch stays under this; the broker's limit is 1 MiB by default
     request_timeout_ms: int
     direct_produce: bool  # produce to the partition's worker endpoint when it is reachable here
+    security: tuple = ()  # keyFile, serverKey, as for reads
+
+
+def _security(opts: dict) -> tuple:
+    """``keyFile`` and ``serverKey`` (a broker with --auth curve), checked here on the driver; the
+    files are read again where the client runs, so they must be readable on every executor, as
+    Kafka's keystore files must."""
+    key_file, server_key = opts.get("keyfile"), opts.get("serverkey")
+    if key_file is None and server_key is None:
+        return ()
+    try:
+        curve_keys(key_file, server_key)
+    except BootstrapError as exc:
+        raise OptionError(f"options keyFile/serverKey: {exc}") from None
+    return (("key_file", key_file), ("server_key", server_key))
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
@@ -159,6 +177,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         fetch_max_bytes=_int(opts, "fetchMaxBytes", 16 * MiB, 64 * 1024),
         fetch_timeout_ms=_int(opts, "fetchTimeoutMs", 30_000, 100),
         direct_fetch=_bool(opts, "directFetch", True),
+        security=_security(opts),
     )
 
 
@@ -177,4 +196,5 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         max_batch_bytes=_int(opts, "maxBatchBytes", 512 * 1024, 4096),
         request_timeout_ms=_int(opts, "requestTimeoutMs", 30_000, 100),
         direct_produce=_bool(opts, "directProduce", True),
+        security=_security(opts),
     )

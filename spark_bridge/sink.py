@@ -188,7 +188,8 @@ class Producers:
     def __init__(self, options: WriteOptions):
         self.options = options
         self.producer = Producer(options.bootstrap, acks=options.acks, request_timeout_ms=options.request_timeout_ms,
-                                 batch_bytes=options.max_batch_bytes, direct=options.direct_produce)
+                                 batch_bytes=options.max_batch_bytes, direct=options.direct_produce,
+                                 **dict(options.security))
 
     def partitions_for(self, topic: str) -> int:
         return self.producer.partitions_for(topic)

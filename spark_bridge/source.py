@@ -84,7 +84,8 @@ def read_partition(options: ReadOptions, partition: InputPartition) -> Iterator[
     r = partition.range
     fetcher = RangeFetcher(options.bootstrap, r, endpoint=partition.endpoint,
                            max_bytes=options.fetch_max_bytes, isolation=options.isolation,
-                           timeout_ms=options.fetch_timeout_ms, fail_on_data_loss=options.fail_on_data_loss)
+                           timeout_ms=options.fetch_timeout_ms, fail_on_data_loss=options.fail_on_data_loss,
+                           security=options.security)
     for cols in fetcher:
         yield to_record_batch(r.topic, r.partition, cols)
 
@@ -102,7 +103,7 @@ class TailraceBatchReader(DataSourceReader):
 
     def partitions(self) -> list[RangePartition]:
         o = self.options
-        with Admin(o.bootstrap) as admin:
+        with Admin(o.bootstrap, **dict(o.security)) as admin:
             logs, endpoints = describe(admin, o)
         start = resolve(o.starting, EARLIEST, logs, o.isolation, "startingOffsets")
         end = resolve(o.ending, LATEST, logs, o.isolation, "endingOffsets")
@@ -128,7 +129,7 @@ class TailraceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _describe(self, endpoints_too: bool = False) -> tuple[Logs, dict[TopicPartition, str]]:
         if self._admin is None:
-            self._admin = Admin(self.options.bootstrap)
+            self._admin = Admin(self.options.bootstrap, **dict(self.options.security))
         return describe(self._admin, self.options, endpoints_too)
 
     def _watermarks(self, logs: Logs) -> Positions:
