@@ -27,7 +27,7 @@ import msgspec
 import posix_ipc
 import zmq
 
-from tailrace.broker import auth, datadir
+from tailrace.broker import acl, auth, datadir
 from tailrace.broker.reply_port import ReplyPort
 from tailrace.broker.stats import Histogram, StatsFile, label_key
 from tailrace.client import protocol as P
@@ -535,8 +535,10 @@ class WorkerProcess:
         self.worker = worker = Worker(s, worker_id, table)
         self.ctx = ctx = zmq.Context()
         self.guard = None
+        self.acls = None
         if s.auth == "curve":  # broker/auth.py: CURVE clients only, router commands from the router's key only
             self.guard = auth.Guard(ctx, s.data_dir, s.allow_dir, with_router=True)
+            self.acls = acl.Acls(s.data_dir)  # broker/acl.py: direct clients' requests
         self.sock = sock = ctx.socket(zmq.ROUTER)
         if self.guard is not None:
             auth.make_server(sock, s.data_dir)
@@ -607,6 +609,7 @@ class WorkerProcess:
             self.last_fence_check = now
         if guard is not None and now - self.last_allow_check > 0.5:
             guard.allow.refresh()
+            self.acls.refresh()
             self.last_allow_check = now
         if worker.port.backlog:
             worker.port.flush()
@@ -622,9 +625,19 @@ class WorkerProcess:
     def handle_as(self, frames: list[bytes], principal: str) -> None:
         """A message from an authenticated connection: only the router's key may speak as the
         router (assignments, ADOPT, PING), whatever identity a peer declares."""
-        if frames[0] == P.ROUTER_IDENTITY and principal != auth.ROUTER_PRINCIPAL:
-            self.refuse(frames)
-            return
+        if frames[0] == P.ROUTER_IDENTITY:
+            if principal != auth.ROUTER_PRINCIPAL:
+                self.refuse(frames)
+                return
+        elif self.acls.enabled and len(frames) > 1:  # a direct client: its rules, as the router checks them
+            try:
+                _v, op, _c, _p, _r, topic = P.unpack_routing(frames[1])
+            except struct.error:
+                op, topic = -1, b""
+            why = self.acls.refusal_for(principal, op, topic)
+            if why is not None:
+                self.worker.port.send(auth.refusal(frames[:1], frames[1], why))
+                return
         self.worker.handle(frames)
 
     def refuse(self, frames: list[bytes]) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from tailrace.broker import auth, datadir
+from tailrace.broker import acl, auth, datadir
 from tailrace.broker.reply_port import ReplyPort
 from tailrace.broker.datadir import ROUTER_FILE, journal_usage, write_atomic
 from tailrace.broker.stats import StatsFile
@@ -101,6 +101,8 @@ class Router(WorkerLiveness):
         self.clients = 0  # client connections to the front socket (its monitor's accepted - disconnected)
         self.monitor: zmq.Socket | None = None
         self.worker_keys = None  # with --auth curve: the router's CURVE keys towards the workers (broker/auth.py)
+        self.acls: acl.Acls | None = None  # with --auth curve: who may do what (broker/acl.py)
+        self.principal: str | None = None  # the authenticated principal of the request being served
         self.forwarded = 0  # produce and fetch requests forwarded to workers
         # (topic, partition) -> the assignment its owner was last sent (a forwarded request or an
         # ADOPT): equal to the route's means the owner has adopted it, or will with the request
@@ -164,7 +166,10 @@ class Router(WorkerLiveness):
             if op == P.Op.CREATE_TOPIC:
                 self.create_topic(topic, frames, reply)
             elif op == P.Op.LIST_TOPICS:
-                reply(P.ErrorCode.OK, P.ListTopicsReply([_info(t) for t in self.catalog.data.topics.values()]))
+                topics = self.catalog.data.topics.values()
+                if self.principal is not None and self.acls is not None and self.acls.enabled:  # what it may describe
+                    topics = [t for t in topics if self.acls.allows(self.principal, "describe", t.name)]
+                reply(P.ErrorCode.OK, P.ListTopicsReply([_info(t) for t in topics]))
             elif op == P.Op.DESCRIBE_TOPIC or op == P.Op.LIST_OFFSETS:
                 self.ask_offsets(ident, routing, topic, op, reply)
             elif op == P.Op.STATUS:
@@ -182,8 +187,21 @@ class Router(WorkerLiveness):
             reply(P.ErrorCode.INTERNAL, P.ErrorReply(f"internal error: {type(exc).__name__}: {exc}"))
 
     def on_client_as(self, frames: list[bytes], principal: str) -> None:
-        """A request from an authenticated connection (--auth curve)."""
-        self.on_client(frames)
+        """A request from an authenticated connection (--auth curve): its principal's rules first."""
+        if self.acls is not None and self.acls.enabled and len(frames) > 1:
+            try:
+                _v, op, _c, _p, _r, topic = P.unpack_routing(frames[1])
+            except struct.error:
+                return self.on_client(frames)  # answered MALFORMED there
+            why = self.acls.refusal_for(principal, op, topic)
+            if why is not None:
+                self.port.send(auth.refusal(frames[:1], frames[1], why))
+                return
+        self.principal = principal
+        try:
+            self.on_client(frames)
+        finally:
+            self.principal = None
 
     def refuse(self, frames: list[bytes]) -> None:
         """A request whose CURVE key is no longer in the allow-list: NOT_AUTHORIZED, nothing done."""
@@ -382,6 +400,7 @@ def main() -> int:
     if s.auth == "curve":
         guard = auth.Guard(ctx, s.data_dir, s.allow_dir, with_router=False)
         router.worker_keys = auth.router_client_keys(s.data_dir)
+        router.acls = acl.Acls(s.data_dir)
     elif not auth.is_loopback(s.bind):
         log.warning("INSECURE: %s listens beyond this host without authentication (--insecure); anyone who "
                     "reaches it can read, write and administer everything", s.bind)
@@ -424,6 +443,7 @@ def main() -> int:
             router.ask_again()
             if guard is not None:
                 guard.allow.refresh()
+                router.acls.refresh()
             router.count_clients()
             router.stats.maybe_write(router.stats_parts)
             last_ping = now

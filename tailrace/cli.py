@@ -14,6 +14,7 @@ import os
 import sys
 
 from tailrace import console
+from tailrace.broker import acl as acl_mod
 from tailrace.broker import auth as auth_mod
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import stored_worker_count
@@ -217,6 +218,34 @@ def cmd_keys(args) -> int:
     return EXIT_OK
 
 
+def cmd_acl(args) -> int:
+    data_dir = _data_dir(args)
+    if args.acl_cmd == "list":
+        rules = acl_mod.read_rules(data_dir)
+        if args.json:
+            print_json([_struct(r) for r in rules])
+        else:
+            print_table(["principal", "topics", "operations"],
+                        [[r.principal, "all" if r.pattern == acl_mod.ALL_TOPICS else
+                          (f"{r.pattern}*" if r.match == "prefix" else r.pattern), ",".join(r.ops)] for r in rules],
+                        title=f"{len(rules)} rules" + ("" if rules else " (authorization off: every allowed key may do everything)"))
+        return EXIT_OK
+    if (args.topic is None) == (args.prefix is None):
+        print("tailrace acl: give one of --topic NAME (or *) and --prefix PREFIX", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        rule = acl_mod.check_rule(args.principal, args.topic if args.topic is not None else args.prefix,
+                                  "exact" if args.topic is not None else "prefix", args.ops.split(","))
+    except ValueError as exc:
+        print(f"tailrace acl: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    changed = (acl_mod.add_rule if args.acl_cmd == "add" else acl_mod.remove_rule)(data_dir, rule)
+    what = {"add": ("added", "already there"), "remove": ("removed", "not there")}[args.acl_cmd][0 if changed else 1]
+    print(f"{what}: {rule.principal} {','.join(rule.ops)} on {rule.pattern}{'*' if rule.match == 'prefix' and rule.pattern != '*' else ''}"
+          " (the broker applies it within a second)", file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_top(args) -> int:
     from tailrace import top
 
@@ -380,6 +409,21 @@ def build_parser() -> argparse.ArgumentParser:
     tp_.add_argument("--interval", type=_seconds, default=1.0, help="seconds between refreshes")
     tp_.add_argument("--iterations", type=_positive, default=None, help="stop after N refreshes (default: until q or Ctrl-C)")
     tp_.set_defaults(func=cmd_top)
+
+    ac = command(sub, "acl", "who may do what to which topics, with --auth curve (broker/acl.py); edits <data-dir>/auth/acls.json")
+    asub = ac.add_subparsers(dest="acl_cmd", required=True, metavar="SUBCOMMAND")
+    for name, text in (("add", "allow a principal operations on topics (the first rule turns authorization on)"),
+                       ("remove", "remove exactly that rule")):
+        p = command(asub, name, text)
+        p.add_argument("principal", help="the principal: a key's name in the allow-list")
+        p.add_argument("--topic", default=None, help="a topic name, or * for every topic")
+        p.add_argument("--prefix", default=None, help="every topic whose name starts with this")
+        p.add_argument("--ops", required=True, metavar="OP[,OP...]", help=f"operations: {', '.join(acl_mod.OPERATIONS)}")
+        p.add_argument("--data-dir", default=None, help="the broker's data directory (default ./data)")
+    al = command(asub, "list", "the rules")
+    al.add_argument("--data-dir", default=None, help="the broker's data directory (default ./data)")
+    al.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ac.set_defaults(func=cmd_acl)
 
     ky = command(sub, "keys", "CurveZMQ key pairs for clients of a broker with --auth curve")
     ksub = ky.add_subparsers(dest="keys_cmd", required=True, metavar="SUBCOMMAND")

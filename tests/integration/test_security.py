@@ -257,3 +257,71 @@ def test_hostile_handshakes_on_the_router_port_cost_nothing(secured):
     with Admin(b.bootstrap, **b.alice) as a:
         assert a.status()["workers"]
     assert b.pids() == pids
+
+
+def _acl(b, *args: str) -> None:
+    out = _tailrace("acl", *args, "--data-dir", str(b.data_dir))
+    assert out.returncode == 0, out.stderr
+
+
+def test_acl_matrix_every_operation_allowed_and_denied_changes_nothing_when_denied(secured, tmp_path):
+    """Every operation, allowed and denied, through the router and straight to a worker: a denied
+    request gets NOT_AUTHORIZED and leaves no topic, record or worker change behind."""
+    from tailrace.broker.catalog import Catalog
+
+    b = secured
+    generate_keys(str(tmp_path / "bob"), "bob")
+    shutil.copy(tmp_path / "bob" / "bob.key", default_allow_dir(str(b.data_dir)))
+    bob = {**b.alice, "key_file": str(tmp_path / "bob" / "bob.key_secret")}
+    alice = b.alice
+    with Admin(b.bootstrap, **bob) as a:  # no rule yet: authorization is off, an allowed key does anything
+        a.create_topic("b-free", 1)
+    _acl(b, "add", "alice", "--prefix", "a-", "--ops", "create,produce,consume,describe")
+    _acl(b, "add", "alice", "--topic", "*", "--ops", "admin")
+    _acl(b, "add", "bob", "--topic", "a-shared", "--ops", "consume,describe")
+    time.sleep(1.5)  # the router and the workers re-read acls.json every heartbeat
+
+    def denied(fn):
+        with pytest.raises(NotAuthorizedError):
+            fn()
+
+    with Admin(b.bootstrap, **alice) as a, Admin(b.bootstrap, **bob) as bb:
+        a.create_topic("a-shared", 2)                                   # create: allowed
+        denied(lambda: bb.create_topic("a-bob", 1))                     # create: denied
+        denied(lambda: a.create_topic("b-alice", 1))                    # outside alice's prefix
+        assert [t.name for t in bb.list_topics()] == ["a-shared"]       # describe filters the listing
+        assert bb.describe_topic("a-shared").topic.name == "a-shared"   # describe: allowed
+        denied(lambda: bb.describe_topic("b-free"))                     # describe: denied
+        denied(lambda: bb.list_offsets("b-free"))
+        assert a.status()["workers"]                                    # admin: allowed
+        denied(bb.status)                                               # admin: denied
+        denied(lambda: bb.set_workers(1))
+    for direct in (True, False):                                        # produce: worker and router paths
+        with Producer(b.bootstrap, acks="durable", linger_ms=0, direct=direct, **alice) as p:
+            for i in range(10):
+                p.send("a-shared", b"ok-%d" % i)
+            assert p.flush() == 10
+        with Producer(b.bootstrap, acks="durable", linger_ms=0, direct=direct, **bob) as p:
+            p.send("a-shared", b"forbidden")
+            denied(lambda: p.flush(10_000))
+        with Producer(b.bootstrap, acks="durable", linger_ms=0, direct=direct, **alice) as p:
+            p.send("b-free", b"forbidden", partition=0)
+            denied(lambda: p.flush(10_000))
+    for who in (bob, alice):                                            # consume: allowed for both on a-shared
+        with Consumer(b.bootstrap, max_wait_ms=100, **who) as c:
+            c.assign("a-shared", start="earliest")
+            got, deadline = [], time.monotonic() + 15
+            while len(got) < 20 and time.monotonic() < deadline:
+                got += c.poll(200)
+            assert sorted(r.value for r in got) == sorted([b"ok-%d" % i for i in range(10)] * 2)
+    with Consumer(b.bootstrap, max_wait_ms=100, **alice) as c:          # consume: denied (b-free is not alice's)
+        denied(lambda: c.assign("b-free", start="earliest"))
+    pids = b.pids()
+    with Admin(b.bootstrap, **alice) as a:
+        assert sum(o.high_watermark for o in a.list_offsets("a-shared")) == 20  # nothing of bob's got in
+    assert sorted(Catalog(str(b.data_dir)).data.topics) == ["a-shared", "b-free"]
+    assert b.pids() == pids
+    _acl(b, "remove", "bob", "--topic", "a-shared", "--ops", "consume,describe")
+    time.sleep(1.5)
+    with Admin(b.bootstrap, **bob) as bb:
+        denied(lambda: bb.describe_topic("a-shared"))

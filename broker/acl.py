@@ -1,0 +1,147 @@
+"""Authorization: who may do what to which topics (``tailrace acl``), with ``--auth curve``.
+
+Rules live in ``<data-dir>/auth/acls.json``, written atomically by ``tailrace acl add|remove``
+on the broker's host (write access to the data directory is the proof of being its operator,
+as Kafka's ZooKeeper-backed ``kafka-acls`` once was), and re-read by the router and the workers
+when the file changes (every heartbeat). A rule allows one principal (a key's name in the
+allow-list) some operations on topics named exactly, by prefix, or all (``*``):
+
+    produce  PRODUCE                          consume  FETCH
+    create   CREATE_TOPIC                     describe DESCRIBE_TOPIC, LIST_OFFSETS, LIST_TOPICS (filtered)
+    admin    STATUS, SET_WORKERS              delete, alter, group: for the ops that will carry them
+
+With no rule at all, authorization is off: every authenticated principal may do everything
+(the quick start works; the first ``acl add`` turns it on). With rules, whatever no rule allows
+is refused with ``NOT_AUTHORIZED`` and changes nothing. Without ``--auth`` nothing is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import msgspec
+
+from tailrace.client import protocol as P
+
+from . import datadir
+
+ACL_FILE = "acls.json"
+OPERATIONS = ("produce", "consume", "create", "delete", "alter", "describe", "group", "admin")
+ALL_TOPICS = "*"
+
+# op -> the operation it needs (LIST_TOPICS is filtered by describe instead)
+OP_NEEDS = {P.Op.PRODUCE: "produce", P.Op.FETCH: "consume", P.Op.CREATE_TOPIC: "create",
+            P.Op.DESCRIBE_TOPIC: "describe", P.Op.LIST_OFFSETS: "describe",
+            P.Op.STATUS: "admin", P.Op.SET_WORKERS: "admin"}
+
+
+class Rule(msgspec.Struct, frozen=True):
+    principal: str
+    pattern: str  # a topic name, a prefix, or "*"
+    match: str  # "exact" | "prefix"
+    ops: tuple[str, ...]
+
+    def covers(self, topic: str) -> bool:
+        if self.pattern == ALL_TOPICS:
+            return True
+        return topic.startswith(self.pattern) if self.match == "prefix" else topic == self.pattern
+
+
+class AclFile(msgspec.Struct):
+    rules: list[Rule] = []
+
+
+def acl_path(data_dir: str) -> str:
+    return os.path.join(data_dir, "auth", ACL_FILE)
+
+
+def read_rules(data_dir: str) -> list[Rule]:
+    try:
+        with open(acl_path(data_dir), "rb") as f:
+            return msgspec.json.decode(f.read(), type=AclFile).rules
+    except FileNotFoundError:
+        return []
+
+
+def _write(data_dir: str, rules: list[Rule]) -> None:
+    os.makedirs(os.path.dirname(acl_path(data_dir)), mode=0o700, exist_ok=True)
+    body = json.dumps({"rules": [msgspec.to_builtins(r) for r in rules]}, indent=1).encode()
+    datadir.write_atomic(acl_path(data_dir), body)
+
+
+def check_rule(principal: str, pattern: str, match: str, ops) -> Rule:
+    ops = tuple(dict.fromkeys(o.strip() for o in ops if o.strip()))
+    bad = [o for o in ops if o not in OPERATIONS]
+    if bad or not ops:
+        raise ValueError(f"operations {bad or '(none)'}: each one of {', '.join(OPERATIONS)}")
+    if not principal or not pattern or match not in ("exact", "prefix"):
+        raise ValueError("a rule needs a principal, a topic (or prefix, or *) and exact or prefix")
+    return Rule(principal, pattern, "prefix" if pattern == ALL_TOPICS else match, ops)
+
+
+def add_rule(data_dir: str, rule: Rule) -> bool:
+    """Add ``rule`` (False if the same rule is there already)."""
+    rules = read_rules(data_dir)
+    if rule in rules:
+        return False
+    _write(data_dir, [*rules, rule])
+    return True
+
+
+def remove_rule(data_dir: str, rule: Rule) -> bool:
+    rules = read_rules(data_dir)
+    if rule not in rules:
+        return False
+    _write(data_dir, [r for r in rules if r != rule])
+    return True
+
+
+class Acls:
+    """The rules as a process checks them, re-read when the file changes (``refresh``)."""
+
+    def __init__(self, data_dir: str):
+        self.path = acl_path(data_dir)
+        self.data_dir = data_dir
+        self.rules: list[Rule] = []
+        self._seen = None
+        self.refresh()
+
+    def refresh(self) -> None:
+        try:
+            st = os.stat(self.path)
+            sig = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except FileNotFoundError:
+            sig = None
+        if sig == self._seen:
+            return
+        try:
+            self.rules = read_rules(self.data_dir)
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+            self.rules = [Rule("", "", "exact", ())]  # unreadable: deny everything rather than allow it
+        self._seen = sig
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.rules)
+
+    def allows(self, principal: str, operation: str, topic: str) -> bool:
+        if not self.rules:
+            return True
+        return any(r.principal == principal and operation in r.ops and r.covers(topic) for r in self.rules)
+
+    def allows_any(self, principal: str, operation: str) -> bool:
+        return not self.rules or any(r.principal == principal and operation in r.ops for r in self.rules)
+
+    def refusal_for(self, principal: str, op: int, topic: bytes) -> str | None:
+        """Why ``principal`` may not make request ``op`` on ``topic`` (None: it may)."""
+        need = OP_NEEDS.get(op)
+        if need is None or not self.rules:
+            return None
+        name = topic.decode("utf-8", "replace")
+        if need == "admin":
+            ok = any(r.principal == principal and "admin" in r.ops for r in self.rules)
+        else:
+            ok = self.allows(principal, need, name)
+        return None if ok else f"principal {principal!r} may not {need} topic {name!r}" if need != "admin" \
+            else f"principal {principal!r} may not administer the broker"
