@@ -42,11 +42,12 @@ class UnixIdent(bytes):
 
 
 class _Conn:
-    __slots__ = ("sock", "ident", "reader", "out", "out_bytes", "moved_at")
+    __slots__ = ("sock", "ident", "uid", "reader", "out", "out_bytes", "moved_at")
 
-    def __init__(self, sock, ident: bytes, limit: int):
+    def __init__(self, sock, ident: bytes, limit: int, uid: int):
         self.sock = sock
         self.ident = ident
+        self.uid = uid  # the peer's user id (SO_PEERCRED): its principal with --auth curve
         self.reader = FrameReader(limit)
         self.out: deque = deque()  # memoryviews of bytes waiting to be written, in order
         self.out_bytes = 0
@@ -110,8 +111,8 @@ class UnixServer:
                 self.ep.unregister(self.listener.fileno())  # level-triggered: it would spin
                 self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
                 return
+            _pid, uid, _gid = _PEERCRED.unpack(s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
             if self.allowed_uids is not None:
-                _pid, uid, _gid = _PEERCRED.unpack(s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
                 if uid not in self.allowed_uids:
                     self.refused += 1
                     self.log.warning("%s: refused a Unix-socket client of uid %d (pid %d): not in the allowed user ids %s",
@@ -119,7 +120,7 @@ class UnixServer:
                     s.close()
                     continue
             s.setblocking(False)
-            c = _Conn(s, UnixIdent(UNIX_IDENT + _CONN.pack(next(self._ids) & 0xFFFFFFFF)), self.max_message)
+            c = _Conn(s, UnixIdent(UNIX_IDENT + _CONN.pack(next(self._ids) & 0xFFFFFFFF)), self.max_message, uid)
             self.conns[s.fileno()] = c
             self.by_ident[c.ident] = c
             self.ep.register(s.fileno(), select.EPOLLIN)
@@ -152,6 +153,11 @@ class UnixServer:
         head = P.pack_routing(0, -1, 0, b"", P.ErrorCode.MALFORMED)
         self.send(c.ident, [head, P.encode(P.ErrorReply(f"bad framing, connection closed: {exc}"))])
         self._close(c)
+
+    def uid_of(self, ident: bytes) -> int | None:
+        """The user id of the connection ``ident`` (None once it is gone)."""
+        c = self.by_ident.get(ident)
+        return c.uid if c is not None else None
 
     # --- writing ---------------------------------------------------------------------------
     def send(self, ident: bytes, frames) -> bool:

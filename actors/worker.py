@@ -8,6 +8,10 @@ Socket: a ROUTER bound at ``ipc://<ipc_dir>/worker-<id>.ipc``. Two kinds of peer
 - a client addressing the worker directly: ``[client_id, routing, header, body?]``; served only
   for partitions this worker already owns, otherwise NOT_OWNER.
 
+With ``--auth curve`` the router appends the principal it authenticated to ``assign`` (12 bytes,
+then the name), so quotas (broker/quota.py) count a client's bytes here whichever way they came;
+a reply over its principal's quota is held back (``held``) and says so in ``throttle_ms``.
+
 Durable acks wait for the flusher: the worker kicks it (rings its doorbell with ``KICK_DURABLE``,
 shm/doorbell.py) and releases the waiters when the flusher rings this worker's bell after a sync
 and the row's ``durable_offset`` covers them.
@@ -15,6 +19,7 @@ and the row's ``durable_offset`` covers them.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import queue
@@ -27,7 +32,7 @@ import msgspec
 import posix_ipc
 import zmq
 
-from tailrace.broker import acl, auth, datadir
+from tailrace.broker import acl, auth, datadir, quota
 from tailrace.broker.reply_port import ReplyPort
 from tailrace.broker.stats import Histogram, StatsFile, label_key
 from tailrace.client import protocol as P
@@ -171,6 +176,10 @@ class Worker:
         self.fetched: dict[int, list[int]] = {}  # slot -> [records, bytes] returned by fetches
         self.current_op = -1  # the op of the request being handled, for its duration
         self.adopted_new = False  # an actor was made here: tell the flusher (kick KICK_ADOPTED) to rescan its rows
+        self.principal: str | None = None  # with --auth curve: who sent the request being handled
+        self.throttle: quota.Throttle | None = None  # with --auth curve: the quotas (broker/quota.py)
+        self.held: list = []  # heap of (due ns, seq, reply frames): replies held back by a quota
+        self._held_seq = 0
 
     # --- dispatch ------------------------------------------------------------------------
     def count(self, op: int, code: int) -> None:
@@ -195,6 +204,7 @@ class Worker:
         try:
             self._handle(frames)
         finally:
+            self.principal = None
             op = self.current_op
             if op != P.Op.PING:
                 h = self.durations.get(op)
@@ -205,6 +215,9 @@ class Worker:
     def _handle(self, frames: list[bytes]) -> None:
         if frames[0] == P.ROUTER_IDENTITY and len(frames) >= 4:
             ident, assign, rest = frames[:2], frames[2], frames[3:]
+            if len(assign) > P.ASSIGN.size:  # the router's word for who the client is (see the top)
+                self.principal = bytes(assign[P.ASSIGN.size:]).decode("utf-8", "replace")
+                assign = assign[:P.ASSIGN.size]
         else:
             ident, assign, rest = frames[:1], None, frames[1:]
         try:
@@ -324,13 +337,19 @@ class Worker:
         self.totals[0] += count
         self.totals[1] += len(rest[2])
         self.unkicked_bytes += len(rest[2])
+        hold_ms = 0
+        if self.throttle is not None and message != "duplicate":  # a retry is not charged twice
+            hold_ms = self.throttle.charge(self.principal, quota.PRODUCE, len(rest[2]), time.monotonic())
         if req.acks == P.Acks.NONE:
-            self.count(P.Op.PRODUCE, P.ErrorCode.OK)  # stored; nobody is answered
+            self.count(P.Op.PRODUCE, P.ErrorCode.OK)  # stored; nobody is answered (nor held)
         elif req.acks == P.Acks.MEMORY:
-            reply(P.ErrorCode.OK, P.ProduceReply(base, count, t))
+            head = P.pack_routing(P.Op.PRODUCE, partition, _request_id(rest[0]), topic)
+            self.count(P.Op.PRODUCE, P.ErrorCode.OK)
+            self.send_after([*ident, head, P.encode(P.ProduceReply(base, count, t, hold_ms))], hold_ms)
         elif req.acks == P.Acks.DURABLE:
             head = P.pack_routing(P.Op.PRODUCE, partition, _request_id(rest[0]), topic)
-            actor.durable_waiters.append((base + count, [*ident, head, P.encode(P.ProduceReply(base, count, t))]))
+            due = time.monotonic_ns() + hold_ms * 1_000_000 if hold_ms else 0
+            actor.durable_waiters.append((base + count, [*ident, head, P.encode(P.ProduceReply(base, count, t, hold_ms))], due))
             self.waiting_slots.add(actor.slot)
             self.durable_added = True
 
@@ -341,27 +360,34 @@ class Worker:
         actor = self.actor_for(assign, topic, partition, reply)
         if actor is None:
             return
-        if not self.answer_fetch(actor, ident, rest[0], req, final=req.max_wait_ms == 0):
+        if not self.answer_fetch(actor, ident, rest[0], req, self.principal, final=req.max_wait_ms == 0):
             deadline = time.monotonic_ns() + min(req.max_wait_ms, 60_000) * 1_000_000
-            actor.parked.append((deadline, ident, rest[0], req))
+            actor.parked.append((deadline, ident, rest[0], req, self.principal))
             self.parked_slots.add(actor.slot)
 
-    def answer_fetch(self, actor: PartitionActor, ident, routing: bytes, req: P.FetchRequest, final: bool) -> bool:
+    def answer_fetch(self, actor: PartitionActor, ident, routing: bytes, req: P.FetchRequest, who: str | None,
+                     final: bool) -> bool:
         """Reply if there is data (or ``final``); return whether a reply was sent (or, for a
         read that needs the journal, will be sent by the reader thread's callback)."""
-        res = actor.read_cached(req.offset, req.max_bytes, req.max_records, req.isolation)
+        max_bytes = req.max_bytes
+        if self.throttle is not None and who is not None:  # over a fetch quota: read what keeps the hold short
+            allowed = self.throttle.allowance(who, quota.FETCH, time.monotonic())
+            if allowed is not None:
+                max_bytes = max(1, min(max_bytes, allowed))  # one batch still comes, whatever its size
+        res = actor.read_cached(req.offset, max_bytes, req.max_records, req.isolation)
         if isinstance(res, DiskRead):
             if self.reader is None:
                 res = actor._read_disk(res.offset, res.max_bytes, res.max_records, res.limit)
             else:
-                self.reader.submit(res, lambda r: self.send_fetch(actor, ident, routing, req, r))
+                self.reader.submit(res, lambda r: self.send_fetch(actor, ident, routing, req, r, who))
                 return True
         if res.code == P.ErrorCode.OK and not res.parts and not final:
             return False
-        self.send_fetch(actor, ident, routing, req, res)
+        self.send_fetch(actor, ident, routing, req, res, who)
         return True
 
-    def send_fetch(self, actor: PartitionActor, ident, routing: bytes, req: P.FetchRequest, res: FetchResult) -> None:
+    def send_fetch(self, actor: PartitionActor, ident, routing: bytes, req: P.FetchRequest, res: FetchResult,
+                   who: str | None) -> None:
         _v, op, _c, partition, request_id, topic = P.unpack_routing(routing)
         head = P.pack_routing(op, partition, request_id, topic, res.code)
         self.count(op, res.code)
@@ -374,14 +400,16 @@ class Worker:
         if res.code != P.ErrorCode.OK:
             self.port.send([*ident, head, P.encode(P.ErrorReply(f"fetch failed ({res.source})"))])
             return
+        body = res.parts[0] if len(res.parts) == 1 else b"".join(res.parts)
+        hold_ms = self.throttle.charge(who, quota.FETCH, len(body), time.monotonic()) if self.throttle is not None else 0
         info = P.FetchReply(
             high_watermark=int(row[COL["next_offset"]]),
             durable_watermark=int(row[COL["durable_offset"]]),
             log_start_offset=int(row[COL["log_start_offset"]]),
             next_offset=res.next_offset,
             source=res.source,
+            throttle_ms=hold_ms,
         )
-        body = res.parts[0] if len(res.parts) == 1 else b"".join(res.parts)
         records = max(0, res.next_offset - req.offset)
         self.totals[2] += records
         self.totals[3] += len(body)
@@ -390,7 +418,22 @@ class Worker:
             got = self.fetched[actor.slot] = [0, 0]
         got[0] += records
         got[1] += len(body)
-        self.port.send([*ident, head, P.encode(info), body])
+        self.send_after([*ident, head, P.encode(info), body], hold_ms)
+
+    def send_after(self, frames: list, hold_ms: int) -> None:
+        """Send a reply now, or ``hold_ms`` from now (a quota's throttle: ``release_held``)."""
+        if hold_ms <= 0:
+            self.port.send(frames)
+            return
+        self._held_seq += 1
+        heapq.heappush(self.held, (time.monotonic_ns() + hold_ms * 1_000_000, self._held_seq, frames))
+
+    def release_held(self, now_ns: int) -> int:
+        """Send the held replies that are due; ms until the next one (-1: none held)."""
+        held = self.held
+        while held and held[0][0] <= now_ns:
+            self.port.send(heapq.heappop(held)[2])
+        return max(1, (held[0][0] - now_ns) // 1_000_000) if held else -1
 
     def list_offsets(self, topic: bytes, reply) -> None:
         name = topic.decode("utf-8", "replace")
@@ -421,14 +464,19 @@ class Worker:
             failed = bool(row[COL["io_error"]])
             q = actor.durable_waiters
             while q and (q[0][0] <= durable or failed):
-                end, frames = q.popleft()
+                end, frames, due = q.popleft()
                 if end > durable:  # storage failed before this batch was synced
                     frames = frames[:-2] + [_with_code(frames[-2], P.ErrorCode.STORAGE_UNAVAILABLE),
                                             P.encode(P.ErrorReply("journal cannot be written; batch not durable"))]
                     self.count(P.Op.PRODUCE, P.ErrorCode.STORAGE_UNAVAILABLE)
+                    self.port.send(frames)
+                    continue
+                self.count(P.Op.PRODUCE, P.ErrorCode.OK)
+                if due:  # held by a quota: until ``due``, if the sync came sooner
+                    self._held_seq += 1
+                    heapq.heappush(self.held, (due, self._held_seq, frames))
                 else:
-                    self.count(P.Op.PRODUCE, P.ErrorCode.OK)
-                self.port.send(frames)
+                    self.port.send(frames)
             if not q:
                 done.append(slot)
         self.waiting_slots.difference_update(done)
@@ -448,10 +496,10 @@ class Worker:
             keep = []
             appended = slot in self.appended
             for item in actor.parked:
-                deadline, ident, routing, req = item
+                deadline, ident, routing, req, who = item
                 expired = now_ns >= deadline
                 has_new = appended if req.isolation == "memory" else synced
-                if (has_new or expired) and self.answer_fetch(actor, ident, routing, req, final=expired):
+                if (has_new or expired) and self.answer_fetch(actor, ident, routing, req, who, final=expired):
                     continue
                 keep.append(item)
                 ms = max(0, (deadline - now_ns) // 1_000_000)
@@ -539,6 +587,7 @@ class WorkerProcess:
         if s.auth == "curve":  # broker/auth.py: CURVE clients only, router commands from the router's key only
             self.guard = auth.Guard(ctx, s.data_dir, s.allow_dir, with_router=True)
             self.acls = acl.Acls(s.data_dir)  # broker/acl.py: direct clients' requests
+            worker.throttle = quota.Throttle(s.data_dir, s.instance, worker_id)  # broker/quota.py
         self.sock = sock = ctx.socket(zmq.ROUTER)
         if self.guard is not None:
             auth.make_server(sock, s.data_dir)
@@ -588,7 +637,7 @@ class WorkerProcess:
             else:
                 guard.drain(self.sock, self.handle_as, self.refuse, DRAIN_MAX)
         if self.unix_fd in events:
-            self.unix.service(worker.handle)
+            self.unix.service(worker.handle if guard is None else self.handle_local)
         if worker.appended:
             self.table.wake_readers(self.worker_id % layout.WAKE_FLUSHER)  # same-host ring readers (client/ring_reader.py)
         if self.reads in events:
@@ -602,6 +651,9 @@ class WorkerProcess:
         if worker.waiting_slots:
             worker.release_durable()
         next_ms = worker.service_parked(time.monotonic_ns(), synced) if worker.parked_slots else -1
+        if worker.held:
+            due_ms = worker.release_held(time.monotonic_ns())
+            next_ms = due_ms if next_ms < 0 else min(next_ms, due_ms) if due_ms >= 0 else next_ms
         worker.appended.clear()
         worker.durable_added = False
         if now - self.last_fence_check > 0.05:
@@ -610,6 +662,7 @@ class WorkerProcess:
         if guard is not None and now - self.last_allow_check > 0.5:
             guard.allow.refresh()
             self.acls.refresh()
+            worker.throttle.refresh()
             self.last_allow_check = now
         if worker.port.backlog:
             worker.port.flush()
@@ -629,16 +682,33 @@ class WorkerProcess:
             if principal != auth.ROUTER_PRINCIPAL:
                 self.refuse(frames)
                 return
-        elif self.acls.enabled and len(frames) > 1:  # a direct client: its rules, as the router checks them
-            try:
-                _v, op, _c, _p, _r, topic = P.unpack_routing(frames[1])
-            except struct.error:
-                op, topic = -1, b""
-            why = self.acls.refusal_for(principal, op, topic)
-            if why is not None:
-                self.worker.port.send(auth.refusal(frames[:1], frames[1], why))
-                return
+        elif not self.permitted(frames, principal):  # a direct client: its rules, as the router checks them
+            return
+        self.worker.principal = principal
         self.worker.handle(frames)
+
+    def handle_local(self, frames: list[bytes]) -> None:
+        """A request on the same-host Unix socket (--auth curve): its principal is its user's
+        (``unix:NAME``, from SO_PEERCRED at accept), under the same ACLs and quotas."""
+        uid = self.unix.uid_of(frames[0])
+        principal = quota.local_principal(uid) if uid is not None else "unix:?"
+        if self.permitted(frames, principal):
+            self.worker.principal = principal
+            self.worker.handle(frames)
+
+    def permitted(self, frames: list[bytes], principal: str) -> bool:
+        """Whether ``principal``'s ACL rules allow this client request (else NOT_AUTHORIZED sent)."""
+        if not self.acls.enabled or len(frames) < 2:
+            return True
+        try:
+            _v, op, _c, _p, _r, topic = P.unpack_routing(frames[1])
+        except struct.error:
+            return True  # answered MALFORMED by the worker
+        why = self.acls.refusal_for(principal, op, topic)
+        if why is None:
+            return True
+        self.worker.port.send(auth.refusal(frames[:1], frames[1], why))
+        return False
 
     def refuse(self, frames: list[bytes]) -> None:
         if frames[0] == P.ROUTER_IDENTITY and len(frames) >= 4:  # [router, client, assign, routing, ...]
@@ -651,19 +721,24 @@ class WorkerProcess:
         """Answer what is parked, give durable waiters a last chance, finish disk reads, close."""
         worker = self.worker
         worker.service_parked(1 << 62)
+        worker.release_held(1 << 62)  # throttled replies go now: the stop must not lose them
         deadline = time.monotonic() + 2.0
         while worker.waiting_slots and time.monotonic() < deadline:
             self.ringer.ring(self.flusher_bell, KICK_DURABLE)
             if self.bell.wait(0.05):
                 self.bell.drain()
             worker.release_durable()
+        worker.release_held(1 << 62)
         deadline = time.monotonic() + 2.0
         while worker.reader.pending and time.monotonic() < deadline:
             if self.reads.poll(50):
                 P.drain(self.reads, _ignore, DRAIN_MAX)
             worker.reader.finish()
         worker.reader.stop()
+        worker.release_held(1 << 62)
         worker.close()
+        if worker.throttle is not None:
+            worker.throttle.close()
         if self.unix is not None:
             self.unix.close()
         for sock in (self.sock, self.reads):

@@ -108,11 +108,7 @@ class Acls:
         self.refresh()
 
     def refresh(self) -> None:
-        try:
-            st = os.stat(self.path)
-            sig = (st.st_mtime_ns, st.st_size, st.st_ino)
-        except FileNotFoundError:
-            sig = None
+        sig = datadir.file_signature(self.path)
         if sig == self._seen:
             return
         try:

@@ -160,6 +160,16 @@ def journal_usage(data_dir) -> tuple[int, int]:
     return segments, total
 
 
+def file_signature(path) -> tuple[int, int, int] | None:
+    """What changes when a file is rewritten (``write_atomic`` makes a new inode), or None if
+    there is no file: processes re-read a rules file only when this changes."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
 def write_atomic(path, data: bytes, sync: bool = True) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves the old or the new content: write a
     temp file, fsync it, rename it over, fsync the directory (the rename is durable only then).

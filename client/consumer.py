@@ -78,6 +78,7 @@ class ConsumerCore:
         self._tail_slots = self._tail_pos = np.zeros(0, dtype=np.int64)
         self._fetching = False
         self._deferred: Exception | None = None  # see _take_or_defer
+        self.throttle_ms = 0  # total time the broker held fetch replies back: over the principal's quota
 
     pool = None
     routes = None
@@ -170,6 +171,7 @@ class ConsumerCore:
         r.raise_for_code()
         info = P.decoder(P.FetchReply).decode(r.header)
         self.last_reply[(a.topic, a.partition)] = info
+        self.throttle_ms += info.throttle_ms
         if r.body is not None and len(r.body):
             start = a.position
             a.position = info.next_offset

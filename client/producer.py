@@ -138,6 +138,7 @@ class ProducerCore:
         self.errors: list[TailraceError] = []
         self.acked_records = 0
         self.retries = 0
+        self.throttle_ms = 0  # total time the broker held acks back: over the principal's quota (Kafka's throttle time)
 
     # --- what the I/O side provides --------------------------------------------------------
     pool = None
@@ -301,8 +302,9 @@ class ProducerCore:
         self.routes.answered(b.topic, b.partition, r.via, r.code)
         if r.code == P.ErrorCode.OK:
             self.acked_records += b.count
+            rep = P.decoder(P.ProduceReply).decode(r.header)
+            self.throttle_ms += rep.throttle_ms
             if self.on_ack is not None or b.waiters:
-                rep = P.decoder(P.ProduceReply).decode(r.header)
                 if self.on_ack is not None:
                     self.on_ack(b.topic, b.partition, rep.base_offset, rep.record_count)
                 if b.waiters:

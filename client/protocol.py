@@ -139,6 +139,7 @@ class ProduceReply(msgspec.Struct):
     base_offset: int
     record_count: int
     append_time_us: int
+    throttle_ms: int = 0  # how long the broker held this reply back: the client is over its quota
 
 
 class FetchRequest(msgspec.Struct, omit_defaults=True):
@@ -155,6 +156,7 @@ class FetchReply(msgspec.Struct):
     log_start_offset: int
     next_offset: int  # where the next fetch should start
     source: str = ""  # "ring" or "disk" (diagnostic)
+    throttle_ms: int = 0  # how long the broker held this reply back: the client is over its quota
 
 
 class PartitionOffsets(msgspec.Struct):

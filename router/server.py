@@ -160,7 +160,9 @@ class Router(WorkerLiveness):
             worker, assign = route
             self.forwarded += 1
             self.told[(topic, partition)] = assign
-            P.send_frames(self.dealers[worker], [ident, assign, *frames[1:]])
+            # with --auth curve the owner hears who the client is (its quotas, broker/quota.py)
+            said = assign if self.principal is None else assign + self.principal.encode()
+            P.send_frames(self.dealers[worker], [ident, said, *frames[1:]])
             return
         try:
             if op == P.Op.CREATE_TOPIC:

@@ -15,6 +15,7 @@ import sys
 
 from tailrace import console
 from tailrace.broker import acl as acl_mod
+from tailrace.broker import quota as quota_mod
 from tailrace.broker import auth as auth_mod
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import stored_worker_count
@@ -246,6 +247,40 @@ def cmd_acl(args) -> int:
     return EXIT_OK
 
 
+def cmd_quota(args) -> int:
+    data_dir = _data_dir(args)
+    if args.quota_cmd == "list":
+        quotas = quota_mod.read_quotas(data_dir)
+        if args.json:
+            print_json([_struct(q) for q in quotas])
+        else:
+            rate = lambda n: f"{n:,} B/s" if n else "unlimited"  # noqa: E731
+            print_table(["principal", "producer_byte_rate", "consumer_byte_rate"],
+                        [[q.principal + (" (default)" if q.principal == quota_mod.DEFAULT else ""),
+                          rate(q.producer_byte_rate), rate(q.consumer_byte_rate)] for q in quotas],
+                        title=f"{len(quotas)} quotas")
+        return EXIT_OK
+    if args.quota_cmd == "remove":
+        gone = quota_mod.remove_quota(data_dir, args.principal)
+        print(f"{'removed' if gone else 'no quota for'} {args.principal}", file=sys.stderr)
+        return EXIT_OK
+    if args.producer_byte_rate is None and args.consumer_byte_rate is None:
+        print("tailrace quota set: give --producer-byte-rate and/or --consumer-byte-rate", file=sys.stderr)
+        return EXIT_USAGE
+    old = next((q for q in quota_mod.read_quotas(data_dir) if q.principal == args.principal), None)
+    try:
+        new = quota_mod.Quota(args.principal,
+                              args.producer_byte_rate if args.producer_byte_rate is not None else (old.producer_byte_rate if old else 0),
+                              args.consumer_byte_rate if args.consumer_byte_rate is not None else (old.consumer_byte_rate if old else 0))
+        quota_mod.set_quota(data_dir, new)
+    except ValueError as exc:
+        print(f"tailrace quota: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"{new.principal}: produce {new.producer_byte_rate or 'unlimited'} B/s, fetch {new.consumer_byte_rate or 'unlimited'} B/s"
+          " (the broker applies it within a second)", file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_top(args) -> int:
     from tailrace import top
 
@@ -424,6 +459,21 @@ def build_parser() -> argparse.ArgumentParser:
     al.add_argument("--data-dir", default=None, help="the broker's data directory (default ./data)")
     al.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ac.set_defaults(func=cmd_acl)
+
+    qu = command(sub, "quota", "produce and fetch bytes per second per principal, with --auth curve (broker/quota.py); "
+                              "edits <data-dir>/auth/quotas.json")
+    qsub = qu.add_subparsers(dest="quota_cmd", required=True, metavar="SUBCOMMAND")
+    qs = command(qsub, "set", "set a principal's rates (* = every principal without its own; 0 = unlimited)")
+    qs.add_argument("principal", help="a key's name in the allow-list, unix:USER for same-host clients, or * for the default")
+    qs.add_argument("--producer-byte-rate", type=int, default=None, metavar="BYTES_PER_S", help="produce bytes per second")
+    qs.add_argument("--consumer-byte-rate", type=int, default=None, metavar="BYTES_PER_S", help="fetch bytes per second")
+    qr = command(qsub, "remove", "remove a principal's quota")
+    qr.add_argument("principal")
+    ql = command(qsub, "list", "the quotas")
+    ql.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    for p in (qs, qr, ql):
+        p.add_argument("--data-dir", default=None, help="the broker's data directory (default ./data)")
+    qu.set_defaults(func=cmd_quota)
 
     ky = command(sub, "keys", "CurveZMQ key pairs for clients of a broker with --auth curve")
     ksub = ky.add_subparsers(dest="keys_cmd", required=True, metavar="SUBCOMMAND")

@@ -325,3 +325,118 @@ def test_acl_matrix_every_operation_allowed_and_denied_changes_nothing_when_deni
     time.sleep(1.5)
     with Admin(b.bootstrap, **bob) as bb:
         denied(lambda: bb.describe_topic("a-shared"))
+
+
+def _principal(b, tmp_path, name: str) -> dict:
+    """Another allowed principal of ``secured``: its client options."""
+    generate_keys(str(tmp_path / name), name)
+    shutil.copy(tmp_path / name / f"{name}.key", default_allow_dir(str(b.data_dir)))
+    return {**b.alice, "key_file": str(tmp_path / name / f"{name}.key_secret")}
+
+
+QUOTA_BPS = 1_000_000
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["through-router", "straight-to-workers"])
+def test_a_producer_over_its_quota_is_slowed_to_it_and_others_are_not(secured, tmp_path, direct):
+    """slow's quota is 1 MB/s; it offers as much as it can (2 MB unacked at any time, far over
+    10x its quota) to 4 partitions on 2 workers, beside alice (no quota) producing too. slow's acked bytes over the run stay within
+    1.1x of its quota, its acks say they were held (throttle_ms), nothing is refused or lost,
+    and alice is never held. (The throughput comparison is bench/probes/quota.py's.)"""
+    b = secured
+    slow = _principal(b, tmp_path, "slow")
+    _tailrace("quota", "set", "slow", "--producer-byte-rate", str(QUOTA_BPS), "--data-dir", str(b.data_dir))
+    with Admin(b.bootstrap, **b.alice) as a:
+        a.create_topic("q", 4)
+    time.sleep(1.5)  # the workers re-read quotas.json every half second
+    value = b"v" * 1000
+    run_s = 4.0
+    with Producer(b.bootstrap, acks="memory", linger_ms=1, batch_records=32, direct=direct, **slow) as ps, \
+            Producer(b.bootstrap, acks="memory", linger_ms=1, batch_records=32, direct=direct, **b.alice) as pa:
+        start = time.monotonic()
+        sent = {id(ps): 0, id(pa): 0}
+        while time.monotonic() - start < run_s:
+            for p in (ps, pa):  # each keeps up to 2 MB unacked, as a producer's buffer would
+                if sent[id(p)] - p.acked_records < 2000:
+                    for _ in range(64):
+                        p.send("q", value)
+                    sent[id(p)] += 64
+                p.poll(1)
+        slow_acked_in_run = ps.acked_records
+        assert ps.flush(30_000) == sent[id(ps)] and pa.flush(30_000) == sent[id(pa)]
+        assert not ps.errors and not pa.errors
+        ratio = slow_acked_in_run * len(value) / (QUOTA_BPS * run_s)
+        print(f"slow: {ratio:.3f}x its quota, held {ps.throttle_ms} ms; alice {pa.acked_records} records")
+        assert 0.5 < ratio <= 1.1, f"slow got {ratio:.2f}x its quota"
+        assert ps.throttle_ms > 0 and pa.throttle_ms == 0
+        assert pa.acked_records > 2 * slow_acked_in_run  # alice was not held to slow's rate
+    with Admin(b.bootstrap, **b.alice) as a:  # everything sent was stored
+        assert sum(o.high_watermark for o in a.list_offsets("q")) == sum(sent.values())
+
+
+def test_a_consumer_over_its_fetch_quota_is_slowed_to_it(secured, tmp_path):
+    """A fetch quota holds replies back, and caps what a fetch reads so a hold stays short: a
+    consumer with default fetch sizes reads a full topic at its quota, and then everything."""
+    b = secured
+    reader = _principal(b, tmp_path, "reader")
+    _tailrace("quota", "set", "reader", "--consumer-byte-rate", str(QUOTA_BPS), "--data-dir", str(b.data_dir))
+    with Admin(b.bootstrap, **b.alice) as a:
+        a.create_topic("qf", 2)
+    value = b"f" * 1000
+    with Producer(b.bootstrap, acks="durable", linger_ms=5, **b.alice) as p:
+        for _ in range(8000):
+            p.send("qf", value)
+        assert p.flush(30_000) == 8000
+    time.sleep(1.0)
+    with Consumer(b.bootstrap, max_wait_ms=100, **reader) as c:
+        c.assign("qf", start="earliest")
+        got, start = 0, time.monotonic()
+        while time.monotonic() - start < 3.0:
+            got += len(c.poll(100))
+        ratio = got * len(value) / (QUOTA_BPS * (time.monotonic() - start))
+        print(f"reader: {ratio:.3f}x its quota, held {c.throttle_ms} ms")
+        assert 0.5 < ratio <= 1.1, f"reader got {ratio:.2f}x its quota"
+        assert c.throttle_ms > 0
+        deadline = time.monotonic() + 30
+        while got < 8000 and time.monotonic() < deadline:
+            got += len(c.poll(200))
+        assert got == 8000
+    with Consumer(b.bootstrap, max_wait_ms=100, **b.alice) as c:  # alice has no quota
+        c.assign("qf", start="earliest")
+        n, start = 0, time.monotonic()
+        while n < 8000 and time.monotonic() - start < 10:
+            n += len(c.poll(100))
+        assert n == 8000 and c.throttle_ms == 0
+
+
+def test_same_host_clients_are_under_the_acls_and_quotas_as_unix_user(secured):
+    """On the same-host Unix socket a client's principal is its user's (``unix:NAME``, from
+    SO_PEERCRED), whatever key it holds for ZeroMQ: ACL rules and quotas apply to that name."""
+    import pwd
+
+    b = secured
+    me = f"unix:{pwd.getpwuid(os.geteuid()).pw_name}"
+    with Admin(b.bootstrap, **b.alice) as a, Producer(b.bootstrap, linger_ms=0, **b.alice) as p:
+        a.create_topic("local", 1)
+        p.send("local", b"first")  # through the router: the owner adopts the partition (same-host
+        assert p.flush() == 1      # clients go to an owner's Unix socket from then on)
+    _acl(b, "add", "alice", "--topic", "*", "--ops", "describe,admin")  # alice: metadata only
+    time.sleep(1.5)
+    with Producer(b.bootstrap, acks="durable", linger_ms=0, same_host=True, **b.alice) as p:
+        p.routes.describe("local")
+        assert p.routes.endpoint("local", 0).startswith("unix")  # the Unix socket, not ZeroMQ
+        p.send("local", b"no rule for the local user")
+        with pytest.raises(NotAuthorizedError, match=me):
+            p.flush(10_000)
+    with Admin(b.bootstrap, **b.alice) as a:
+        assert a.list_offsets("local")[0].high_watermark == 1
+    _acl(b, "add", me, "--topic", "local", "--ops", "produce")
+    _tailrace("quota", "set", me, "--producer-byte-rate", "100000", "--data-dir", str(b.data_dir))
+    time.sleep(1.5)
+    with Producer(b.bootstrap, acks="durable", linger_ms=0, batch_records=10, same_host=True, **b.alice) as p:
+        for _ in range(100):
+            p.send("local", b"x" * 1000)
+        assert p.flush(30_000) == 100
+        assert p.throttle_ms > 0  # 100 kB at 100 kB/s: held, over the Unix socket
+    with Admin(b.bootstrap, **b.alice) as a:
+        assert a.list_offsets("local")[0].high_watermark == 101
