@@ -45,6 +45,9 @@ from tailrace.shm.doorbell import KICK_ADOPTED, KICK_DATA, KICK_DURABLE, Doorbel
 from tailrace.shm.layout import COL
 from tailrace.shm.ring import ControlTable, LayoutMismatch
 from tailrace.persistence.index import IndexFile
+from tailrace.persistence.timesearch import first_at_or_after
+from tailrace.client.records import iter_batches
+from tailrace.client.ring_reader import SharedRings, TailStatus
 from tailrace.persistence.journal import JournalReader
 from tailrace.persistence.recovery import data_dir_id
 
@@ -131,6 +134,7 @@ class DiskReader(threading.Thread):
 
 _produce_dec = P.decoder(P.ProduceRequest)
 _fetch_dec = P.decoder(P.FetchRequest)
+_list_offsets_dec = P.decoder(P.ListOffsetsRequest)
 # op -> request frames (routing header included) of the ops a worker serves; the router's
 # metadata ops are UNKNOWN_OP here (PROTOCOL.md, 3).
 SERVED_FRAMES = {op: P.REQUEST_FRAMES[op] for op in (P.Op.PRODUCE, P.Op.FETCH, P.Op.LIST_OFFSETS, P.Op.PING, P.Op.ADOPT)}
@@ -180,6 +184,7 @@ class Worker:
         self.throttle: quota.Throttle | None = None  # with --auth curve: the quotas (broker/quota.py)
         self.held: list = []  # heap of (due ns, seq, reply frames): replies held back by a quota
         self._held_seq = 0
+        self.shared_rings: SharedRings | None = None  # read-only ring views for seek by time (offset_for_time)
 
     # --- dispatch ------------------------------------------------------------------------
     def count(self, op: int, code: int) -> None:
@@ -249,7 +254,7 @@ class Worker:
             elif op == P.Op.FETCH:
                 self.fetch(ident, assign, topic, partition, rest, reply)
             elif op == P.Op.LIST_OFFSETS:
-                self.list_offsets(topic, reply)
+                self.list_offsets(topic, rest[1], reply)
             elif op == P.Op.PING:
                 held = {slot: len(a.parked) + len(a.durable_waiters) for slot, a in self.actors.items()
                         if a.parked or a.durable_waiters}
@@ -435,7 +440,8 @@ class Worker:
             self.port.send(heapq.heappop(held)[2])
         return max(1, (held[0][0] - now_ns) // 1_000_000) if held else -1
 
-    def list_offsets(self, topic: bytes, reply) -> None:
+    def list_offsets(self, topic: bytes, header: bytes, reply) -> None:
+        ts_ms = _list_offsets_dec.decode(header).timestamp_ms
         name = topic.decode("utf-8", "replace")
         entry = self.catalog.get(name)
         if entry is None:
@@ -447,9 +453,47 @@ class Worker:
         parts = []
         for p, slot in enumerate(entry.slots):
             r = rows[slot]
-            parts.append(P.PartitionOffsets(p, int(r[COL["log_start_offset"]]), int(r[COL["next_offset"]]), int(r[COL["durable_offset"]]),
-                                            int(r[COL["write_position"]] - r[COL["flushed_position"]]), int(r[COL["write_position"]])))
+            po = P.PartitionOffsets(p, int(r[COL["log_start_offset"]]), int(r[COL["next_offset"]]), int(r[COL["durable_offset"]]),
+                                    int(r[COL["write_position"]] - r[COL["flushed_position"]]), int(r[COL["write_position"]]))
+            if ts_ms >= 0:
+                found = self.offset_for_time(entry.topic_id, p, slot, ts_ms * 1000)
+                if found is not None:
+                    po.time_offset, po.time_timestamp_ms = found[0], found[1] // 1000
+            parts.append(po)
         reply(P.ErrorCode.OK, P.ListOffsetsReply(name, parts))
+
+    def offset_for_time(self, topic_id: int, partition: int, slot: int, t_us: int) -> tuple[int, int] | None:
+        """The first batch of the partition appended at or after ``t_us``: (its first offset,
+        its append time us), or None if all are older. The indexed part by binary search over
+        the dense index and the journal (persistence/timesearch.py), the rest from the ring."""
+        row = self.table.rows[slot]
+        lo, flushed, hi = int(row[COL["log_start_offset"]]), int(row[COL["flushed_offset"]]), int(row[COL["next_offset"]])
+        flushed = max(lo, min(flushed, hi))
+        if flushed > lo:
+            index = IndexFile(self.s.data_dir, slot)
+            try:
+                found = first_at_or_after(index, self.journal, lo, flushed, t_us)
+            finally:
+                index.close()
+            if found is not None:
+                return found
+        if hi <= flushed:
+            return None
+        # not indexed yet: the ring's batches from ``flushed`` (a few, the flusher keeps up)
+        if self.shared_rings is None:
+            self.shared_rings = SharedRings(self.s.instance, 0)
+        tail = self.shared_rings.partition(slot, topic_id, partition)
+        start = flushed
+        while start < hi:
+            got = tail.read(start, 4 << 20, 1 << 20)
+            if got.status != TailStatus.DATA:
+                raise OSError(f"partition slot {slot}: offsets {start}-{hi} not readable from its ring ({got.status.name})")
+            views = iter_batches(got.body)
+            for v in views:  # one step per batch, on an admin request
+                if v.append_time_us >= t_us:
+                    return max(v.base_offset, flushed), v.append_time_us
+            start = got.next_offset
+        return None
 
     # --- after each turn -----------------------------------------------------------------
     def release_durable(self) -> None:
@@ -521,6 +565,8 @@ class Worker:
         for actor in self.actors.values():
             actor.close()
         self.journal.close()
+        if self.shared_rings is not None:
+            self.shared_rings.close()
 
 
 def _ignore(_frames) -> None:

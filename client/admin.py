@@ -44,8 +44,9 @@ class AdminCalls:
         return Call(P.Op.DESCRIBE_TOPIC, name, -1, P.EMPTY_MAP, lambda r: P.decoder(P.DescribeReply).decode(r.header))
 
     @staticmethod
-    def list_offsets(name: str) -> Call:
-        return Call(P.Op.LIST_OFFSETS, name, -1, P.EMPTY_MAP,
+    def list_offsets(name: str, timestamp_ms: int | None = None) -> Call:
+        header = P.EMPTY_MAP if timestamp_ms is None else P.encode(P.ListOffsetsRequest(int(timestamp_ms)))
+        return Call(P.Op.LIST_OFFSETS, name, -1, header,
                     lambda r: P.decoder(P.ListOffsetsReply).decode(r.header).partitions)
 
     @staticmethod
@@ -75,9 +76,11 @@ class Admin:
     def describe_topic(self, name: str) -> P.DescribeReply:
         return self._call(AdminCalls.describe_topic(name))
 
-    def list_offsets(self, name: str) -> list[P.PartitionOffsets]:
-        """Log start, high watermark and durable watermark of every partition, one round trip."""
-        return self._call(AdminCalls.list_offsets(name))
+    def list_offsets(self, name: str, timestamp_ms: int | None = None) -> list[P.PartitionOffsets]:
+        """Log start, high watermark and durable watermark of every partition, one round trip.
+        With ``timestamp_ms`` (ms since the epoch, >= 0) each partition's ``time_offset`` is
+        the earliest offset appended at or after it (-1: none is)."""
+        return self._call(AdminCalls.list_offsets(name, timestamp_ms))
 
     def status(self) -> dict:
         return self._call(AdminCalls.status())

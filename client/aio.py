@@ -45,7 +45,7 @@ from .admin import AdminCalls, Call
 from .connection import (CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, HANDSHAKE_EVENTS, Reply, handshake_refused, parse_bootstrap,
                          parse_reply, request_frames)
 from .security import CurveKeys, curve_keys
-from .consumer import EARLIEST, ConsumerCore, Record
+from .consumer import EARLIEST, ConsumerCore, OffsetAndTimestamp, Record, found_times, times_by_topic
 from .errors import BootstrapError, BrokerUnavailableError, TimeoutError_
 from .producer import TIMEOUT_SCAN_S, Ack, ProducerCore
 from .records import Columns
@@ -649,9 +649,22 @@ class AsyncConsumer(ConsumerCore):
         if self._arrived is not None:
             self._arrived.set()
 
-    async def list_offsets(self, topic: str) -> list[P.PartitionOffsets]:
-        c = AdminCalls.list_offsets(topic)
+    async def list_offsets(self, topic: str, timestamp_ms: int | None = None) -> list[P.PartitionOffsets]:
+        c = AdminCalls.list_offsets(topic, timestamp_ms)
         return c.parse(await self.pool.request(c.op, c.topic, c.partition, c.header))
+
+    async def offsets_for_times(self, timestamps: dict[tuple[str, int], int]) -> dict[tuple[str, int], OffsetAndTimestamp | None]:
+        """As ``Consumer.offsets_for_times``."""
+        out = {}
+        for (topic, ts), parts in times_by_topic(timestamps).items():
+            out.update(found_times(topic, await self.list_offsets(topic, ts), parts))
+        return out
+
+    async def seek_to_time(self, topic: str, timestamp_ms: int, partitions: Iterable[int] | None = None) -> dict[int, int]:
+        """As ``Consumer.seek_to_time``."""
+        if int(timestamp_ms) < 0:
+            raise InvalidRequestError(f"timestamp {timestamp_ms}: milliseconds since the epoch, >= 0")
+        return self._seek_times(topic, await self.list_offsets(topic, timestamp_ms), partitions)
 
     async def assign(self, topic: str, partitions: Iterable[int] | None = None, start: str | int = EARLIEST) -> None:
         self._assign_from(topic, await self.list_offsets(topic), partitions, start)
@@ -723,8 +736,8 @@ class AsyncAdmin:
     async def describe_topic(self, name: str) -> P.DescribeReply:
         return await self._call(AdminCalls.describe_topic(name))
 
-    async def list_offsets(self, name: str) -> list[P.PartitionOffsets]:
-        return await self._call(AdminCalls.list_offsets(name))
+    async def list_offsets(self, name: str, timestamp_ms: int | None = None) -> list[P.PartitionOffsets]:
+        return await self._call(AdminCalls.list_offsets(name, timestamp_ms))
 
     async def status(self) -> dict:
         return await self._call(AdminCalls.status())

@@ -35,6 +35,34 @@ RING_RECHECK_S = 1.0  # how often a ring reader checks that its mappings are cur
 log = logging.getLogger("tailrace.consumer")
 
 
+class OffsetAndTimestamp(NamedTuple):
+    """Where a time falls in a partition (Kafka's): the earliest offset appended at or after
+    it, and that record's append time."""
+    offset: int
+    timestamp_ms: int
+
+
+def times_by_topic(timestamps: dict[tuple[str, int], int]) -> dict[tuple[str, int], list[int]]:
+    """{(topic, partition): ms} grouped into one LIST_OFFSETS per (topic, ms): the partitions."""
+    out: dict[tuple[str, int], list[int]] = {}
+    for (topic, partition), ts in timestamps.items():
+        if int(ts) < 0:
+            raise InvalidRequestError(f"timestamp {ts} for {topic}/{partition}: milliseconds since the epoch, >= 0")
+        out.setdefault((topic, int(ts)), []).append(partition)
+    return out
+
+
+def found_times(topic: str, offsets: list[P.PartitionOffsets], partitions) -> dict[tuple[str, int], OffsetAndTimestamp | None]:
+    by = {po.partition: po for po in offsets}
+    out = {}
+    for p in partitions:
+        po = by.get(p)
+        if po is None:
+            raise UnknownPartitionError(f"topic {topic!r} has partitions 0-{len(by) - 1}; no partition {p}")
+        out[(topic, p)] = OffsetAndTimestamp(po.time_offset, po.time_timestamp_ms) if po.time_offset >= 0 else None
+    return out
+
+
 class Record(NamedTuple):
     topic: str
     partition: int
@@ -115,6 +143,21 @@ class ConsumerCore:
 
     def position(self, topic: str, partition: int) -> int:
         return self.assigned[(topic, partition)].position
+
+    def _seek_times(self, topic: str, offsets: list[P.PartitionOffsets], partitions: Iterable[int] | None) -> dict[int, int]:
+        """Seek assigned partitions of ``topic`` to the offsets a LIST_OFFSETS by time found; a
+        partition where every record is older goes to its end (what comes next)."""
+        parts = sorted(p for t, p in self.assigned if t == topic) if partitions is None else list(partitions)
+        by = {po.partition: po for po in offsets}
+        moved = {}
+        for p in parts:
+            if (topic, p) not in self.assigned:
+                raise UnknownPartitionError(f"{topic}/{p} is not assigned to this consumer")
+            po = by[p]
+            end = po.durable_watermark if self.isolation == "durable" else po.high_watermark
+            moved[p] = po.time_offset if po.time_offset >= 0 else end
+            self.seek(topic, p, moved[p])
+        return moved
 
     def _send_fetches(self, max_wait_ms: int, fetch_only: bool = False) -> None:
         now = time.monotonic()
@@ -232,9 +275,27 @@ class Consumer(ConsumerCore):
     def _route(self, topic: str, partition: int) -> str | None:
         return self.routes.endpoint(topic, partition)
 
-    def list_offsets(self, topic: str) -> list[P.PartitionOffsets]:
-        r = self.conn.request(P.Op.LIST_OFFSETS, topic)
+    def list_offsets(self, topic: str, timestamp_ms: int | None = None) -> list[P.PartitionOffsets]:
+        header = P.EMPTY_MAP if timestamp_ms is None else P.encode(P.ListOffsetsRequest(int(timestamp_ms)))
+        r = self.conn.request(P.Op.LIST_OFFSETS, topic, header=header)
         return P.decoder(P.ListOffsetsReply).decode(r.header).partitions
+
+    def offsets_for_times(self, timestamps: dict[tuple[str, int], int]) -> dict[tuple[str, int], OffsetAndTimestamp | None]:
+        """Kafka's ``offsetsForTimes``: for each ``(topic, partition): ms since the epoch``, the
+        earliest offset whose record was appended (broker time) at or after it, with that time;
+        None where every record is older. One round trip per topic and time, O(log n) reads."""
+        out = {}
+        for (topic, ts), parts in times_by_topic(timestamps).items():
+            out.update(found_times(topic, self.list_offsets(topic, ts), parts))
+        return out
+
+    def seek_to_time(self, topic: str, timestamp_ms: int, partitions: Iterable[int] | None = None) -> dict[int, int]:
+        """Move the assigned partitions of ``topic`` (or ``partitions``) to the first record
+        appended at or after ``timestamp_ms``; where every record is older, to the end. Returns
+        {partition: new position}."""
+        if int(timestamp_ms) < 0:
+            raise InvalidRequestError(f"timestamp {timestamp_ms}: milliseconds since the epoch, >= 0")
+        return self._seek_times(topic, self.list_offsets(topic, timestamp_ms), partitions)
 
     def assign(self, topic: str, partitions: Iterable[int] | None = None, start: str | int = EARLIEST) -> None:
         self._assign_from(topic, self.list_offsets(topic), partitions, start)

@@ -159,6 +159,10 @@ class FetchReply(msgspec.Struct):
     throttle_ms: int = 0  # how long the broker held this reply back: the client is over its quota
 
 
+class ListOffsetsRequest(msgspec.Struct, omit_defaults=True):
+    timestamp_ms: int = -1  # >= 0: also find each partition's first offset appended at or after it
+
+
 class PartitionOffsets(msgspec.Struct):
     partition: int
     log_start_offset: int
@@ -166,6 +170,10 @@ class PartitionOffsets(msgspec.Struct):
     durable_watermark: int
     ring_unflushed_bytes: int = 0  # bytes in the ring not yet written to the journal (what backpressure counts)
     appended_bytes: int = 0  # bytes appended to the ring since the broker's last full start
+    # with ListOffsetsRequest.timestamp_ms: the earliest offset whose batch was appended at or
+    # after it and that append time (-1, -1: every record is older; Kafka's offsetsForTimes null)
+    time_offset: int = -1
+    time_timestamp_ms: int = -1
 
 
 class ListOffsetsReply(msgspec.Struct):

@@ -85,7 +85,7 @@ class Router(WorkerLiveness):
         self.generation = next_generation(s.data_dir)
         self._epoch_counter = 0
         self.routes: dict[tuple[bytes, int], tuple[int, bytes]] = {}  # (topic, partition) -> (worker, assign frame)
-        # internal request id -> [client id, routing, topic, worker asked, when, tries]: offsets
+        # internal request id -> [client id, routing, topic, worker asked, when, tries, header]: offsets
         # questions on their way to a worker, asked again while unanswered (ask_again)
         self.pending: dict[int, list] = {}
         self._internal_id = 0
@@ -173,7 +173,8 @@ class Router(WorkerLiveness):
                     topics = [t for t in topics if self.acls.allows(self.principal, "describe", t.name)]
                 reply(P.ErrorCode.OK, P.ListTopicsReply([_info(t) for t in topics]))
             elif op == P.Op.DESCRIBE_TOPIC or op == P.Op.LIST_OFFSETS:
-                self.ask_offsets(ident, routing, topic, op, reply)
+                header = frames[2] if op == P.Op.LIST_OFFSETS and len(frames) > 2 else P.EMPTY_MAP
+                self.ask_offsets(ident, routing, topic, header, reply)
             elif op == P.Op.STATUS:
                 reply(P.ErrorCode.OK, self.status())
             else:  # SET_WORKERS: ACCEPTED_FRAMES let no other op through
@@ -241,7 +242,7 @@ class Router(WorkerLiveness):
         self._place_topic(name)
         reply(P.ErrorCode.OK, _info(entry))
 
-    def ask_offsets(self, ident, routing, topic, op, reply) -> None:
+    def ask_offsets(self, ident, routing, topic, header, reply) -> None:
         """Offsets live in shared memory, which workers read: ask one, merge owners in."""
         name = topic.decode("utf-8", "replace")
         if self.catalog.get(name) is None:
@@ -251,8 +252,8 @@ class Router(WorkerLiveness):
         self._internal_id += 1
         rid = self._internal_id
         worker = self._offsets_worker(topic, None)
-        self.pending[rid] = [ident, routing, name, worker, time.monotonic(), 1]
-        self._send_ask(rid, worker, topic)
+        self.pending[rid] = [ident, routing, name, worker, time.monotonic(), 1, header]
+        self._send_ask(rid, worker, topic, header)
 
     def _offsets_worker(self, topic: bytes, avoid: int | None) -> int:
         """Any worker reads offsets from shared memory: the owner of partition 0 if it answers
@@ -271,8 +272,8 @@ class Router(WorkerLiveness):
             return others[0]
         return owner if owner in self.dealers else min(self.dealers)
 
-    def _send_ask(self, rid: int, worker: int, topic: bytes) -> None:
-        P.send_frames(self.dealers[worker], [b"", b"\0" * P.ASSIGN.size, P.pack_routing(P.Op.LIST_OFFSETS, -1, rid, topic), P.EMPTY_MAP])
+    def _send_ask(self, rid: int, worker: int, topic: bytes, header: bytes) -> None:
+        P.send_frames(self.dealers[worker], [b"", b"\0" * P.ASSIGN.size, P.pack_routing(P.Op.LIST_OFFSETS, -1, rid, topic), header])
 
     def ask_again(self) -> None:
         """Offsets questions a worker did not answer: its process may have died with the question
@@ -280,7 +281,7 @@ class Router(WorkerLiveness):
         nothing, so ask again, elsewhere if possible; after ASK_TRIES tell the client NOT_READY."""
         now = time.monotonic()
         for rid, ask in list(self.pending.items()):
-            ident, routing, name, worker, sent, tries = ask
+            ident, routing, name, worker, sent, tries, header = ask
             if now - sent < ASK_RETRY_S:
                 continue
             _v, op, _c, partition, request_id, topic = P.unpack_routing(routing)
@@ -291,8 +292,8 @@ class Router(WorkerLiveness):
                 continue
             w = self._offsets_worker(topic, worker)
             log.warning("offsets of topic %r unanswered by worker %d for %.1f s: asking worker %d", name, worker, now - sent, w)
-            ask[3:] = [w, now, tries + 1]
-            self._send_ask(rid, w, topic)
+            ask[3:6] = [w, now, tries + 1]
+            self._send_ask(rid, w, topic, header)
 
     def on_worker_reply(self, frames: list[bytes]) -> None:
         """A reply from a worker: to its client as it is, or to the router itself (empty id)."""

@@ -20,7 +20,7 @@ from typing import Iterable, NamedTuple
 from tailrace.client.protocol import PartitionOffsets
 
 from .errors import DataLossError, OptionError
-from .options import EARLIEST, LATEST, SPECIAL, OffsetSpec
+from .options import EARLIEST, LATEST, SPECIAL, OffsetSpec, TimeSpec
 
 log = logging.getLogger("tailrace.spark")
 
@@ -66,6 +66,41 @@ def resolve(spec: OffsetSpec, default: int, logs: Logs, isolation: str, name: st
                 out[(topic, po.partition)] = watermark(po, isolation)
             else:
                 out[(topic, po.partition)] = code
+    return out
+
+
+def resolve_times(spec: TimeSpec, lookup, default: int, logs: Logs, isolation: str, name: str,
+                  missing: str) -> Positions:
+    """Positions for every partition of ``logs`` by time (Spark's Kafka source semantics).
+
+    ``lookup(topic, ms)`` is the broker's LIST_OFFSETS by timestamp (one per topic and time). A
+    partition the spec gives a time starts at the earliest offset appended at or after it (never
+    past the ``isolation`` watermark); where every record is older, ``missing`` decides: "latest"
+    (the watermark) or "error" (OptionError). A partition a JSON spec leaves out takes ``default``.
+    """
+    out: Positions = {}
+    for topic, parts in logs.items():
+        if isinstance(spec, int):
+            want = {po.partition: spec for po in parts}
+        else:
+            want = spec.get(topic, {})
+            unknown = sorted(set(want) - {po.partition for po in parts})
+            if unknown:
+                raise OptionError(f"option {name} names partitions topic {topic!r} does not have: "
+                                  f"partitions={unknown} topic has {len(parts)}")
+        found = {ts: {po.partition: po for po in lookup(topic, ts)} for ts in set(want.values())}
+        for po in parts:
+            key = (topic, po.partition)
+            if po.partition not in want:
+                out[key] = po.log_start_offset if default == EARLIEST else watermark(po, isolation)
+                continue
+            ts = want[po.partition]
+            at = found[ts][po.partition].time_offset
+            if at < 0 and missing == "error":
+                raise OptionError(f"option {name}: topic {topic!r} partition {po.partition} has no record appended at "
+                                  f"or after {ts} ms (set startingOffsetsByTimestampStrategy=latest to start at its end)")
+            end = watermark(po, isolation)
+            out[key] = end if at < 0 else max(po.log_start_offset, min(at, end))
     return out
 
 

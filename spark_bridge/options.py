@@ -8,6 +8,14 @@ Offsets options take ``earliest``, ``latest`` or Kafka's JSON shape, one map per
 partition (a string) to offset: ``{"events": {"0": 23, "1": -2}}`` where -2 means earliest and
 -1 latest. A partition the map leaves out takes the option's default (Kafka insists on every
 partition; we do not).
+
+By time, as Spark's Kafka source: ``startingTimestamp`` / ``endingTimestamp`` (ms since the
+epoch, every partition) take precedence over ``startingOffsetsByTimestamp`` /
+``endingOffsetsByTimestamp`` (``{"events": {"0": 1700000000000}}``), which take precedence over
+``startingOffsets`` / ``endingOffsets``. A partition starts at the earliest offset appended at or
+after its time; where every record is older, ``startingOffsetsByTimestampStrategy`` says what
+happens (``error``, the default: the query fails; ``latest``: it starts at the end), and an
+ending time with no such record ends at the latest offset.
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ SPECIAL = {"earliest": EARLIEST, "latest": LATEST}
 
 # "earliest", "latest", or {topic: {partition: offset or EARLIEST or LATEST}}
 OffsetSpec = Union[str, dict[str, dict[int, int]]]
+# one time (ms since the epoch) for every partition, or {topic: {partition: ms}}
+TimeSpec = Union[int, dict[str, dict[int, int]]]
+BY_TIME_STRATEGIES = ("error", "latest")
 
 MiB = 1 << 20
 ISOLATIONS = ("durable", "memory")
@@ -48,6 +59,9 @@ class ReadOptions:
     fetch_timeout_ms: int
     direct_fetch: bool  # fetch from the partition's worker endpoint when it is reachable here
     security: tuple = ()  # keyFile, serverKey: CurveZMQ (client/security.py), as (("key_file", ..), ("server_key", ..))
+    starting_time: TimeSpec | None = None  # startingTimestamp / startingOffsetsByTimestamp: before ``starting``
+    ending_time: TimeSpec | None = None  # endingTimestamp / endingOffsetsByTimestamp (batch): before ``ending``
+    by_time_strategy: str = "error"  # startingOffsetsByTimestampStrategy: no record that recent -> fail, or latest
 
 
 @dataclass(frozen=True)
@@ -145,6 +159,38 @@ def parse_offset_spec(raw: str | None, name: str, default: str, topics: tuple[st
     return spec
 
 
+def parse_time_spec(opts: dict, single: str, by_partition: str, topics: tuple[str, ...]) -> TimeSpec | None:
+    """``single`` (one time for all) over ``by_partition`` (a JSON map); None if neither is set."""
+    one = _int(opts, single, None, 0)
+    if one is not None:
+        return one
+    raw = opts.get(by_partition.lower())
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise OptionError(f"option {by_partition} must be a JSON map of topic -> {{partition: ms}}: {by_partition}={raw!r}") from None
+    if not isinstance(doc, dict):
+        raise OptionError(f"option {by_partition} JSON must map topic -> {{partition: ms}}: {by_partition}={raw!r}")
+    spec: dict[str, dict[int, int]] = {}
+    for topic, parts in doc.items():
+        if topic not in topics:
+            raise OptionError(f"option {by_partition} names topic {topic!r}, which option topic does not list: topics={list(topics)}")
+        if not isinstance(parts, dict):
+            raise OptionError(f"option {by_partition}: topic {topic!r} must map to {{partition: ms}}, got {parts!r}")
+        spec[topic] = {}
+        for p, ts in parts.items():
+            try:
+                partition = int(p)
+            except (TypeError, ValueError):
+                raise OptionError(f"option {by_partition}: partition must be an integer: topic={topic!r} partition={p!r}") from None
+            if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0 or partition < 0:
+                raise OptionError(f"option {by_partition}: a time is ms since the epoch, >= 0: topic={topic!r} partition={p} time={ts!r}")
+            spec[topic][partition] = ts
+    return spec
+
+
 def _forbid(spec: OffsetSpec, name: str, word: str, code: int, why: str) -> None:
     if spec == word or (isinstance(spec, dict) and any(code in parts.values() for parts in spec.values())):
         raise OptionError(f"option {name} cannot be {word} ({code} in JSON): {why}")
@@ -154,13 +200,21 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
     opts = _lower(options)
     topics = parse_topics(opts.get("topic"))
     starting = parse_offset_spec(opts.get("startingoffsets"), "startingOffsets", "latest" if streaming else "earliest", topics)
+    starting_time = parse_time_spec(opts, "startingTimestamp", "startingOffsetsByTimestamp", topics)
+    ending_time = None
+    strategy = opts.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
+    if strategy not in BY_TIME_STRATEGIES:
+        raise OptionError(f"option startingOffsetsByTimestampStrategy must be one of {BY_TIME_STRATEGIES}: {strategy!r}")
     if streaming:
-        if "endingoffsets" in opts:
-            raise OptionError("option endingOffsets is for batch queries; a stream has no end (use trigger(availableNow=True))")
+        for name in ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp"):
+            if name.lower() in opts:
+                raise OptionError(f"option {name} is for batch queries; a stream has no end (use trigger(availableNow=True))")
         ending: OffsetSpec = "latest"
     else:
         ending = parse_offset_spec(opts.get("endingoffsets"), "endingOffsets", "latest", topics)
-        _forbid(starting, "startingOffsets", "latest", LATEST, "a batch query would read nothing")
+        ending_time = parse_time_spec(opts, "endingTimestamp", "endingOffsetsByTimestamp", topics)
+        if starting_time is None:  # a time takes precedence over startingOffsets, which is then not read
+            _forbid(starting, "startingOffsets", "latest", LATEST, "a batch query would read nothing")
         _forbid(ending, "endingOffsets", "earliest", EARLIEST, "a batch query would read nothing")
     isolation = opts.get("isolation", "durable").lower()
     if isolation not in ISOLATIONS:
@@ -178,6 +232,9 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         fetch_timeout_ms=_int(opts, "fetchTimeoutMs", 30_000, 100),
         direct_fetch=_bool(opts, "directFetch", True),
         security=_security(opts),
+        starting_time=starting_time,
+        ending_time=ending_time,
+        by_time_strategy=strategy,
     )
 
 

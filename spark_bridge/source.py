@@ -35,9 +35,9 @@ from .errors import OptionError
 from .fetch import RangeFetcher, place
 from .offsets import (
     EARLIEST, LATEST, Logs, OffsetRange, Positions, TopicPartition, check_ranges, from_json, rate_limit, resolve,
-    split_ranges, to_json, watermark,
+    resolve_times, split_ranges, to_json, watermark,
 )
-from .options import ReadOptions, parse_read_options, parse_write_options
+from .options import SPECIAL, ReadOptions, parse_read_options, parse_write_options
 from .sink import TailraceArrowWriter, TailraceStreamArrowWriter, check_input_schema
 
 NAME = "tailrace"
@@ -69,6 +69,15 @@ def describe(admin: Admin, options: ReadOptions, endpoints_too: bool = True) -> 
             place(admin.conn, topic, [pi.partition for pi in parts])
             endpoints.update({(topic, pi.partition): pi.endpoint for pi in parts})
     return logs, endpoints
+
+
+def starting_positions(admin: Admin, o: ReadOptions, logs: Logs) -> Positions:
+    """Where a new query starts: by time if a time option is set, else by ``startingOffsets``."""
+    if o.starting_time is None:
+        return resolve(o.starting, EARLIEST, logs, o.isolation, "startingOffsets")
+    default = SPECIAL[o.starting] if isinstance(o.starting, str) else EARLIEST  # for partitions a time map leaves out
+    return resolve_times(o.starting_time, admin.list_offsets, default, logs, o.isolation,
+                         "startingTimestamp/startingOffsetsByTimestamp", o.by_time_strategy)
 
 
 def plan(options: ReadOptions, ranges: list[OffsetRange], logs: Logs, endpoints: dict) -> list[RangePartition]:
@@ -105,8 +114,12 @@ class TailraceBatchReader(DataSourceReader):
         o = self.options
         with Admin(o.bootstrap, **dict(o.security)) as admin:
             logs, endpoints = describe(admin, o)
-        start = resolve(o.starting, EARLIEST, logs, o.isolation, "startingOffsets")
-        end = resolve(o.ending, LATEST, logs, o.isolation, "endingOffsets")
+            start = starting_positions(admin, o, logs)
+            if o.ending_time is not None:
+                end = resolve_times(o.ending_time, admin.list_offsets, LATEST, logs, o.isolation,
+                                    "endingTimestamp/endingOffsetsByTimestamp", "latest")
+            else:
+                end = resolve(o.ending, LATEST, logs, o.isolation, "endingOffsets")
         ranges = [OffsetRange(t, p, start[(t, p)], end[(t, p)]) for (t, p) in start]
         return plan(o, ranges, logs, endpoints)
 
@@ -137,7 +150,7 @@ class TailraceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         logs, _ = self._describe()
-        return to_json(resolve(self.options.starting, EARLIEST, logs, self.options.isolation, "startingOffsets"))
+        return to_json(starting_positions(self._admin, self.options, logs))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self.options.max_offsets_per_trigger

@@ -406,6 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--from", dest="from_", type=console.parse_from, default="earliest", metavar="WHERE",
                     help="earliest (or beginning), latest (or end), or an offset")
     co.add_argument("--from-beginning", action="store_true", help="the same as --from earliest (Kafka's spelling)")
+    co.add_argument("--from-time", type=console.parse_time, default=None, metavar="TIME",
+                    help="start at the first message appended at or after TIME: ISO 8601 (2026-11-23T10:00:00Z) or ms "
+                         "since the epoch; partitions with nothing that recent start at their end")
     co.add_argument("--max", type=_natural, default=None, metavar="N", help="stop after N messages")
     co.add_argument("--timeout-ms", type=_natural, default=None, metavar="MS", help="stop after MS ms without a new message")
     co.add_argument("--isolation", default="memory", choices=["memory", "durable"],

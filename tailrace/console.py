@@ -163,6 +163,24 @@ def parse_from(text: str) -> str | int:
     return FROM_NAMES[text] if text in FROM_NAMES else _offset(text)
 
 
+def parse_time(text: str) -> int:
+    """``--from-time``: ISO 8601 (``2026-11-23T10:00:00Z``; no zone means UTC) or ms since the
+    epoch; returns ms since the epoch."""
+    import argparse
+    from datetime import datetime, timezone
+
+    t = text.strip()
+    if t.isdigit():
+        return int(t)
+    try:
+        d = datetime.fromisoformat(t[:-1] + "+00:00" if t.endswith(("Z", "z")) else t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: an ISO 8601 time (2026-11-23T10:00:00Z) or ms since the epoch") from None
+    if d.tzinfo is None:
+        d = d.replace(tzinfo=timezone.utc)
+    return int(d.timestamp() * 1000)
+
+
 def _text(b: bytes | None, b64: bool) -> str | None:
     if b is None:
         return None
@@ -244,6 +262,8 @@ def consume(args) -> int:
                     key_file=args.key_file, server_key=args.server_key)
     try:
         cons.assign(args.name, None if args.partition is None else [args.partition], start=start)
+        if args.from_time is not None:
+            cons.seek_to_time(args.name, args.from_time)
         last_new = time.monotonic()
         while args.max is None or seen < args.max:
             wait = 500 if args.timeout_ms is None else max(1, min(500, int(args.timeout_ms - (time.monotonic() - last_new) * 1000)))

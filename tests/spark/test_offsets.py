@@ -129,3 +129,44 @@ def test_max_offsets_per_trigger_is_shared_in_proportion_to_backlog_and_sums_exa
     # remainders go to the largest fractions: 2 rows over backlogs 1, 1, 1 -> the first two in order
     three = {("t", p): 0 for p in range(3)}
     assert rate_limit(three, {k: 1 for k in three}, 2) == {("t", 0): 1, ("t", 1): 1, ("t", 2): 0}
+
+
+def test_time_options_take_precedence_in_kafkas_order_and_are_batch_only_at_the_end():
+    o = parse_read_options({"topic": "events", "startingTimestamp": "1000", "startingOffsetsByTimestamp": '{"events": {"0": 5}}',
+                            "startingOffsets": "latest"}, streaming=False)  # latest is not read: the time wins
+    assert o.starting_time == 1000 and o.ending_time is None and o.by_time_strategy == "error"
+    o = parse_read_options({"topic": "events", "endingOffsetsByTimestamp": '{"events": {"1": 7}}',
+                            "startingOffsetsByTimestampStrategy": "LATEST"}, streaming=False)
+    assert o.ending_time == {"events": {1: 7}} and o.starting_time is None and o.by_time_strategy == "latest"
+    for name in ("endingTimestamp", "endingOffsetsByTimestamp"):
+        with pytest.raises(OptionError, match=f"{name} is for batch"):
+            parse_read_options({"topic": "events", name: "1"}, streaming=True)
+    for bad, words in (({"startingTimestamp": "-1"}, "must be >= 0"), ({"startingOffsetsByTimestamp": '{"other": {}}'}, "does not list"),
+                       ({"startingOffsetsByTimestamp": '{"events": {"0": -3}}'}, "ms since the epoch"),
+                       ({"startingOffsetsByTimestampStrategy": "earliest"}, "one of")):
+        with pytest.raises(OptionError, match=words):
+            parse_read_options({"topic": "events", **bad}, streaming=False)
+
+
+def test_resolve_times_asks_once_per_topic_and_time_and_applies_the_strategy():
+    from tailrace.spark_bridge.offsets import resolve_times
+
+    asked = []
+
+    def lookup(topic, ts):  # the broker's LIST_OFFSETS by time, for these logs: a record at 60 from ts 100 on
+        asked.append((topic, ts))
+        return [PartitionOffsets(po.partition, po.log_start_offset, po.high_watermark, po.durable_watermark,
+                                 time_offset=(-1 if ts > 500 or po.high_watermark == po.log_start_offset else
+                                              min(po.high_watermark - 1, 60 if ts >= 100 else po.log_start_offset)))
+                for po in LOGS[topic]]
+
+    got = resolve_times(100, lookup, EARLIEST, LOGS, "durable", "startingTimestamp", "latest")
+    assert got == {("events", 0): 60, ("events", 1): 39, ("events", 2): 10, ("audit", 0): 6}
+    assert sorted(asked) == [("audit", 100), ("events", 100)]
+    got = resolve_times({"events": {0: 100}}, lookup, LATEST, LOGS, "memory", "startingOffsetsByTimestamp", "error")
+    assert got == {("events", 0): 60, ("events", 1): 40, ("events", 2): 10, ("audit", 0): 7}
+    with pytest.raises(OptionError, match="startingOffsetsByTimestampStrategy=latest"):
+        resolve_times(1000, lookup, EARLIEST, LOGS, "durable", "startingTimestamp", "error")
+    assert resolve_times(1000, lookup, EARLIEST, LOGS, "durable", "startingTimestamp", "latest")[("events", 0)] == 90
+    with pytest.raises(OptionError, match="partitions=\\[9\\]"):
+        resolve_times({"events": {9: 1}}, lookup, EARLIEST, LOGS, "durable", "startingOffsetsByTimestamp", "error")

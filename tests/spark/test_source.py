@@ -96,3 +96,49 @@ def test_available_now_stream_restarted_with_new_data_writes_every_message_exact
     got = [(r.partition, r.offset) for r in rows]
     assert len(got) == len(set(got)) == 3000, "a message was written twice"
     assert {(r.partition, r.offset): bytes(r.value) for r in rows} == {k: v for k, (_key, v) in expected.items()}
+
+
+def _mark() -> int:
+    import time
+
+    time.sleep(0.005)
+    t = int(time.time() * 1000)
+    time.sleep(0.005)
+    return t
+
+
+def test_batch_and_stream_start_and_end_by_timestamp_with_kafkas_options(spark, spark_broker, topic_name, tmp_path):
+    """startingTimestamp / endingTimestamp over every partition, the per-partition JSON maps,
+    startingOffsetsByTimestampStrategy both ways, an ending time past everything = latest, and
+    a stream started by time."""
+    Admin(spark_broker.bootstrap).create_topic(topic_name, 2)
+    t = [_mark()]
+    for phase in range(3):  # phase i: offsets 100*i .. 100*i+99 in each partition, appended after t[i]
+        produce(spark_broker.bootstrap, topic_name, 2, 100 * phase, 100)
+        t.append(_mark())
+
+    def spans(df) -> dict:
+        return {r.partition: (r["min(offset)"], r["max(offset)"], r["count"])
+                for r in df.groupBy("partition").agg(F.min("offset"), F.max("offset"), F.count("*").alias("count")).collect()}
+
+    df = reader(spark, spark_broker, topic_name, startingTimestamp=str(t[1]), endingTimestamp=str(t[2]))
+    assert spans(df) == {0: (100, 199, 100), 1: (100, 199, 100)}
+    starting = json.dumps({topic_name: {"0": t[2], "1": t[1]}})
+    ending = json.dumps({topic_name: {"0": t[3]}})  # partition 1: endingOffsets (latest)
+    df = reader(spark, spark_broker, topic_name, startingOffsetsByTimestamp=starting, endingOffsetsByTimestamp=ending,
+                startingOffsets="earliest")
+    assert spans(df) == {0: (200, 299, 100), 1: (100, 299, 200)}
+    df = reader(spark, spark_broker, topic_name, startingTimestamp=str(t[0]), endingTimestamp=str(t[3] + 60_000))
+    assert spans(df) == {0: (0, 299, 300), 1: (0, 299, 300)}  # an end past everything is the latest offset
+    with pytest.raises(Exception, match="startingOffsetsByTimestampStrategy"):  # default "error": nothing that recent
+        reader(spark, spark_broker, topic_name, startingTimestamp=str(t[3])).collect()
+    assert reader(spark, spark_broker, topic_name, startingTimestamp=str(t[3]),
+                  startingOffsetsByTimestampStrategy="latest").count() == 0
+
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    stream = (spark.readStream.format("tailrace").option("bootstrap", spark_broker.bootstrap).option("topic", topic_name)
+              .option("startingTimestamp", str(t[2])).load())
+    query = (stream.select("partition", "offset").writeStream.format("parquet").option("path", str(out))
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    assert query.awaitTermination(180) and query.exception() is None
+    assert spans(spark.read.parquet(str(out))) == {0: (200, 299, 100), 1: (200, 299, 100)}
