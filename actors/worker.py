@@ -443,10 +443,8 @@ class Worker:
     def list_offsets(self, topic: bytes, header: bytes, reply) -> None:
         ts_ms = _list_offsets_dec.decode(header).timestamp_ms
         name = topic.decode("utf-8", "replace")
+        self.catalog.reload()  # one stat: a topic grown since (topic alter) lists its new partitions
         entry = self.catalog.get(name)
-        if entry is None:
-            self.catalog.reload()
-            entry = self.catalog.get(name)
         if entry is None:
             return reply(P.ErrorCode.UNKNOWN_TOPIC, P.ErrorReply(f"unknown topic {name!r}"))
         rows = self.table.rows

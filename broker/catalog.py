@@ -18,7 +18,7 @@ import msgspec
 
 from tailrace.client.protocol import MAX_TOPIC_BYTES
 
-from .datadir import CATALOG_FILE, WORKERS_FILE, write_atomic
+from .datadir import CATALOG_FILE, WORKERS_FILE, file_signature, write_atomic
 
 
 class TopicEntry(msgspec.Struct):
@@ -62,20 +62,17 @@ class Catalog:
     def __init__(self, data_dir: str | os.PathLike):
         self.path = Path(data_dir) / CATALOG_FILE
         self.data = CatalogData()
-        self._mtime_ns = -1
+        self._seen = None  # the file's signature when last read (datadir.file_signature)
         self.by_slot: dict[int, tuple[TopicEntry, int]] = {}
         self.reload()
 
     def reload(self) -> bool:
         """Re-read the file if it changed; return True if it did."""
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return False
-        if st.st_mtime_ns == self._mtime_ns:
+        sig = file_signature(self.path)  # mtime, size and inode: two writes in one clock tick differ
+        if sig is None or sig == self._seen:
             return False
         self.data = msgspec.json.decode(self.path.read_bytes(), type=CatalogData)
-        self._mtime_ns = st.st_mtime_ns
+        self._seen = sig
         self.by_slot = {slot: (t, p) for t in self.data.topics.values() for p, slot in enumerate(t.slots)}
         return True
 
@@ -113,12 +110,29 @@ class Catalog:
             next_slot=d.next_slot + partitions,
             topics={**d.topics, name: entry},
         )
+        self._write(new)
+        return entry
+
+    def add_partitions(self, name: str, total: int) -> TopicEntry:
+        """Grow topic ``name`` to ``total`` partitions on new slots, written durably (router only).
+        Partitions keep their numbers and slots; the new ones are numbered after them."""
+        d = self.data
+        old = d.topics[name]
+        extra = total - old.partitions
+        assert extra > 0, (name, total)
+        entry = TopicEntry(name=name, topic_id=old.topic_id, partitions=total, ring_bytes=old.ring_bytes,
+                           slots=[*old.slots, *range(d.next_slot, d.next_slot + extra)])
+        new = CatalogData(version=d.version, next_topic_id=d.next_topic_id, next_slot=d.next_slot + extra,
+                          topics={**d.topics, name: entry})
+        self._write(new)
+        return entry
+
+    def _write(self, new: CatalogData) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.path, msgspec.json.format(msgspec.json.encode(new)))
         self.data = new
-        self._mtime_ns = self.path.stat().st_mtime_ns
+        self._seen = file_signature(self.path)
         self.by_slot = {slot: (t, p) for t in new.topics.values() for p, slot in enumerate(t.slots)}
-        return entry
 
     def shm_bytes(self, region_bytes) -> int:
         """Total shared memory the catalog's rings need, with ``region_bytes(ring_bytes)``."""

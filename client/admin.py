@@ -50,6 +50,11 @@ class AdminCalls:
                     lambda r: P.decoder(P.ListOffsetsReply).decode(r.header).partitions)
 
     @staticmethod
+    def create_partitions(name: str, total: int) -> Call:
+        return Call(P.Op.CREATE_PARTITIONS, name, -1, P.encode(P.CreatePartitionsRequest(int(total))),
+                    lambda r: P.decoder(P.TopicInfo).decode(r.header))
+
+    @staticmethod
     def status() -> Call:
         return Call(P.Op.STATUS, "", -1, P.EMPTY_MAP, _status)
 
@@ -81,6 +86,12 @@ class Admin:
         With ``timestamp_ms`` (ms since the epoch, >= 0) each partition's ``time_offset`` is
         the earliest offset appended at or after it (-1: none is)."""
         return self._call(AdminCalls.list_offsets(name, timestamp_ms))
+
+    def create_partitions(self, name: str, total: int) -> P.TopicInfo:
+        """Grow topic ``name`` to ``total`` partitions (Kafka's createPartitions: only up). The
+        new partitions are numbered after the old ones; a key may hash to another partition from
+        now on (docs/DESIGN.md). Producers see the new count within ``METADATA_MAX_AGE_S``."""
+        return self._call(AdminCalls.create_partitions(name, total))
 
     def status(self) -> dict:
         return self._call(AdminCalls.status())

@@ -386,7 +386,10 @@ class AsyncRoutes(Routes):
 
     async def partitions(self, topic: str) -> int:
         n = self.partitions_of.get(topic)
-        return await self.describe(topic) if n is None else n
+        if n is None:
+            return await self.describe(topic)
+        self.endpoint(topic, 0)  # stale: described again in the background (a grown topic)
+        return n
 
     def endpoint(self, topic: str, partition: int) -> str | None:
         if self.due(topic) and topic not in self._describing:
@@ -738,6 +741,9 @@ class AsyncAdmin:
 
     async def list_offsets(self, name: str, timestamp_ms: int | None = None) -> list[P.PartitionOffsets]:
         return await self._call(AdminCalls.list_offsets(name, timestamp_ms))
+
+    async def create_partitions(self, name: str, total: int) -> P.TopicInfo:
+        return await self._call(AdminCalls.create_partitions(name, total))
 
     async def status(self) -> dict:
         return await self._call(AdminCalls.status())

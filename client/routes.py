@@ -22,6 +22,7 @@ from . import protocol as P
 from . import unixwire
 
 REFRESH_S = 1.0
+METADATA_MAX_AGE_S = 30.0  # a topic is described again this long after (a grown topic's new partitions: Kafka's metadata.max.age.ms)
 
 
 class Routes:
@@ -33,6 +34,7 @@ class Routes:
         self.endpoints: dict[tuple[str, int], str] = {}  # (topic, p) -> worker endpoint
         self.confirmed: set[tuple[str, int]] = set()  # answered OK via the router at least once
         self.refresh_at: dict[str, float] = {}  # topic -> when to DESCRIBE again
+        self.learned_at: dict[str, float] = {}  # topic -> when its DESCRIBE was last taken in
 
     def learn(self, topic: str, d: P.DescribeReply) -> int:
         """Take in a DESCRIBE_TOPIC answer; returns the topic's partition count."""
@@ -46,15 +48,23 @@ class Routes:
             local = self.same_host and pi.local_endpoint and os.path.exists(unixwire.path_of(pi.local_endpoint))
             self.endpoints[(topic, pi.partition)] = pi.local_endpoint if local else pi.endpoint
         self.refresh_at.pop(topic, None)
+        self.learned_at[topic] = time.monotonic()
         return d.topic.partitions
+
+    def stale(self, topic: str) -> bool:
+        """Whether what is known of ``topic`` is older than METADATA_MAX_AGE_S."""
+        t = self.learned_at.get(topic)
+        return t is not None and time.monotonic() - t >= METADATA_MAX_AGE_S
 
     def due(self, topic: str) -> bool:
         """Whether a DESCRIBE of ``topic`` is wanted before addressing it (never unknown to a
         client that goes through the router only: it does not need one)."""
+        if topic not in self.partitions_of:
+            return self.direct
+        if self.stale(topic):
+            return True  # any client: the partition count may have grown
         if not self.direct:
             return False
-        if topic not in self.partitions_of:
-            return True
         t = self.refresh_at.get(topic)
         return t is not None and time.monotonic() >= t
 
@@ -96,7 +106,15 @@ class BlockingRoutes(Routes):
 
     def partitions(self, topic: str) -> int:
         n = self.partitions_of.get(topic)
-        return self.describe(topic) if n is None else n
+        if n is None:
+            return self.describe(topic)
+        if self.stale(topic):
+            try:
+                return self.describe(topic)
+            except Exception:  # noqa: BLE001 - the count known goes on serving
+                self.failed(topic)
+                self.learned_at[topic] = time.monotonic()
+        return n
 
     def endpoint(self, topic: str, partition: int) -> str | None:
         """Where to send a request for this partition now (None: through the router)."""

@@ -52,6 +52,7 @@ EXIT_OK = 0
 
 _create_dec = P.decoder(P.CreateTopicRequest)
 _set_workers_dec = P.decoder(P.SetWorkersRequest)
+_create_partitions_dec = P.decoder(P.CreatePartitionsRequest)
 _list_offsets_dec = P.decoder(P.ListOffsetsReply)
 
 # op -> the request frame counts the router takes (routing header included, client identity
@@ -115,10 +116,11 @@ class Router(WorkerLiveness):
         self._epoch_counter += 1
         return (self.generation << 32) | self._epoch_counter
 
-    def _place_topic(self, name: str) -> None:
+    def _place_topic(self, name: str, first: int = 0) -> None:
+        """Place the topic's partitions from ``first`` on (the others keep their routes)."""
         t = self.catalog.get(name)
         tb = name.encode()
-        for p, slot in enumerate(t.slots):
+        for p, slot in enumerate(t.slots[first:], start=first):
             w = self.scheduler.place(slot)
             self.routes[(tb, p)] = (w, P.ASSIGN.pack(slot, self._epoch()))
 
@@ -177,6 +179,8 @@ class Router(WorkerLiveness):
                 self.ask_offsets(ident, routing, topic, header, reply)
             elif op == P.Op.STATUS:
                 reply(P.ErrorCode.OK, self.status())
+            elif op == P.Op.CREATE_PARTITIONS:
+                self.create_partitions(topic, frames, reply)
             else:  # SET_WORKERS: ACCEPTED_FRAMES let no other op through
                 n = _set_workers_dec.decode(frames[2]).workers
                 if not 1 <= n <= MAX_WORKERS:
@@ -240,6 +244,31 @@ class Router(WorkerLiveness):
             return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(f"no free partition slots (max_slots={self.s.max_slots})"))
         entry = self.catalog.add_topic(name, req.partitions, ring)
         self._place_topic(name)
+        reply(P.ErrorCode.OK, _info(entry))
+
+    def create_partitions(self, topic: bytes, frames, reply) -> None:
+        """Grow a topic (Kafka's CreatePartitions: to a new total, never down). The catalog is
+        written before the reply; the new partitions are placed like a new topic's."""
+        total = _create_partitions_dec.decode(frames[2]).partitions
+        name = topic.decode("utf-8", "replace")
+        t = self.catalog.get(name)
+        if t is None:
+            return reply(P.ErrorCode.UNKNOWN_TOPIC, P.ErrorReply(f"unknown topic {name!r}"))
+        if not t.partitions < total <= MAX_PARTITIONS:
+            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
+                f"partitions={total}: a topic only grows; topic {name!r} has {t.partitions}, at most {MAX_PARTITIONS}"))
+        need = (total - t.partitions) * ring_region_bytes(t.ring_bytes)
+        used = self.catalog.shm_bytes(ring_region_bytes)
+        if used + need > self.s.shm_budget_bytes:
+            return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(
+                f"{total - t.partitions} more partitions of topic {name!r} need {need} bytes of shared memory; "
+                f"{used} of the budget {self.s.shm_budget_bytes} are in use"))
+        if self.catalog.data.next_slot + total - t.partitions > self.s.max_slots:
+            return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(f"no free partition slots (max_slots={self.s.max_slots})"))
+        old = t.partitions
+        entry = self.catalog.add_partitions(name, total)
+        self._place_topic(name, first=old)
+        log.info("topic %r grown from %d to %d partitions", name, old, total)
         reply(P.ErrorCode.OK, _info(entry))
 
     def ask_offsets(self, ident, routing, topic, header, reply) -> None:

@@ -110,6 +110,14 @@ def cmd_topic(args) -> int:
                 print_json(_struct(info))
             else:
                 print(f"created topic {info.name} with {info.partitions} partitions (id {info.topic_id})")
+        elif args.topic_cmd == "alter":
+            before = next((t.partitions for t in admin.list_topics() if t.name == args.name), None)
+            info = admin.create_partitions(args.name, args.partitions)
+            if args.json:
+                print_json(_struct(info))
+            else:
+                print(f"topic {info.name} now has {info.partitions} partitions (had {before}); keys may map to other "
+                      "partitions from now on")
         elif args.topic_cmd == "list":
             topics = admin.list_topics()
             if args.json:
@@ -372,17 +380,20 @@ def build_parser() -> argparse.ArgumentParser:
                          "the supervisord command line, and exit")
     sv.set_defaults(func=cmd_serve)
 
-    tp = command(sub, "topic", "create, list and describe topics")
+    tp = command(sub, "topic", "create, alter, list and describe topics")
     tsub = tp.add_subparsers(dest="topic_cmd", required=True, metavar="SUBCOMMAND")
     c = command(tsub, "create", "create a topic")
     c.add_argument("name", help="topic name: 1-200 letters, digits, '.', '_', '-' (not '.' or '..')")
     c.add_argument("--partitions", type=_positive, default=1, help="number of partitions")
     c.add_argument("--ring-bytes", type=_natural, default=0,
                    help="shared-memory ring per partition in bytes; 0 takes the broker's default")
+    al_ = command(tsub, "alter", "grow a topic to more partitions (only up, as Kafka's --alter --partitions)")
+    al_.add_argument("name", help="topic name")
+    al_.add_argument("--partitions", type=_positive, required=True, help="the new number of partitions, more than now")
     ls = command(tsub, "list", "list topics (a table; --json for scripts)")
     d = command(tsub, "describe", "partitions of a topic: owner, watermarks, ring use, bytes")
     d.add_argument("name", help="topic name")
-    for p in (c, ls, d):
+    for p in (c, al_, ls, d):
         with_bootstrap(p)
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     tp.set_defaults(func=cmd_topic)
