@@ -131,7 +131,9 @@ class PartitionActor:
     def _load_producer_state_from_disk(self, end_offset: int) -> None:
         if self.index is None:
             self.index = IndexFile(self.data_dir, self.slot)
-        lo = max(0, end_offset - (1 << 16))
+        lo = max(self.owner_row.log_start_offset, end_offset - (1 << 16))  # below the log start: gone (retention)
+        if lo >= end_offset:
+            return
         entries = self.index.read(lo, end_offset - lo)
         starts = np.flatnonzero(entries["rel"] == 0)[-DEDUP_DISK_BATCHES:]
         for i in starts.tolist():

@@ -63,6 +63,7 @@ DRAIN_MAX = 512
 KICK_INTERVAL_S = 0.002
 KICK_MIN_BYTES = STAGE_MIN_BYTES  # plain data waiting before a worker kicks the flusher: what it stages at once
 READS_ENDPOINT = "inproc://tailrace-disk-reads"
+UNLINKED_SWEEP_S = 1.0  # how often cached journal files are checked for deletion by retention
 
 
 class DiskReader(threading.Thread):
@@ -93,9 +94,16 @@ class DiskReader(threading.Thread):
         poke = self.ctx.socket(zmq.PUSH)
         poke.setsockopt(zmq.SNDHWM, 1)
         poke.connect(READS_ENDPOINT)
+        swept = time.monotonic()
         try:
             while True:
-                item = self.jobs.get()
+                if time.monotonic() - swept > UNLINKED_SWEEP_S:  # segments retention deleted: let their blocks go
+                    self.journal.drop_unlinked()
+                    swept = time.monotonic()
+                try:
+                    item = self.jobs.get(timeout=UNLINKED_SWEEP_S)
+                except queue.Empty:
+                    continue
                 if item is None:
                     return
                 job, callback = item
@@ -104,6 +112,8 @@ class DiskReader(threading.Thread):
                     if index is None:
                         index = self.indexes[job.slot] = IndexFile(self.data_dir, job.slot)
                     res = read_disk(index, self.journal, job)
+                except FileNotFoundError:  # its segment went with retention since the fetch came in
+                    res = FetchResult(P.ErrorCode.OFFSET_OUT_OF_RANGE, [], job.offset, "disk")
                 except Exception as exc:  # a failed read is an error reply, not a dead thread
                     log.exception("disk read slot=%d offset=%d failed", job.slot, job.offset)
                     res = FetchResult(P.ErrorCode.INTERNAL, [], job.offset, f"disk: {type(exc).__name__}")
@@ -667,6 +677,7 @@ class WorkerProcess:
         self.kicks = KickPolicy(self.ringer, self.flusher_bell)
         self.timeout_ms = 100
         self.last_fence_check = 0.0
+        self.last_sweep = time.monotonic()
 
     def do_work(self) -> int:
         """One turn: serve requests, wake ring readers, kick the flusher, release and answer."""
@@ -703,6 +714,9 @@ class WorkerProcess:
         if now - self.last_fence_check > 0.05:
             worker.check_fences()
             self.last_fence_check = now
+        if now - self.last_sweep > UNLINKED_SWEEP_S:
+            worker.journal.drop_unlinked()  # segments retention deleted: close them so their blocks go
+            self.last_sweep = now
         if guard is not None and now - self.last_allow_check > 0.5:
             guard.allow.refresh()
             self.acls.refresh()

@@ -27,6 +27,7 @@ class TopicEntry(msgspec.Struct):
     partitions: int
     ring_bytes: int
     slots: list[int]
+    config: dict[str, int] = {}  # the topic's own settings (retention.ms); the broker's defaults fill the rest
 
 
 class CatalogData(msgspec.Struct):
@@ -94,7 +95,7 @@ class Catalog:
             self.reload()
         return self.by_slot.get(slot)
 
-    def add_topic(self, name: str, partitions: int, ring_bytes: int) -> TopicEntry:
+    def add_topic(self, name: str, partitions: int, ring_bytes: int, config: dict[str, int] | None = None) -> TopicEntry:
         """Add a topic and write the catalog durably (router only)."""
         d = self.data
         entry = TopicEntry(
@@ -103,6 +104,7 @@ class Catalog:
             partitions=partitions,
             ring_bytes=ring_bytes,
             slots=list(range(d.next_slot, d.next_slot + partitions)),
+            config=dict(config or {}),
         )
         new = CatalogData(
             version=d.version,
@@ -121,10 +123,24 @@ class Catalog:
         extra = total - old.partitions
         assert extra > 0, (name, total)
         entry = TopicEntry(name=name, topic_id=old.topic_id, partitions=total, ring_bytes=old.ring_bytes,
-                           slots=[*old.slots, *range(d.next_slot, d.next_slot + extra)])
+                           slots=[*old.slots, *range(d.next_slot, d.next_slot + extra)], config=dict(old.config))
         new = CatalogData(version=d.version, next_topic_id=d.next_topic_id, next_slot=d.next_slot + extra,
                           topics={**d.topics, name: entry})
         self._write(new)
+        return entry
+
+    def set_config(self, name: str, changes: dict[str, int | None]) -> TopicEntry:
+        """Set (or, for None, remove) settings of topic ``name``, written durably (router only)."""
+        d = self.data
+        old = d.topics[name]
+        config = {**old.config, **{k: v for k, v in changes.items() if v is not None}}
+        for k, v in changes.items():
+            if v is None:
+                config.pop(k, None)
+        entry = TopicEntry(name=name, topic_id=old.topic_id, partitions=old.partitions, ring_bytes=old.ring_bytes,
+                           slots=list(old.slots), config=config)
+        self._write(CatalogData(version=d.version, next_topic_id=d.next_topic_id, next_slot=d.next_slot,
+                                topics={**d.topics, name: entry}))
         return entry
 
     def _write(self, new: CatalogData) -> None:

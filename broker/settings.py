@@ -35,6 +35,8 @@ class Settings(msgspec.Struct, kw_only=True):
     flush_bytes: int = 16 * MiB  # ... or once this many bytes are written but not synced
     write_buffer_bytes: int = 8 * MiB  # the flusher's aligned staging buffer
     checkpoint_interval_ms: int = 10_000  # how often index files are synced and checkpointed
+    retention_ms: int = 7 * 24 * 3600 * 1000  # a topic's records are kept this long unless it says otherwise; -1: forever
+    retention_check_ms: int = 5000  # how often the flusher moves log starts and deletes segments (persistence/retention.py)
     direct_io: str = "auto"  # "auto": O_DIRECT where the filesystem allows it; "off"
     ipc_dir: str = ""  # the run directory (sockets, doorbells, pid files); default: broker/datadir.py
     data_mode: str = "0700"  # data directory and subdirectories; files get this & 0666 (umask rule)
@@ -50,6 +52,7 @@ class Settings(msgspec.Struct, kw_only=True):
     local_uids: str = ""  # user ids the same-host Unix sockets accept, comma-separated (default: the broker's own)
     debug_read_delay_ms: int = 0  # fault injection for tests: each journal read on a worker waits this long
     debug_stop_delay_ms: int = 0  # fault injection for tests: a stopping worker lingers this long before it exits
+    debug_crash_at: str = ""  # fault injection for tests: the flusher dies (once) at this step of retention
 
     @property
     def instance(self) -> str:
@@ -112,6 +115,8 @@ class Settings(msgspec.Struct, kw_only=True):
         if self.workers < 1:
             raise ValueError(f"workers={self.workers} must be >= 1")
         datadir.parse_mode(self.data_mode)
+        if self.retention_ms < -1 or self.retention_check_ms < 1:
+            raise ValueError(f"retention_ms={self.retention_ms} must be >= -1 (-1: for ever) and retention_check_ms >= 1")
         if self.auth not in auth.MODES:
             raise ValueError(f"auth={self.auth!r}: one of {', '.join(auth.MODES)}")
         why = auth.exposure_error(self.bind, self.auth, bool(self.insecure))

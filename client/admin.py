@@ -31,8 +31,9 @@ class AdminCalls:
     """The admin operations as ``Call`` values (no I/O)."""
 
     @staticmethod
-    def create_topic(name: str, partitions: int, ring_bytes: int = 0) -> Call:
-        return Call(P.Op.CREATE_TOPIC, name, -1, P.encode(P.CreateTopicRequest(partitions, ring_bytes)),
+    def create_topic(name: str, partitions: int, ring_bytes: int = 0, config: dict | None = None) -> Call:
+        conf = {str(k): str(v) for k, v in (config or {}).items()}
+        return Call(P.Op.CREATE_TOPIC, name, -1, P.encode(P.CreateTopicRequest(partitions, ring_bytes, conf)),
                     lambda r: P.decoder(P.TopicInfo).decode(r.header))
 
     @staticmethod
@@ -48,6 +49,12 @@ class AdminCalls:
         header = P.EMPTY_MAP if timestamp_ms is None else P.encode(P.ListOffsetsRequest(int(timestamp_ms)))
         return Call(P.Op.LIST_OFFSETS, name, -1, header,
                     lambda r: P.decoder(P.ListOffsetsReply).decode(r.header).partitions)
+
+    @staticmethod
+    def alter_configs(name: str, config: dict) -> Call:
+        conf = {str(k): "" if v is None else str(v) for k, v in config.items()}
+        return Call(P.Op.ALTER_CONFIGS, name, -1, P.encode(P.AlterConfigsRequest(conf)),
+                    lambda r: P.decoder(P.TopicInfo).decode(r.header))
 
     @staticmethod
     def create_partitions(name: str, total: int) -> Call:
@@ -72,8 +79,15 @@ class Admin:
     def _call(self, c: Call):
         return c.parse(self.conn.request(c.op, c.topic, c.partition, c.header, timeout_ms=self.timeout_ms))
 
-    def create_topic(self, name: str, partitions: int, ring_bytes: int = 0) -> P.TopicInfo:
-        return self._call(AdminCalls.create_topic(name, partitions, ring_bytes))
+    def create_topic(self, name: str, partitions: int, ring_bytes: int = 0, config: dict | None = None) -> P.TopicInfo:
+        """``config``: the topic's own settings, Kafka's names (``{"retention.ms": 3600000}``;
+        ``protocol.TOPIC_CONFIGS`` lists them)."""
+        return self._call(AdminCalls.create_topic(name, partitions, ring_bytes, config))
+
+    def alter_configs(self, name: str, config: dict) -> P.TopicInfo:
+        """Set topic settings; a value of None (or "") resets one to the broker's default.
+        Returns the topic with its effective settings."""
+        return self._call(AdminCalls.alter_configs(name, config))
 
     def list_topics(self) -> list[P.TopicInfo]:
         return self._call(AdminCalls.list_topics())

@@ -730,8 +730,8 @@ class AsyncAdmin:
     async def _call(self, c: Call):
         return c.parse(await self.pool.request(c.op, c.topic, c.partition, c.header, timeout_ms=self.timeout_ms))
 
-    async def create_topic(self, name: str, partitions: int, ring_bytes: int = 0) -> P.TopicInfo:
-        return await self._call(AdminCalls.create_topic(name, partitions, ring_bytes))
+    async def create_topic(self, name: str, partitions: int, ring_bytes: int = 0, config: dict | None = None) -> P.TopicInfo:
+        return await self._call(AdminCalls.create_topic(name, partitions, ring_bytes, config))
 
     async def list_topics(self) -> list[P.TopicInfo]:
         return await self._call(AdminCalls.list_topics())
@@ -741,6 +741,9 @@ class AsyncAdmin:
 
     async def list_offsets(self, name: str, timestamp_ms: int | None = None) -> list[P.PartitionOffsets]:
         return await self._call(AdminCalls.list_offsets(name, timestamp_ms))
+
+    async def alter_configs(self, name: str, config: dict) -> P.TopicInfo:
+        return await self._call(AdminCalls.alter_configs(name, config))
 
     async def create_partitions(self, name: str, total: int) -> P.TopicInfo:
         return await self._call(AdminCalls.create_partitions(name, total))

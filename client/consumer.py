@@ -30,9 +30,10 @@ from .records import Columns, batches_to_columns, iter_batches
 from .ring_reader import SharedRings, TailStatus
 
 EARLIEST, LATEST = "earliest", "latest"
+AUTO_OFFSET_RESETS = ("earliest", "latest", "error")
+log = logging.getLogger("tailrace.consumer")
 RING_WAIT_S = 0.1  # longest futex sleep of a ring-reading consumer with nothing to read
 RING_RECHECK_S = 1.0  # how often a ring reader checks that its mappings are current
-log = logging.getLogger("tailrace.consumer")
 
 
 class OffsetAndTimestamp(NamedTuple):
@@ -93,7 +94,13 @@ class ConsumerCore:
     and ``_route``."""
 
     def __init__(self, *, max_bytes: int = 4 << 20, max_records: int = 1 << 20, max_wait_ms: int = 500,
-                 isolation: str = "memory", request_timeout_ms: int = 3000):
+                 isolation: str = "memory", request_timeout_ms: int = 3000, auto_offset_reset: str = "error"):
+        if auto_offset_reset not in AUTO_OFFSET_RESETS:
+            raise InvalidRequestError(f"auto_offset_reset={auto_offset_reset!r}: one of {', '.join(AUTO_OFFSET_RESETS)}")
+        # where a position the log no longer holds (retention) or never held goes: Kafka's
+        # auto.offset.reset; "error" raises OffsetOutOfRangeError (nothing is skipped unseen)
+        self.auto_offset_reset = auto_offset_reset
+        self.resets = 0
         self.max_bytes = max_bytes
         self.max_records = max_records
         self.max_wait_ms = max_wait_ms
@@ -208,6 +215,15 @@ class ConsumerCore:
             return  # asked again through the router on the next turn
         if r.code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
             r_err = P.decoder(P.ErrorReply).decode(r.header)
+            to = {"earliest": r_err.log_start_offset, "latest": r_err.high_watermark}.get(self.auto_offset_reset, -1)
+            if to >= 0:
+                log.warning("%s/%d: offset %d out of range [%d, %d]: position reset to %d (auto_offset_reset=%s)",
+                            a.topic, a.partition, a.position, r_err.log_start_offset, r_err.high_watermark, to,
+                            self.auto_offset_reset)
+                self.resets += 1
+                a.position = to
+                self._index_tails()
+                return
             raise OffsetOutOfRangeError(
                 f"{a.topic}/{a.partition}: offset {a.position} out of range", log_start_offset=r_err.log_start_offset,
                 high_watermark=r_err.high_watermark)

@@ -58,6 +58,7 @@ class Op(enum.IntEnum):
     STATUS = 13
     SET_WORKERS = 14  # change the number of workers the router places partitions on
     CREATE_PARTITIONS = 15  # grow a topic to a new partition count (Kafka's CreatePartitions)
+    ALTER_CONFIGS = 16  # set or reset a topic's settings (Kafka's IncrementalAlterConfigs)
     # internal: router <-> worker only
     PING = 30
     ADOPT = 31  # take this partition now (assign frame carries slot and epoch)
@@ -71,11 +72,16 @@ class CreatePartitionsRequest(msgspec.Struct):
     partitions: int  # the new total, more than the topic has (Kafka's totalCount)
 
 
+class AlterConfigsRequest(msgspec.Struct):
+    config: dict[str, str]  # name -> value; "" resets the name to the broker's default
+
+
 # Frames in a request of each op, the routing header included (PROTOCOL.md section 2): routing
 # header, header map, and for PRODUCE one record batch. Any other count is MALFORMED, except that
 # the router also takes the ops in HEADER_OPTIONAL, whose header it never reads, without frame 1.
 REQUEST_FRAMES = {Op.PRODUCE: 3, Op.FETCH: 2, Op.LIST_OFFSETS: 2, Op.CREATE_TOPIC: 2, Op.LIST_TOPICS: 2,
-                  Op.DESCRIBE_TOPIC: 2, Op.STATUS: 2, Op.SET_WORKERS: 2, Op.CREATE_PARTITIONS: 2, Op.PING: 2, Op.ADOPT: 2}
+                  Op.DESCRIBE_TOPIC: 2, Op.STATUS: 2, Op.SET_WORKERS: 2, Op.CREATE_PARTITIONS: 2, Op.ALTER_CONFIGS: 2, Op.PING: 2,
+                  Op.ADOPT: 2}
 HEADER_OPTIONAL = frozenset({Op.LIST_OFFSETS, Op.LIST_TOPICS, Op.DESCRIBE_TOPIC, Op.STATUS})  # at the router
 _FRAME_NAMES = ("routing header", "header map", "one record batch")
 
@@ -189,6 +195,7 @@ class ListOffsetsReply(msgspec.Struct):
 class CreateTopicRequest(msgspec.Struct, omit_defaults=True):
     partitions: int
     ring_bytes: int = 0  # 0 = broker default
+    config: dict[str, str] = {}  # the topic's own settings (TOPIC_CONFIGS), Kafka's --config
 
 
 class TopicInfo(msgspec.Struct):
@@ -196,6 +203,15 @@ class TopicInfo(msgspec.Struct):
     topic_id: int
     partitions: int
     ring_bytes: int
+    config: dict[str, str] = {}  # effective settings: the topic's own, else the broker's default
+
+
+# Topic settings a client may set (CREATE_TOPIC config, ALTER_CONFIGS), Kafka's names where the
+# concept is Kafka's: name -> what it takes
+TOPIC_CONFIGS = {
+    "retention.ms": "ms a record is kept, -1 for ever (the broker's --retention-ms by default)",
+    "ring.bytes": "the shared-memory ring of each partition, bytes (at creation only: ring_bytes)",
+}
 
 
 class PartitionInfo(msgspec.Struct):

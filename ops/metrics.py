@@ -52,6 +52,10 @@ PROCESS_METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "flusher_write_duration_seconds": ("histogram", (), "Duration of one aligned journal write."),
     "flusher_fsync_duration_seconds": ("histogram", (), "Duration of one group commit (fdatasync of the journal)."),
     "flusher_unsynced_bytes": ("gauge", (), "Bytes written to the journal and not yet fsynced."),
+    "journal_segments_deleted": ("counter", (), "Journal segments deleted by retention (persistence/retention.py)."),
+    "journal_bytes_deleted": ("counter", (), "Bytes of journal segments deleted by retention."),
+    "journal_pinned_by": ("gauge", ("topic", "partition"), "1 for the partition whose oldest kept record keeps the oldest "
+                                                           "journal segment: a long-retention topic pins segments for everyone."),
     "worker_restarts": ("counter", ("worker",), "Times a worker came back with a new boot id, as the router saw it."),
     "worker_heartbeat_age_seconds": ("gauge", ("worker",), "Seconds since the worker last answered the router's heartbeat."),
     "worker_partitions": ("gauge", ("worker",), "Partitions the scheduler places on the worker."),

@@ -49,11 +49,13 @@ def boot(f) -> None:
     if rec.cut_bytes:
         log.warning("recovery cut %d bytes of torn journal tail", rec.cut_bytes)
     _open_at(f, rec.end_position)
+    f.checkpointed_at = rec.end_position  # recovery checkpointed its end
     if fresh:
         _init_rows(f, rec.next_offsets)
         f.table.header["boot_id"] = time.time_ns()
     else:
         _reconcile(f, rec.next_offsets)
+    f.retention.publish()  # the stored log starts (persistence/retention.py) into the rows
     f.rescan()
     f.table.header["flusher_pid"] = os.getpid()
     f.table.header["state"] = layout.STATE_READY

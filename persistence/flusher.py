@@ -44,6 +44,7 @@ from . import boot as boot_mod
 from .index import ENTRY, IndexFile, entries_for
 from .journal import BLOCK, Journal, StorageError
 from .recovery import write_checkpoint
+from .retention import Retention
 
 log = logging.getLogger("tailrace.flusher")
 
@@ -99,6 +100,8 @@ class Flusher:
         self.stats = StatsFile(settings.ipc_path(), "flusher")
         self.cycles = self.bytes_written = self.syncs = 0
         self.write_hist, self.fsync_hist = Histogram(), Histogram()
+        self.checkpointed_at = 0  # the journal position of the last checkpoint (retention keeps its segment)
+        self.retention = Retention(self)  # log starts and segment deletion (persistence/retention.py)
 
     def rescan(self) -> None:
         """Find the active rows again (a full scan of the control table), and the workers' bells."""
@@ -248,9 +251,11 @@ class Flusher:
         return total
 
     def stats_parts(self) -> tuple[dict, dict, dict]:
+        r = self.retention
         return ({"flusher_cycles": {"": self.cycles}, "flusher_bytes_written": {"": self.bytes_written},
-                 "flusher_syncs": {"": self.syncs}},
-                {"flusher_unsynced_bytes": {"": self.unsynced_bytes}},
+                 "flusher_syncs": {"": self.syncs}, "journal_segments_deleted": {"": r.segments_deleted},
+                 "journal_bytes_deleted": {"": r.bytes_deleted}},
+                {"flusher_unsynced_bytes": {"": self.unsynced_bytes}, "journal_pinned_by": {str(r.pinned_by): 1} if r.pinned_by >= 0 else {}},
                 {"flusher_write_duration_seconds": {"": self.write_hist.snapshot()},
                  "flusher_fsync_duration_seconds": {"": self.fsync_hist.snapshot()}})
 
@@ -311,6 +316,7 @@ class Flusher:
         active = np.flatnonzero(rows[:, COL["active"]] == 1)
         next_offsets = dict(zip(active.tolist(), rows[active, COL["flushed_offset"]].tolist()))
         write_checkpoint(self.s.data_dir, self.buf_base + self.buf_len, next_offsets)
+        self.checkpointed_at = self.buf_base + self.buf_len
         self.last_checkpoint_ns = time.monotonic_ns()
 
     def _fail(self, exc: BaseException) -> None:
@@ -332,6 +338,7 @@ class Flusher:
             except (StorageError, OSError) as exc:
                 self._fail(exc)
         self.journal.close()
+        self.retention.close()
         for idx in self.indexes.values():
             idx.close()
         if not self.failed and not _workers_alive(self.s) and self._all_flushed():
@@ -400,6 +407,12 @@ def run(flusher: Flusher, bell: Doorbell, stop: list) -> None:
             busy = flusher.do_work() >= STAGE_MIN_BYTES
             last_work = now
         flusher.table.header["flusher_heartbeat_ns"] = time.monotonic_ns()
+        now_ns = time.monotonic_ns()
+        if not flusher.failed and flusher.retention.due(now_ns):
+            try:
+                flusher.retention.run(now_ns)
+            except OSError as exc:  # retention waits for the next pass; the data path goes on
+                log.error("retention pass failed: %s", exc)
         flusher.stats.maybe_write(flusher.stats_parts)
 
 

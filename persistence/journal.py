@@ -263,6 +263,14 @@ class JournalReader:
             raise OSError(f"short journal read at position={position}: wanted {length}, got {len(data)}")
         return data
 
+    def drop_unlinked(self) -> int:
+        """Close the cached files of segments that retention deleted: an open descriptor keeps a
+        deleted file's blocks on the disk. Returns how many were closed."""
+        gone = [start for start, fd in self._fds.items() if os.fstat(fd).st_nlink == 0]
+        for start in gone:
+            os.close(self._fds.pop(start))
+        return len(gone)
+
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)

@@ -41,6 +41,7 @@ from tailrace.client.records import HEADER_BYTES, BatchError, align8_array, read
 
 from .index import ENTRY_DTYPE, IndexFile, entries_for, index_path
 from .journal import check_segments, list_segments
+from .retention import read_log_starts
 
 log = logging.getLogger("tailrace.recovery")
 
@@ -146,22 +147,24 @@ def scan(journal_dir: Path, segment_bytes: int, start: int, max_batch_bytes: int
     return res
 
 
-def _cut_at_first_inconsistent(res: ScanResult, catalog: Catalog, full: bool) -> None:
+def _cut_at_first_inconsistent(res: ScanResult, catalog: Catalog, full: bool, starts: dict[int, int]) -> None:
     """Treat the first batch whose broker-stamped fields do not add up as the torn tail.
 
     Base offset, partition and topic id are stamped outside the CRC (stamping needs no CRC
     recompute), so the CRC cannot vouch for them: a batch must name a partition in the catalog
-    and continue that partition's offsets exactly (from 0 on a full rescan; from its previous
-    batch otherwise, the index tail being checked against the checkpoint separately)."""
-    known = {(t.topic_id, p) for t in catalog.data.topics.values() for p in range(t.partitions)}
+    and continue that partition's offsets exactly (on a full rescan its first batch must hold
+    or precede its log start, the segments before having gone with retention; otherwise from
+    its previous batch, the index tail being checked against the checkpoint separately)."""
+    slot_of = {(t.topic_id, p): slot for t in catalog.data.topics.values() for p, slot in enumerate(t.slots)}
     expect: dict[tuple[int, int], int] = {}
     for i, key in enumerate(zip(res.topic_id, res.partition)):
         base = res.base_offset[i]
-        want = expect.get(key, 0 if full else base)
-        if key not in known or base != want or res.count[i] < 1:
+        first_ok = not full or base <= starts.get(slot_of.get(key, -1), 0)
+        want = expect.get(key, base if first_ok else -1)
+        if key not in slot_of or base != want or res.count[i] < 1:
             bad = res.position[i]
             log.warning("journal: batch at position %d names topic %d partition %d offset %d, expected %s: cut there",
-                        bad, key[0], key[1], base, want if key in known else "a known partition")
+                        bad, key[0], key[1], base, want if key in slot_of else "a known partition")
             res.cut_bytes += int(align8_array(np.asarray(res.length[i:], dtype=np.int64)).sum())
             for name in ("topic_id", "partition", "base_offset", "count", "position", "length"):
                 del getattr(res, name)[i:]
@@ -214,6 +217,7 @@ def recover(data_dir, segment_bytes: int, max_batch_bytes: int, catalog: Catalog
     catalog = catalog or Catalog(data_dir)
     check_segments(journal_dir, segment_bytes)
     checkpoint, expected = read_checkpoint(data_dir)
+    starts = read_log_starts(data_dir)  # persistence/retention.py: records below these are gone
     segments = list_segments(journal_dir)
     full = not segments or checkpoint < segments[0] or checkpoint > segments[-1] + segment_bytes
     # A stored batch is judged by what the journal can hold, not by today's produce limit:
@@ -222,10 +226,11 @@ def recover(data_dir, segment_bytes: int, max_batch_bytes: int, catalog: Catalog
     for attempt in (0, 1):
         start = segments[0] if (full and segments) else (0 if full else checkpoint)
         res = scan(journal_dir, segment_bytes, start, limit)
-        _cut_at_first_inconsistent(res, catalog, full)
+        _cut_at_first_inconsistent(res, catalog, full, starts)
         if res.torn_at is not None:
             _truncate_tail(journal_dir, segment_bytes, res)
-        consistent, next_offsets = _rebuild_indexes(data_dir, catalog, res, full, {} if full else expected, segment_bytes)
+        consistent, next_offsets = _rebuild_indexes(data_dir, catalog, res, full, {} if full else expected, segment_bytes,
+                                                    starts)
         if consistent or full:
             break
         log.warning("index disagrees with the journal below the checkpoint: full rescan")
@@ -262,7 +267,7 @@ def _last_entry_matches(data_dir: Path, mm: np.ndarray, n: int, topic_id: int, p
 
 
 def _rebuild_indexes(data_dir: Path, catalog: Catalog, res: ScanResult, full: bool,
-                     expected: dict[int, int], segment_bytes: int) -> tuple[bool, dict[int, int]]:
+                     expected: dict[int, int], segment_bytes: int, starts: dict[int, int]) -> tuple[bool, dict[int, int]]:
     by_key = {(t.topic_id, p): slot for t in catalog.data.topics.values() for p, slot in enumerate(t.slots)}
     arrays = {k: np.asarray(getattr(res, k), dtype=np.int64) for k in ("topic_id", "partition", "base_offset", "count", "position", "length")}
     keys = arrays["topic_id"] * (1 << 32) + arrays["partition"]
@@ -277,7 +282,8 @@ def _rebuild_indexes(data_dir: Path, catalog: Catalog, res: ScanResult, full: bo
             if n and not full:
                 mm = np.memmap(path, dtype=ENTRY_DTYPE, mode="r", shape=(n,))
                 below = int(np.searchsorted(mm["position"], res.start, side="left"))
-                if below and not _last_entry_matches(data_dir, mm, below, topic_id, partition, segment_bytes):
+                # entries below the log start point into segments retention may have deleted
+                if below > starts.get(slot, 0) and not _last_entry_matches(data_dir, mm, below, topic_id, partition, segment_bytes):
                     consistent = False
                     log.warning("slot %d: last index entry below the checkpoint does not match the journal", slot)
                 del mm
@@ -299,6 +305,7 @@ def _rebuild_indexes(data_dir: Path, catalog: Catalog, res: ScanResult, full: bo
                 end = int(bases[-1] + counts[-1])
             else:
                 end = below
+            end = max(end, starts.get(slot, 0))  # offsets never go below a log start, even with the records gone
             if idx.entry_count() != end:
                 idx.truncate(end)
             idx.sync()

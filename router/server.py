@@ -53,6 +53,7 @@ EXIT_OK = 0
 _create_dec = P.decoder(P.CreateTopicRequest)
 _set_workers_dec = P.decoder(P.SetWorkersRequest)
 _create_partitions_dec = P.decoder(P.CreatePartitionsRequest)
+_alter_configs_dec = P.decoder(P.AlterConfigsRequest)
 _list_offsets_dec = P.decoder(P.ListOffsetsReply)
 
 # op -> the request frame counts the router takes (routing header included, client identity
@@ -111,6 +112,11 @@ class Router(WorkerLiveness):
         self.told: dict[tuple[bytes, int], bytes] = {}
         for name in sorted(self.catalog.data.topics, key=lambda n: self.catalog.data.topics[n].topic_id):
             self._place_topic(name)
+
+    def _info(self, t) -> P.TopicInfo:
+        """A topic as clients see it, with its effective settings (its own, else the broker's)."""
+        config = {"retention.ms": str(t.config.get("retention.ms", self.s.retention_ms)), "ring.bytes": str(t.ring_bytes)}
+        return P.TopicInfo(t.name, t.topic_id, t.partitions, t.ring_bytes, config)
 
     def _epoch(self) -> int:
         self._epoch_counter += 1
@@ -173,7 +179,7 @@ class Router(WorkerLiveness):
                 topics = self.catalog.data.topics.values()
                 if self.principal is not None and self.acls is not None and self.acls.enabled:  # what it may describe
                     topics = [t for t in topics if self.acls.allows(self.principal, "describe", t.name)]
-                reply(P.ErrorCode.OK, P.ListTopicsReply([_info(t) for t in topics]))
+                reply(P.ErrorCode.OK, P.ListTopicsReply([self._info(t) for t in topics]))
             elif op == P.Op.DESCRIBE_TOPIC or op == P.Op.LIST_OFFSETS:
                 header = frames[2] if op == P.Op.LIST_OFFSETS and len(frames) > 2 else P.EMPTY_MAP
                 self.ask_offsets(ident, routing, topic, header, reply)
@@ -181,6 +187,8 @@ class Router(WorkerLiveness):
                 reply(P.ErrorCode.OK, self.status())
             elif op == P.Op.CREATE_PARTITIONS:
                 self.create_partitions(topic, frames, reply)
+            elif op == P.Op.ALTER_CONFIGS:
+                self.alter_configs(topic, frames, reply)
             else:  # SET_WORKERS: ACCEPTED_FRAMES let no other op through
                 n = _set_workers_dec.decode(frames[2]).workers
                 if not 1 <= n <= MAX_WORKERS:
@@ -224,6 +232,13 @@ class Router(WorkerLiveness):
     def create_topic(self, topic: bytes, frames, reply) -> None:
         req = _create_dec.decode(frames[2])
         name = topic.decode("utf-8", "replace")
+        config, why = check_config(req.config, creating=True)
+        if why is not None:
+            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(why))
+        if "ring.bytes" in config:
+            if req.ring_bytes and req.ring_bytes != config["ring.bytes"]:
+                return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply("ring_bytes and config ring.bytes disagree"))
+            req.ring_bytes = config.pop("ring.bytes")
         if not valid_topic_name(name):
             return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
                 f"bad topic name {name!r}: 1-{P.MAX_TOPIC_BYTES} UTF-8 bytes of letters, digits, '.', '_', '-', not '.' or '..'"))
@@ -242,9 +257,9 @@ class Router(WorkerLiveness):
                 f"topic {name!r} needs {need} bytes of shared memory; {used} of the budget {self.s.shm_budget_bytes} are in use"))
         if self.catalog.data.next_slot + req.partitions > self.s.max_slots:
             return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(f"no free partition slots (max_slots={self.s.max_slots})"))
-        entry = self.catalog.add_topic(name, req.partitions, ring)
+        entry = self.catalog.add_topic(name, req.partitions, ring, config)
         self._place_topic(name)
-        reply(P.ErrorCode.OK, _info(entry))
+        reply(P.ErrorCode.OK, self._info(entry))
 
     def create_partitions(self, topic: bytes, frames, reply) -> None:
         """Grow a topic (Kafka's CreatePartitions: to a new total, never down). The catalog is
@@ -269,7 +284,21 @@ class Router(WorkerLiveness):
         entry = self.catalog.add_partitions(name, total)
         self._place_topic(name, first=old)
         log.info("topic %r grown from %d to %d partitions", name, old, total)
-        reply(P.ErrorCode.OK, _info(entry))
+        reply(P.ErrorCode.OK, self._info(entry))
+
+    def alter_configs(self, topic: bytes, frames, reply) -> None:
+        """Set or reset a topic's settings, durably before the reply; the flusher applies
+        retention.ms at its next pass."""
+        req = _alter_configs_dec.decode(frames[2])
+        name = topic.decode("utf-8", "replace")
+        if self.catalog.get(name) is None:
+            return reply(P.ErrorCode.UNKNOWN_TOPIC, P.ErrorReply(f"unknown topic {name!r}"))
+        config, why = check_config(req.config, creating=False)
+        if why is not None:
+            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(why))
+        entry = self.catalog.set_config(name, config)
+        log.info("topic %r settings changed: %s", name, config)
+        reply(P.ErrorCode.OK, self._info(entry))
 
     def ask_offsets(self, ident, routing, topic, header, reply) -> None:
         """Offsets live in shared memory, which workers read: ask one, merge owners in."""
@@ -358,7 +387,7 @@ class Router(WorkerLiveness):
                                          ring_unflushed_bytes=po.ring_unflushed_bytes, appended_bytes=po.appended_bytes))
         if not self.data_id:
             self.data_id = data_dir_id(self.s.data_dir) or 0
-        self.port.send([ident, head, P.encode(P.DescribeReply(_info(t), parts, self.s.instance, self.data_id))])
+        self.port.send([ident, head, P.encode(P.DescribeReply(self._info(t), parts, self.s.instance, self.data_id))])
 
     def status(self) -> P.StatusReply:
         now = time.monotonic()
@@ -414,8 +443,26 @@ class Router(WorkerLiveness):
                 self.clients = max(0, self.clients - 1)
 
 
-def _info(t) -> P.TopicInfo:
-    return P.TopicInfo(t.name, t.topic_id, t.partitions, t.ring_bytes)
+def check_config(config: dict[str, str], creating: bool) -> tuple[dict[str, int | None], str | None]:
+    """A request's topic settings as stored values (None: back to the broker's default), or
+    why they are refused. Names and values: ``P.TOPIC_CONFIGS``."""
+    out: dict[str, int | None] = {}
+    for name, raw in config.items():
+        if name not in P.TOPIC_CONFIGS:
+            return {}, f"unknown topic setting {name!r}: one of {', '.join(P.TOPIC_CONFIGS)}"
+        if name == "ring.bytes" and not creating:
+            return {}, "ring.bytes is set when a topic is created; a topic's rings do not change size"
+        if raw == "" and not creating:
+            out[name] = None
+            continue
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            return {}, f"{name}={raw!r}: an integer"
+        if name == "retention.ms" and value < -1:
+            return {}, f"retention.ms={value}: milliseconds, or -1 to keep records for ever"
+        out[name] = value
+    return out, None
 
 
 def main() -> int:

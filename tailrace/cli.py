@@ -58,6 +58,7 @@ def cmd_serve(args) -> int:
             ring_bytes=args.ring_bytes,
             shm_budget_bytes=args.shm_budget_bytes,
             segment_bytes=args.segment_bytes,
+            retention_ms=args.retention_ms,
             data_mode=args.data_mode,
             ipc_dir=args.ipc_dir,
             metrics_bind=args.metrics_bind,
@@ -102,22 +103,38 @@ def _struct(o) -> dict:
     return msgspec.to_builtins(o)
 
 
+def _config(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: NAME=VALUE, e.g. retention.ms=86400000")
+    return name.strip(), value.strip()
+
+
 def cmd_topic(args) -> int:
     with _admin(args) as admin:
         if args.topic_cmd == "create":
-            info = admin.create_topic(args.name, args.partitions, args.ring_bytes)
+            info = admin.create_topic(args.name, args.partitions, args.ring_bytes, dict(args.config))
             if args.json:
                 print_json(_struct(info))
             else:
                 print(f"created topic {info.name} with {info.partitions} partitions (id {info.topic_id})")
         elif args.topic_cmd == "alter":
+            if args.partitions is None and not args.config:
+                print("tailrace topic alter: give --partitions N and/or --config NAME=VALUE", file=sys.stderr)
+                return EXIT_USAGE
             before = next((t.partitions for t in admin.list_topics() if t.name == args.name), None)
-            info = admin.create_partitions(args.name, args.partitions)
+            if args.config:
+                info = admin.alter_configs(args.name, dict(args.config))
+            if args.partitions is not None:
+                info = admin.create_partitions(args.name, args.partitions)
             if args.json:
                 print_json(_struct(info))
             else:
-                print(f"topic {info.name} now has {info.partitions} partitions (had {before}); keys may map to other "
-                      "partitions from now on")
+                if args.partitions is not None:
+                    print(f"topic {info.name} now has {info.partitions} partitions (had {before}); keys may map to other "
+                          "partitions from now on")
+                if args.config:
+                    print(f"topic {info.name} settings: " + ", ".join(f"{k}={v}" for k, v in sorted(info.config.items())))
         elif args.topic_cmd == "list":
             topics = admin.list_topics()
             if args.json:
@@ -137,7 +154,8 @@ def cmd_topic(args) -> int:
                 print_table(["partition", "worker", "log start", "high watermark", "durable watermark", "ring use", "bytes"],
                             [[p.partition, p.worker, p.log_start_offset, p.high_watermark, p.durable_watermark,
                               _ring_use(p, d.topic.ring_bytes), _bytes(getattr(p, "appended_bytes", 0))] for p in d.partitions],
-                            title=f"topic {d.topic.name}: {d.topic.partitions} partitions, ring {_bytes(d.topic.ring_bytes)} each")
+                            title=f"topic {d.topic.name}: {d.topic.partitions} partitions, ring {_bytes(d.topic.ring_bytes)} each"
+                                  + "".join(f", {k}={v}" for k, v in sorted(d.topic.config.items()) if k != "ring.bytes"))
     return EXIT_OK
 
 
@@ -357,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--shm-budget-bytes", type=_positive, default=None,
                     help=f"shared memory all rings may use together (default {_bytes(_DEFAULTS.shm_budget_bytes)})")
     sv.add_argument("--segment-bytes", type=_positive, default=None, help=f"journal segment file size (default {_bytes(_DEFAULTS.segment_bytes)})")
+    sv.add_argument("--retention-ms", type=int, default=None, metavar="MS",
+                    help="how long topics keep records unless they say otherwise (retention.ms); -1 for ever (default 7 days)")
     sv.add_argument("--data-mode", default=None,
                     help="mode of the data directory and its subdirectories; files get it & 0666 (default 0700: owner only; "
                          "0750 lets the group read)")
@@ -387,9 +407,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--partitions", type=_positive, default=1, help="number of partitions")
     c.add_argument("--ring-bytes", type=_natural, default=0,
                    help="shared-memory ring per partition in bytes; 0 takes the broker's default")
+    c.add_argument("--config", type=_config, action="append", default=[], metavar="NAME=VALUE",
+                   help="a topic setting, repeatable: retention.ms (-1: for ever), ring.bytes")
     al_ = command(tsub, "alter", "grow a topic to more partitions (only up, as Kafka's --alter --partitions)")
     al_.add_argument("name", help="topic name")
-    al_.add_argument("--partitions", type=_positive, required=True, help="the new number of partitions, more than now")
+    al_.add_argument("--partitions", type=_positive, default=None, help="the new number of partitions, more than now")
+    al_.add_argument("--config", type=_config, action="append", default=[], metavar="NAME=VALUE",
+                     help="set a topic setting, repeatable (NAME= resets it to the broker's default): retention.ms")
     ls = command(tsub, "list", "list topics (a table; --json for scripts)")
     d = command(tsub, "describe", "partitions of a topic: owner, watermarks, ring use, bytes")
     d.add_argument("name", help="topic name")

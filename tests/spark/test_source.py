@@ -142,3 +142,26 @@ def test_batch_and_stream_start_and_end_by_timestamp_with_kafkas_options(spark, 
              .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
     assert query.awaitTermination(180) and query.exception() is None
     assert spans(spark.read.parquet(str(out))) == {0: (200, 299, 100), 1: (200, 299, 100)}
+
+
+def test_fail_on_data_loss_both_ways_when_retention_took_what_a_query_asks_for(spark, spark_broker, topic_name):
+    """Offsets below the log start (records gone with retention): failOnDataLoss=true (the
+    default) fails the query naming the option; false reads what is left, exactly."""
+    import time
+
+    with Admin(spark_broker.bootstrap) as a:
+        a.create_topic(topic_name, 1, config={"retention.ms": 1000})
+        produce(spark_broker.bootstrap, topic_name, 1, 0, 1000)
+        deadline = time.monotonic() + 30  # the flusher's retention pass: every 5 s by default
+        while a.list_offsets(topic_name)[0].log_start_offset < 1000:
+            assert time.monotonic() < deadline, a.list_offsets(topic_name)
+            time.sleep(0.2)
+        a.alter_configs(topic_name, {"retention.ms": -1})
+    produce(spark_broker.bootstrap, topic_name, 1, 1000, 500)
+    starting = json.dumps({topic_name: {"0": 0}})
+    with pytest.raises(Exception, match="failOnDataLoss=false"):
+        reader(spark, spark_broker, topic_name, startingOffsets=starting).collect()
+    df = reader(spark, spark_broker, topic_name, startingOffsets=starting, failOnDataLoss="false")
+    rows = df.select("offset", "value").collect()
+    assert sorted(r.offset for r in rows) == list(range(1000, 1500))
+    assert {bytes(r.value) for r in rows} == {b"p0-v%07d" % i for i in range(1000, 1500)}

@@ -1,0 +1,215 @@
+"""Retention: log starts that advance with time, and journal segments that go when no one needs them.
+
+A topic keeps records for ``retention.ms`` (its own config, else the broker's ``retention_ms``;
+-1 keeps them forever). Every ``retention_check_ms`` the flusher (``Retention.run``) moves each
+partition's *log start* up to its first record appended within that time, found by the same
+binary search as seek by time (persistence/timesearch.py). Readers see it at once: a fetch below
+the log start is ``OFFSET_OUT_OF_RANGE`` carrying the new start, whether or not the bytes are gone.
+
+The journal is shared by all partitions, so bytes go only as whole segments, oldest first, and
+only once no partition still keeps records in them: a segment goes when it ends at or below the
+journal position of every partition's log-start record (``pin``). A partition whose records are
+all expired pins nothing. A long-retention topic therefore keeps every segment from its oldest
+record on, for everyone (docs/DESIGN.md, "Retention": the ``journal_pinned_by`` gauge names it).
+
+Crash safety, in this order, each step durable before the next:
+
+1. new log starts are written to ``journal/log_starts.json`` (atomic rename, fsynced) and only
+   then published in the control table: a log start never moves backwards, even through a host
+   crash (it never passes the durable watermark, so recovery never finds the journal below it);
+2. segments are deleted on the *next* pass, by the log starts of the pass before (``safe``):
+   a fetch that read a log start just before it moved finishes long before its bytes go;
+3. the checkpoint's segment and every later one are never deleted (recovery scans from it), and
+   recovery treats index entries below a log start as gone (persistence/recovery.py).
+
+Index files shrink with the log: the entries below a log start are punched out of the file
+(``fallocate(PUNCH_HOLE)``: the file keeps its offsets, the blocks are freed).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from tailrace.broker.datadir import JOURNAL_DIR, fsync_dir, segment_name, write_atomic
+from tailrace.shm.layout import COL
+
+from .index import ENTRY_BYTES
+from .journal import JournalReader, list_segments
+from .timesearch import first_at_or_after
+
+log = logging.getLogger("tailrace.retention")
+
+LOG_STARTS_FILE = "log_starts.json"
+RETENTION_MS = "retention.ms"
+FOREVER = -1
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_FALLOC_PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
+_PAGE = 4096
+
+
+def log_starts_path(data_dir) -> Path:
+    return Path(data_dir) / JOURNAL_DIR / LOG_STARTS_FILE
+
+
+def read_log_starts(data_dir) -> dict[int, int]:
+    """{slot: log start} as last written (slots not in it start at 0)."""
+    try:
+        doc = json.loads(log_starts_path(data_dir).read_text())
+        return {int(k): int(v) for k, v in doc["log_starts"].items()}
+    except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def write_log_starts(data_dir, starts: dict[int, int]) -> None:
+    body = json.dumps({"log_starts": {str(k): int(v) for k, v in sorted(starts.items()) if v > 0}}).encode()
+    write_atomic(log_starts_path(data_dir), body)
+
+
+def punch_below(fd: int, entries: int) -> bool:
+    """Free the index file's blocks wholly below entry ``entries`` (the offsets stay where they
+    are: reads there give zeros). False where the filesystem cannot punch holes."""
+    length = entries * ENTRY_BYTES // _PAGE * _PAGE
+    if length <= 0:
+        return True
+    if _libc.fallocate(fd, _FALLOC_PUNCH, ctypes.c_long(0), ctypes.c_long(length)) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err not in (errno.EOPNOTSUPP, errno.ENOSYS):
+        log.warning("punching the index below entry %d: %s", entries, os.strerror(err))
+    return False
+
+
+def retention_ms(topic, default_ms: int) -> int:
+    return int((getattr(topic, "config", None) or {}).get(RETENTION_MS, default_ms))
+
+
+class Retention:
+    """The flusher's retention pass (``run``), with what it has published and deleted."""
+
+    def __init__(self, flusher):
+        self.f = flusher
+        self.s = flusher.s
+        self.journal_dir = Path(self.s.data_dir) / JOURNAL_DIR
+        self.starts: dict[int, int] = read_log_starts(self.s.data_dir)  # slot -> log start, as written
+        self.safe: dict[int, int] = dict(self.starts)  # the starts of the pass before: what deletion goes by
+        self.punched: dict[int, int] = {}  # slot -> index entries punched out so far
+        self.reader: JournalReader | None = None
+        self.next_ns = 0
+        self.segments_deleted = 0
+        self.bytes_deleted = 0
+        self.pinned_by = -1  # the slot whose log start keeps the oldest segment (-1: none)
+
+    def publish(self) -> None:
+        """Put the stored log starts into the control table (at boot, after recovery)."""
+        rows = self.f.table.rows
+        for slot, start in self.starts.items():
+            if slot < len(rows) and rows[slot, COL["active"]]:
+                rows[slot, COL["log_start_offset"]] = max(int(rows[slot, COL["log_start_offset"]]),
+                                                          min(start, int(rows[slot, COL["next_offset"]])))
+
+    def due(self, now_ns: int) -> bool:
+        return now_ns >= self.next_ns
+
+    def run(self, now_ns: int) -> None:
+        self.next_ns = now_ns + self.s.retention_check_ms * 1_000_000
+        if self.reader is None:
+            self.reader = JournalReader(self.s.data_dir, self.s.segment_bytes)
+        self.f.catalog.reload()
+        self._advance()
+        self._delete_segments(self.safe)
+        self._punch(self.safe)
+        self.safe = dict(self.starts)
+
+    # --- 1. log starts -------------------------------------------------------------------
+    def _advance(self) -> None:
+        rows = self.f.table.rows
+        now_us = time.time_ns() // 1000
+        moved: dict[int, int] = {}
+        for slot, (topic, _p) in self.f.catalog.by_slot.items():
+            keep_ms = retention_ms(topic, self.s.retention_ms)
+            if keep_ms < 0 or slot >= len(rows) or not rows[slot, COL["active"]]:
+                continue
+            r = rows[slot]
+            start = int(r[COL["log_start_offset"]])
+            end = min(int(r[COL["durable_offset"]]), int(r[COL["flushed_offset"]]))  # durable and indexed
+            if end <= start:
+                continue
+            found = first_at_or_after(self.f._index(slot), self.reader, start, end, now_us - keep_ms * 1000)
+            new = end if found is None else found[0]
+            if new > start:
+                moved[slot] = new
+        if not moved:
+            return
+        self.starts.update(moved)
+        write_log_starts(self.s.data_dir, self.starts)  # durable before any reader sees them
+        self._crash_point("log_starts_written")
+        for slot, new in moved.items():
+            rows[slot, COL["log_start_offset"]] = new
+        log.info("retention: log start moved in %d partitions (%s)", len(moved),
+                 ", ".join(f"slot {s} -> {o}" for s, o in list(moved.items())[:8]))
+
+    # --- 2. segments ---------------------------------------------------------------------
+    def pin(self, starts: dict[int, int]) -> tuple[int, int]:
+        """(the lowest journal position a partition still needs, the slot that needs it)."""
+        rows = self.f.table.rows
+        low, who = 1 << 62, -1
+        for slot in self.f.catalog.by_slot:
+            start = starts.get(slot, 0)
+            end = int(rows[slot, COL["flushed_offset"]]) if slot < len(rows) and rows[slot, COL["active"]] else \
+                self.f._index(slot).entry_count()
+            if start >= end:
+                continue  # every record expired (or none): pins nothing
+            e = self.f._index(slot).read(start, 1)
+            if len(e) and int(e["position"][0]) < low:
+                low, who = int(e["position"][0]), slot
+        return low, who
+
+    def _delete_segments(self, starts: dict[int, int]) -> None:
+        low, who = self.pin(starts)
+        self.pinned_by = who
+        keep = min(low, self.f.checkpointed_at, self.f.journal.segment_start)
+        keep -= keep % self.s.segment_bytes
+        gone = [seg for seg in list_segments(self.journal_dir) if seg + self.s.segment_bytes <= keep]
+        for seg in gone:
+            path = self.journal_dir / segment_name(seg)
+            size = path.stat().st_size
+            path.unlink()
+            self.segments_deleted += 1
+            self.bytes_deleted += size
+            if len(gone) > 1:
+                self._crash_point("one_segment_deleted")
+        if gone:
+            fsync_dir(self.journal_dir)
+            log.info("retention: deleted %d journal segments below position %d (oldest kept record: slot %d)",
+                     len(gone), keep, who)
+
+    # --- 3. indexes ----------------------------------------------------------------------
+    def _punch(self, starts: dict[int, int]) -> None:
+        for slot, start in starts.items():
+            if start - self.punched.get(slot, 0) >= _PAGE // ENTRY_BYTES and slot in self.f.catalog.by_slot:
+                if punch_below(self.f._index(slot).fd, start):
+                    self.punched[slot] = start
+
+    def _crash_point(self, step: str) -> None:
+        """Fault injection (``debug_crash_at``): die here as a kill -9 would, once per data directory."""
+        if self.s.debug_crash_at != step:
+            return
+        marker = Path(self.s.data_dir) / f"debug-crashed-{step}"
+        if marker.exists():
+            return
+        marker.write_text(str(os.getpid()))
+        log.error("debug_crash_at=%s: dying here", step)
+        os._exit(137)
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None

@@ -1,0 +1,165 @@
+"""Time-based retention with real processes (persistence/retention.py): log starts advance,
+segments go, readers below the log start get OFFSET_OUT_OF_RANGE and ``auto_offset_reset`` does
+what it says, index files shrink; a restart, a kill -9 of everything, and a kill -9 of the
+flusher at each step of a deletion leave recovery consistent: log starts never move back, no
+acknowledged record inside retention is lost, offsets go on where they were.
+
+Timing without races: topic ``r`` keeps records 1.5 s; the old records are written, expire and
+their segments go; only then is the topic told to keep records for ever (``retention.ms=-1``)
+and the new ones written, so nothing a test reads can expire under it."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from tailrace import Admin, Consumer, Producer
+from tailrace.client.errors import OffsetOutOfRangeError
+from tailrace.persistence.retention import read_log_starts
+from tests.helpers import hard_kill_all, wait_restarted
+
+BROKER = dict(segment_bytes=2 << 20, max_batch_bytes=256 << 10, retention_check_ms=200)
+OLD, NEW = 10_000, 3_000  # records of ~1 KiB, alternating over 2 partitions: 5,000 + 1,500 each
+EXPIRED = OLD // 2  # each partition's log start once the old records are gone
+
+
+def _value(tag: bytes, i: int) -> bytes:
+    return tag + b"%06d" % i + b"." * 1000
+
+
+def _produce(b, tag: bytes, n: int) -> None:
+    with Producer(b.bootstrap, acks="durable", linger_ms=1, batch_bytes=128 << 10) as p:
+        for i in range(n):
+            p.send("r", _value(tag, i), partition=i % 2)
+        assert p.flush(60_000) == n
+
+
+def _expected() -> dict[tuple[int, int], bytes]:
+    """(partition, offset) -> value, for every record ever written."""
+    out = {(i % 2, i // 2): _value(b"old", i) for i in range(OLD)}
+    out.update({(i % 2, EXPIRED + i // 2): _value(b"new", i) for i in range(NEW)})
+    return out
+
+
+def _segments(b) -> list[str]:
+    return sorted(n for n in os.listdir(b.data_dir / "journal") if n.endswith(".log"))
+
+
+def _offsets(b) -> list[tuple[int, int]]:
+    with Admin(b.bootstrap) as a:
+        return [(o.log_start_offset, o.high_watermark) for o in a.list_offsets("r")]
+
+
+def _wait(b, what, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not what():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out: offsets {_offsets(b)}, segments {_segments(b)}")
+        time.sleep(0.1)
+
+
+def _read_from_start(b) -> dict[tuple[int, int], bytes]:
+    """Everything from each partition's log start to its high watermark."""
+    ends = [hw for _s, hw in _offsets(b)]
+    with Consumer(b.bootstrap, max_wait_ms=100, auto_offset_reset="earliest") as c:
+        c.assign("r", start=0)
+        got, deadline = {}, time.monotonic() + 30
+        while any(c.position("r", p) < ends[p] for p in (0, 1)) and time.monotonic() < deadline:
+            for r in c.poll(200):
+                got[(r.partition, r.offset)] = r.value
+    return got
+
+
+def _check_all_kept(b) -> None:
+    """Every record from each log start on is there, byte-identical, with no gap."""
+    offsets, got, want = _offsets(b), _read_from_start(b), _expected()
+    for p, (start, hw) in enumerate(offsets):
+        mine = sorted(o for (q, o) in got if q == p)
+        assert mine == list(range(start, hw)), (p, start, hw, mine[:3], mine[-3:])
+    assert all(want[k] == v for k, v in got.items())
+
+
+def _expire_old(b, alter: bool = True) -> None:
+    """Old records written to a topic keeping 1.5 s; wait until they and their segments are gone,
+    then keep everything (if ``alter``) and write the new ones."""
+    _wait(b, lambda: _offsets(b) == [(EXPIRED, EXPIRED)] * 2 and len(_segments(b)) <= 2)
+    if alter:
+        with Admin(b.bootstrap) as a:
+            assert a.alter_configs("r", {"retention.ms": -1}).config["retention.ms"] == "-1"
+        _produce(b, b"new", NEW)
+
+
+def test_records_expire_segments_go_readers_reset_and_a_crash_keeps_it_all(make_broker):
+    b = make_broker(**BROKER)
+    with Admin(b.bootstrap) as a:
+        info = a.create_topic("r", 2, config={"retention.ms": 1500})
+        assert info.config == {"retention.ms": "1500", "ring.bytes": str(8 << 20)}
+    _produce(b, b"old", OLD)
+    assert len(_segments(b)) >= 5
+    _expire_old(b)
+    assert _offsets(b) == [(EXPIRED, EXPIRED + NEW // 2)] * 2
+    with Consumer(b.bootstrap, max_wait_ms=100) as c:  # the default, "error": nothing skipped unseen
+        c.assign("r", [0], start=0)
+        with pytest.raises(OffsetOutOfRangeError) as err:
+            for _ in range(20):
+                c.poll(200)
+        assert err.value.details["log_start_offset"] == EXPIRED
+    _check_all_kept(b)  # "earliest": from the log start, every record inside retention, byte-identical
+    with Consumer(b.bootstrap, max_wait_ms=100, auto_offset_reset="latest") as c:
+        c.assign("r", [1], start=0)
+        assert c.poll(500) == [] and c.position("r", 1) == EXPIRED + NEW // 2
+    index = b.data_dir / "index" / "1.index"
+    assert index.stat().st_size == (EXPIRED + NEW // 2) * 16
+    assert index.stat().st_blocks * 512 <= NEW // 2 * 16 + 8192  # the entries below the log start are punched out
+    assert read_log_starts(b.data_dir) == {0: EXPIRED, 1: EXPIRED}
+
+    b.stop()  # a clean restart: the same log starts, the same records
+    b.start()
+    assert _offsets(b) == [(EXPIRED, EXPIRED + NEW // 2)] * 2
+    _check_all_kept(b)
+    hard_kill_all(b)  # kill -9 of everything: recovery from the checkpoint, over deleted segments
+    b.start()
+    assert _offsets(b) == [(EXPIRED, EXPIRED + NEW // 2)] * 2
+    _check_all_kept(b)
+    with Producer(b.bootstrap, acks="durable", linger_ms=0) as p:  # offsets go on
+        p.send("r", b"after", partition=0)
+        assert p.flush() == 1
+    assert _offsets(b)[0] == (EXPIRED, EXPIRED + NEW // 2 + 1)
+
+
+@pytest.mark.parametrize("step", ["log_starts_written", "one_segment_deleted"])
+@pytest.mark.parametrize("then", ["flusher_restarts", "everything_killed"])
+def test_a_kill_at_each_step_of_a_deletion_leaves_recovery_consistent(make_broker, step, then):
+    """The flusher dies (as kill -9) right after writing new log starts, or between two segment
+    deletions; supervisord restarts it, or everything is then killed and started again. Log starts
+    never move back, every acknowledged record from the log starts on is still there, offsets go
+    on, and deletion goes on."""
+    b = make_broker(**BROKER, debug_crash_at=step)
+    with Admin(b.bootstrap) as a:
+        a.create_topic("r", 2, config={"retention.ms": 1500})
+    pids = b.pids()
+    _produce(b, b"old", OLD)
+    marker = b.data_dir / f"debug-crashed-{step}"
+    _wait(b, marker.exists)
+    starts_at_crash = read_log_starts(b.data_dir)
+    if then == "flusher_restarts":
+        wait_restarted(b, pids, ["flusher"])
+        flusher_log = b.data_dir / "logs" / "flusher.log"  # booted again (the table stayed READY meanwhile)
+        _wait(b, lambda: flusher_log.read_text().count("flusher ready") >= 2)
+    else:
+        time.sleep(0.3)
+        hard_kill_all(b)
+        b.start()
+    now = _offsets(b)
+    assert all(start >= starts_at_crash.get(p, 0) for p, (start, _hw) in enumerate(now)), (now, starts_at_crash)
+    assert [hw for _s, hw in now] == [EXPIRED, EXPIRED], now
+    _check_all_kept(b)
+    _expire_old(b)
+    _check_all_kept(b)
+    hard_kill_all(b)
+    b.start()
+    assert _offsets(b) == [(EXPIRED, EXPIRED + NEW // 2)] * 2
+    _check_all_kept(b)
+    assert f"debug_crash_at={step}: dying here" in (b.data_dir / "logs" / "flusher.log").read_text()
