@@ -137,7 +137,10 @@ class PartitionActor:
         entries = self.index.read(lo, end_offset - lo)
         starts = np.flatnonzero(entries["rel"] == 0)[-DEDUP_DISK_BATCHES:]
         for i in starts.tolist():
-            head = self.journal.read(int(entries[i]["position"]), HEADER_BYTES)
+            try:
+                head = self.journal.read(int(entries[i]["position"]), HEADER_BYTES)
+            except FileNotFoundError:  # expired meanwhile: retention deleted its segment
+                continue
             pid, seq = IDEMPOTENCE.unpack_from(head, IDEMPOTENCE_AT)
             count = COUNT.unpack_from(head, COUNT_AT)[0]
             self.producers.record(pid, seq, count, lo + i, 0)

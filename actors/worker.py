@@ -475,16 +475,23 @@ class Worker:
         its append time us), or None if all are older. The indexed part by binary search over
         the dense index and the journal (persistence/timesearch.py), the rest from the ring."""
         row = self.table.rows[slot]
-        lo, flushed, hi = int(row[COL["log_start_offset"]]), int(row[COL["flushed_offset"]]), int(row[COL["next_offset"]])
-        flushed = max(lo, min(flushed, hi))
-        if flushed > lo:
+        for attempt in range(3):  # a log start that moved during the search took its segment with it: again
+            lo, flushed, hi = int(row[COL["log_start_offset"]]), int(row[COL["flushed_offset"]]), int(row[COL["next_offset"]])
+            flushed = max(lo, min(flushed, hi))
+            if flushed <= lo:
+                break
             index = IndexFile(self.s.data_dir, slot)
             try:
                 found = first_at_or_after(index, self.journal, lo, flushed, t_us)
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                continue
             finally:
                 index.close()
             if found is not None:
                 return found
+            break
         if hi <= flushed:
             return None
         # not indexed yet: the ring's batches from ``flushed`` (a few, the flusher keeps up)

@@ -36,6 +36,7 @@ class Settings(msgspec.Struct, kw_only=True):
     write_buffer_bytes: int = 8 * MiB  # the flusher's aligned staging buffer
     checkpoint_interval_ms: int = 10_000  # how often index files are synced and checkpointed
     retention_ms: int = 7 * 24 * 3600 * 1000  # a topic's records are kept this long unless it says otherwise; -1: forever
+    retention_bytes: int = -1  # per partition, unless the topic says otherwise; -1: no limit
     retention_check_ms: int = 5000  # how often the flusher moves log starts and deletes segments (persistence/retention.py)
     direct_io: str = "auto"  # "auto": O_DIRECT where the filesystem allows it; "off"
     ipc_dir: str = ""  # the run directory (sockets, doorbells, pid files); default: broker/datadir.py
@@ -115,7 +116,7 @@ class Settings(msgspec.Struct, kw_only=True):
         if self.workers < 1:
             raise ValueError(f"workers={self.workers} must be >= 1")
         datadir.parse_mode(self.data_mode)
-        if self.retention_ms < -1 or self.retention_check_ms < 1:
+        if self.retention_ms < -1 or self.retention_bytes < -1 or self.retention_check_ms < 1:
             raise ValueError(f"retention_ms={self.retention_ms} must be >= -1 (-1: for ever) and retention_check_ms >= 1")
         if self.auth not in auth.MODES:
             raise ValueError(f"auth={self.auth!r}: one of {', '.join(auth.MODES)}")

@@ -210,6 +210,7 @@ class TopicInfo(msgspec.Struct):
 # concept is Kafka's: name -> what it takes
 TOPIC_CONFIGS = {
     "retention.ms": "ms a record is kept, -1 for ever (the broker's --retention-ms by default)",
+    "retention.bytes": "bytes of batches a partition keeps at most, -1 no limit (the broker's --retention-bytes by default)",
     "ring.bytes": "the shared-memory ring of each partition, bytes (at creation only: ring_bytes)",
 }
 

@@ -101,6 +101,8 @@ class Flusher:
         self.cycles = self.bytes_written = self.syncs = 0
         self.write_hist, self.fsync_hist = Histogram(), Histogram()
         self.checkpointed_at = 0  # the journal position of the last checkpoint (retention keeps its segment)
+        self.rolled = False  # this cycle moved to a new segment (it then stops: see do_work)
+        self.next_first_slot = 0  # where the next cycle starts staging (round robin over the dirty slots)
         self.retention = Retention(self)  # log starts and segment deletion (persistence/retention.py)
 
     def rescan(self) -> None:
@@ -157,9 +159,17 @@ class Flusher:
         heads = rows[slots, COL["desc_head"]]
         dirty = np.flatnonzero(heads > rows[slots, COL["flushed_desc"]])
         staged = 0
+        self.rolled = False
+        order = slots[dirty].tolist()
+        if len(order) > 1:  # round robin: a cycle that stops at a new segment starts the next one after it
+            k = int(np.searchsorted(order, self.next_first_slot))
+            order = order[k:] + order[:k]
         try:
-            for slot, head in zip(slots[dirty].tolist(), heads[dirty].tolist()):
-                staged += self._stage_slot(slot, head)
+            for slot in order:
+                staged += self._stage_slot(slot, int(rows[slot, COL["desc_head"]]))
+                if self.rolled:  # one new segment per cycle: the retention pass runs between them
+                    self.next_first_slot = slot + 1
+                    break
             self._write_out()
             now = time.monotonic_ns()
             if self.journal.dirty and (
@@ -199,6 +209,7 @@ class Flusher:
                 self._write_out()
                 if seg_room < int(sizes[0]):
                     self._roll()
+                    return staged  # the rest waits in the ring for the next cycle, after a retention pass
                 continue
             take = descs[:k]
             if k > 1:
@@ -286,12 +297,18 @@ class Flusher:
         self.buf_base, self.buf_len = head, carry
 
     def _roll(self) -> None:
-        """Leave the rest of this segment zero and go on at the next one."""
+        """Leave the rest of this segment zero and go on at the next one (byte limits applied
+        first, so the journal never holds their excess and a new segment at once)."""
         self.sync()
+        try:
+            self.retention.run(time.monotonic_ns(), bytes_only=True)
+        except OSError as exc:  # retention waits for its next pass; the data path goes on
+            log.error("retention pass failed: %s", exc)
         nxt = self.journal.segment_start + self.s.segment_bytes
         self.journal.open_segment(nxt)
         self.buf_base, self.buf_len = nxt, 0
         self.checkpoint()
+        self.rolled = True
 
     def sync(self) -> None:
         t0 = time.perf_counter_ns()

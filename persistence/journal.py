@@ -109,6 +109,7 @@ class Journal:
         self.segment_start = -1
         self._unsynced_fds: set[int] = set()
         self._old_fds: list[int] = []
+        self._prewrite_from = 1 << 62  # journal position past which the next segment is pre-written
         self._prewrite_lock = threading.Lock()
         self._prewrite_thread: threading.Thread | None = None
 
@@ -171,7 +172,7 @@ class Journal:
         if self.fd >= 0:
             self._old_fds.append(self.fd)
         self.fd, self.direct, self.segment_start = fd, direct, start
-        self.prewrite_next_async()
+        self._prewrite_from = start + self.segment_bytes // 2  # the next one is pre-written once this is half full
 
     # --- writing -------------------------------------------------------------------------
     def _check(self) -> None:
@@ -200,6 +201,9 @@ class Journal:
         except OSError as exc:
             self._latch(exc)
         self._unsynced_fds.add(self.fd)
+        if position + length >= self._prewrite_from:  # half full: pre-write the next segment now, not
+            self._prewrite_from = 1 << 62               # at the roll (nor earlier: it is disk retention cannot free)
+            self.prewrite_next_async()
 
     def sync(self) -> None:
         self._check()

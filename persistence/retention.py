@@ -1,9 +1,13 @@
 """Retention: log starts that advance with time, and journal segments that go when no one needs them.
 
 A topic keeps records for ``retention.ms`` (its own config, else the broker's ``retention_ms``;
--1 keeps them forever). Every ``retention_check_ms`` the flusher (``Retention.run``) moves each
-partition's *log start* up to its first record appended within that time, found by the same
-binary search as seek by time (persistence/timesearch.py). Readers see it at once: a fetch below
+-1 keeps them forever) and, per partition, at most ``retention.bytes`` of batches (else the
+broker's ``retention_bytes``; -1: no limit). Every ``retention_check_ms``, and whenever the
+journal rolls to a new segment, the flusher (``Retention.run``) moves each partition's *log
+start* up to its first record appended within that time, found by the same binary search as seek
+by time (persistence/timesearch.py), and further, whole batches at a time, until what is left
+fits the byte limit (``ByteCount``: the bytes of each partition's kept batches, counted from the
+index as batches arrive and leave, each entry read twice in its life). Readers see it at once: a fetch below
 the log start is ``OFFSET_OUT_OF_RANGE`` carrying the new start, whether or not the bytes are gone.
 
 The journal is shared by all partitions, so bytes go only as whole segments, oldest first, and
@@ -17,8 +21,9 @@ Crash safety, in this order, each step durable before the next:
 1. new log starts are written to ``journal/log_starts.json`` (atomic rename, fsynced) and only
    then published in the control table: a log start never moves backwards, even through a host
    crash (it never passes the durable watermark, so recovery never finds the journal below it);
-2. segments are deleted on the *next* pass, by the log starts of the pass before (``safe``):
-   a fetch that read a log start just before it moved finishes long before its bytes go;
+2. segments are deleted by the log starts just written: a fetch that read a log start just
+   before it moved and finds its segment gone is answered ``OFFSET_OUT_OF_RANGE`` (what it asked
+   for has expired), and the other readers of the journal start at the log start as it is now;
 3. the checkpoint's segment and every later one are never deleted (recovery scans from it), and
    recovery treats index entries below a log start as gone (persistence/recovery.py).
 
@@ -37,7 +42,10 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
+
 from tailrace.broker.datadir import JOURNAL_DIR, fsync_dir, segment_name, write_atomic
+from tailrace.client.records import align8_array
 from tailrace.shm.layout import COL
 
 from .index import ENTRY_BYTES
@@ -48,6 +56,8 @@ log = logging.getLogger("tailrace.retention")
 
 LOG_STARTS_FILE = "log_starts.json"
 RETENTION_MS = "retention.ms"
+RETENTION_BYTES = "retention.bytes"
+CHUNK = 1 << 16  # index entries read at once
 FOREVER = -1
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
@@ -91,6 +101,77 @@ def retention_ms(topic, default_ms: int) -> int:
     return int((getattr(topic, "config", None) or {}).get(RETENTION_MS, default_ms))
 
 
+def retention_bytes(topic, default_bytes: int) -> int:
+    return int((getattr(topic, "config", None) or {}).get(RETENTION_BYTES, default_bytes))
+
+
+def _batch_sizes(index, a: int, b: int):
+    """(offsets, frame bytes) of the batches starting in offsets ``[a, b)``, read in chunks."""
+    offs, sizes = [], []
+    while a < b:
+        e = index.read(a, min(CHUNK, b - a))
+        if not len(e):
+            break
+        starts = np.flatnonzero(e["rel"] == 0)
+        offs.append(starts + a)
+        sizes.append(align8_array(e["length"][starts]))
+        a += len(e)
+    if not offs:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(offs), np.concatenate(sizes)
+
+
+class ByteCount:
+    """The bytes of the batches of one partition that start in ``[start, end)``."""
+
+    __slots__ = ("start", "end", "bytes")
+
+    def __init__(self, start: int):
+        self.start = self.end = start
+        self.bytes = 0
+
+    def moved_to(self, index, start: int, end: int) -> None:
+        """Follow the log start up to ``start`` and the indexed end up to ``end``."""
+        if start >= self.end:  # everything counted has gone: count afresh from there
+            self.start = self.end = start
+            self.bytes = 0
+        elif start > self.start:
+            self.bytes -= int(_batch_sizes(index, self.start, start)[1].sum())
+            self.start = start
+        if end > self.end:
+            self.bytes += int(_batch_sizes(index, self.end, end)[1].sum())
+            self.end = end
+
+    def start_within(self, index, limit: int) -> int:
+        """The first batch start from which the kept batches fit ``limit`` bytes: the oldest
+        batches are read until they cover the excess (what came since the last pass)."""
+        excess = self.bytes - limit
+        at = self.start
+        while excess > 0 and at < self.end:
+            hi = min(self.end, at + CHUNK)
+            offs, sizes = _batch_sizes(index, at, hi)
+            cum = np.cumsum(sizes)
+            k = int(np.searchsorted(cum, excess, side="left"))  # dropping batches 0..k is enough
+            if k < len(offs):
+                return int(offs[k + 1]) if k + 1 < len(offs) else _next_start(index, hi, self.end)
+            excess -= int(cum[-1]) if len(cum) else 0
+            at = hi
+        return self.start if excess <= 0 else self.end
+
+
+def _next_start(index, a: int, end: int) -> int:
+    """The first batch start at or after offset ``a`` (``end`` if none before it)."""
+    while a < end:
+        e = index.read(a, min(CHUNK, end - a))
+        if not len(e):
+            break
+        starts = np.flatnonzero(e["rel"] == 0)
+        if len(starts):
+            return a + int(starts[0])
+        a += len(e)
+    return end
+
+
 class Retention:
     """The flusher's retention pass (``run``), with what it has published and deleted."""
 
@@ -99,13 +180,13 @@ class Retention:
         self.s = flusher.s
         self.journal_dir = Path(self.s.data_dir) / JOURNAL_DIR
         self.starts: dict[int, int] = read_log_starts(self.s.data_dir)  # slot -> log start, as written
-        self.safe: dict[int, int] = dict(self.starts)  # the starts of the pass before: what deletion goes by
         self.punched: dict[int, int] = {}  # slot -> index entries punched out so far
         self.reader: JournalReader | None = None
         self.next_ns = 0
         self.segments_deleted = 0
         self.bytes_deleted = 0
         self.pinned_by = -1  # the slot whose log start keeps the oldest segment (-1: none)
+        self.counts: dict[int, ByteCount] = {}  # slot -> bytes kept, for partitions with a byte limit
 
     def publish(self) -> None:
         """Put the stored log starts into the control table (at boot, after recovery)."""
@@ -118,32 +199,51 @@ class Retention:
     def due(self, now_ns: int) -> bool:
         return now_ns >= self.next_ns
 
-    def run(self, now_ns: int) -> None:
-        self.next_ns = now_ns + self.s.retention_check_ms * 1_000_000
+    def run(self, now_ns: int, bytes_only: bool = False) -> None:
+        """A pass: move log starts, delete what no partition needs, shrink indexes. With
+        ``bytes_only`` (at each new journal segment) only byte limits are applied: they must keep
+        up with the writes, times need not."""
+        if not bytes_only:
+            self.next_ns = now_ns + self.s.retention_check_ms * 1_000_000
+        self.f.catalog.reload()  # one stat; a topic it did not know would pin nothing
         if self.reader is None:
             self.reader = JournalReader(self.s.data_dir, self.s.segment_bytes)
-        self.f.catalog.reload()
-        self._advance()
-        self._delete_segments(self.safe)
-        self._punch(self.safe)
-        self.safe = dict(self.starts)
+        self._advance(bytes_only)
+        self._delete_segments(self.starts)
+        self._punch(self.starts)
 
     # --- 1. log starts -------------------------------------------------------------------
-    def _advance(self) -> None:
+    def _advance(self, bytes_only: bool = False) -> None:
         rows = self.f.table.rows
         now_us = time.time_ns() // 1000
         moved: dict[int, int] = {}
         for slot, (topic, _p) in self.f.catalog.by_slot.items():
-            keep_ms = retention_ms(topic, self.s.retention_ms)
-            if keep_ms < 0 or slot >= len(rows) or not rows[slot, COL["active"]]:
+            keep_ms = -1 if bytes_only else retention_ms(topic, self.s.retention_ms)
+            keep_bytes = retention_bytes(topic, self.s.retention_bytes)
+            if bytes_only and keep_bytes < 0:
+                continue
+            if (keep_ms < 0 and keep_bytes < 0) or slot >= len(rows) or not rows[slot, COL["active"]]:
+                self.counts.pop(slot, None)
                 continue
             r = rows[slot]
             start = int(r[COL["log_start_offset"]])
             end = min(int(r[COL["durable_offset"]]), int(r[COL["flushed_offset"]]))  # durable and indexed
             if end <= start:
                 continue
-            found = first_at_or_after(self.f._index(slot), self.reader, start, end, now_us - keep_ms * 1000)
-            new = end if found is None else found[0]
+            index = self.f._index(slot)
+            new = start
+            if keep_ms >= 0:
+                found = first_at_or_after(index, self.reader, start, end, now_us - keep_ms * 1000)
+                new = end if found is None else found[0]
+            if keep_bytes >= 0:
+                count = self.counts.get(slot)
+                if count is None:
+                    count = self.counts[slot] = ByteCount(start)
+                count.moved_to(index, new, end)
+                new = max(new, count.start_within(index, keep_bytes))
+                count.moved_to(index, new, end)
+            else:
+                self.counts.pop(slot, None)
             if new > start:
                 moved[slot] = new
         if not moved:
@@ -161,10 +261,10 @@ class Retention:
         """(the lowest journal position a partition still needs, the slot that needs it)."""
         rows = self.f.table.rows
         low, who = 1 << 62, -1
-        for slot in self.f.catalog.by_slot:
-            start = starts.get(slot, 0)
-            end = int(rows[slot, COL["flushed_offset"]]) if slot < len(rows) and rows[slot, COL["active"]] else \
-                self.f._index(slot).entry_count()
+        active = set(np.flatnonzero(rows[:, COL["active"]] == 1).tolist())
+        for slot in sorted(active | set(self.f.catalog.by_slot)):  # every partition there is, by either account
+            start = max(starts.get(slot, 0), int(rows[slot, COL["log_start_offset"]]) if slot in active else 0)
+            end = int(rows[slot, COL["flushed_offset"]]) if slot in active else self.f._index(slot).entry_count()
             if start >= end:
                 continue  # every record expired (or none): pins nothing
             e = self.f._index(slot).read(start, 1)
@@ -188,6 +288,8 @@ class Retention:
                 self._crash_point("one_segment_deleted")
         if gone:
             fsync_dir(self.journal_dir)
+            if self.reader is not None:
+                self.reader.drop_unlinked()  # our own cached descriptors of them
             log.info("retention: deleted %d journal segments below position %d (oldest kept record: slot %d)",
                      len(gone), keep, who)
 

@@ -37,6 +37,9 @@ def first_at_or_after(index: IndexFile, journal: JournalReader, lo: int, hi: int
     2 * log2(hi - lo) reads."""
     if hi <= lo:
         return None
+    base, t = batch_stamp(index, journal, lo)
+    if t >= t_us:  # the common case for retention: nothing has expired yet (two reads, no search)
+        return lo, t
     base, t = batch_stamp(index, journal, hi - 1)
     if t < t_us:
         return None

@@ -115,7 +115,8 @@ class Router(WorkerLiveness):
 
     def _info(self, t) -> P.TopicInfo:
         """A topic as clients see it, with its effective settings (its own, else the broker's)."""
-        config = {"retention.ms": str(t.config.get("retention.ms", self.s.retention_ms)), "ring.bytes": str(t.ring_bytes)}
+        config = {"retention.ms": str(t.config.get("retention.ms", self.s.retention_ms)),
+                  "retention.bytes": str(t.config.get("retention.bytes", self.s.retention_bytes)), "ring.bytes": str(t.ring_bytes)}
         return P.TopicInfo(t.name, t.topic_id, t.partitions, t.ring_bytes, config)
 
     def _epoch(self) -> int:
@@ -459,8 +460,8 @@ def check_config(config: dict[str, str], creating: bool) -> tuple[dict[str, int 
             value = int(raw)
         except (TypeError, ValueError):
             return {}, f"{name}={raw!r}: an integer"
-        if name == "retention.ms" and value < -1:
-            return {}, f"retention.ms={value}: milliseconds, or -1 to keep records for ever"
+        if name in ("retention.ms", "retention.bytes") and value < -1:
+            return {}, f"{name}={value}: a count, or -1 for no limit"
         out[name] = value
     return out, None
 

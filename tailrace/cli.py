@@ -59,6 +59,7 @@ def cmd_serve(args) -> int:
             shm_budget_bytes=args.shm_budget_bytes,
             segment_bytes=args.segment_bytes,
             retention_ms=args.retention_ms,
+            retention_bytes=args.retention_bytes,
             data_mode=args.data_mode,
             ipc_dir=args.ipc_dir,
             metrics_bind=args.metrics_bind,
@@ -377,6 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--segment-bytes", type=_positive, default=None, help=f"journal segment file size (default {_bytes(_DEFAULTS.segment_bytes)})")
     sv.add_argument("--retention-ms", type=int, default=None, metavar="MS",
                     help="how long topics keep records unless they say otherwise (retention.ms); -1 for ever (default 7 days)")
+    sv.add_argument("--retention-bytes", type=int, default=None, metavar="BYTES",
+                    help="how many bytes each partition keeps unless its topic says otherwise (retention.bytes); -1 no limit (default)")
     sv.add_argument("--data-mode", default=None,
                     help="mode of the data directory and its subdirectories; files get it & 0666 (default 0700: owner only; "
                          "0750 lets the group read)")
@@ -408,12 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--ring-bytes", type=_natural, default=0,
                    help="shared-memory ring per partition in bytes; 0 takes the broker's default")
     c.add_argument("--config", type=_config, action="append", default=[], metavar="NAME=VALUE",
-                   help="a topic setting, repeatable: retention.ms (-1: for ever), ring.bytes")
+                   help="a topic setting, repeatable: retention.ms (-1: for ever), retention.bytes (per partition), ring.bytes")
     al_ = command(tsub, "alter", "grow a topic to more partitions (only up, as Kafka's --alter --partitions)")
     al_.add_argument("name", help="topic name")
     al_.add_argument("--partitions", type=_positive, default=None, help="the new number of partitions, more than now")
     al_.add_argument("--config", type=_config, action="append", default=[], metavar="NAME=VALUE",
-                     help="set a topic setting, repeatable (NAME= resets it to the broker's default): retention.ms")
+                     help="set a topic setting, repeatable (NAME= resets it to the broker's default): retention.ms, retention.bytes")
     ls = command(tsub, "list", "list topics (a table; --json for scripts)")
     d = command(tsub, "describe", "partitions of a topic: owner, watermarks, ring use, bytes")
     d.add_argument("name", help="topic name")
