@@ -109,7 +109,8 @@ class PartitionActor:
         """First moment with the lock: state the previous owner left is final now."""
         self.writer.repair()
         self._load_producer_state()
-        log.info("slot %d taken over at epoch %d at offset %d", self.slot, self.epoch, self.owner_row.next_offset)
+        if self.owner_row.next_offset:  # a partition with records changed hands (a fresh one is not news)
+            log.info("slot %d taken over at epoch %d at offset %d", self.slot, self.epoch, self.owner_row.next_offset)
 
     def _load_producer_state(self) -> None:
         row, ring = self.owner_row, self.ring

@@ -7,6 +7,7 @@ router, the workers and the flusher always agree. Each has an embedded default: 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 
@@ -26,7 +27,7 @@ class Settings(msgspec.Struct, kw_only=True):
     bind: str = "tcp://127.0.0.1:7420"
     workers: int = os.cpu_count() or 2
     ring_bytes: int = 8 * MiB  # default per-partition ring (a topic may choose its own)
-    shm_budget_bytes: int = 1024 * MiB  # total shared memory all rings may take
+    shm_budget_bytes: int = 0  # total shared memory all rings may take; 0: default_shm_budget() (half the memory)
     max_slots: int = 4096  # partition slots in the control table
     segment_bytes: int = 64 * MiB  # journal segment file size
     metrics_bind: str = "127.0.0.1:9420"  # the Prometheus endpoint (ops/metrics.py); "off" for none
@@ -57,8 +58,7 @@ class Settings(msgspec.Struct, kw_only=True):
 
     @property
     def instance(self) -> str:
-        real = os.path.realpath(self.data_dir)
-        return hashlib.sha1(real.encode()).hexdigest()[:10]
+        return instance_of(self.data_dir)
 
     def ipc_path(self) -> str:
         """The run directory: private to the broker's user (broker/datadir.py says where and why)."""
@@ -149,8 +149,33 @@ def from_env(env=None, **overrides) -> Settings:
             values[name] = type(getattr(defaults, name))(raw)
     values.update({k: v for k, v in overrides.items() if v is not None})
     s = Settings(**values)
+    if s.shm_budget_bytes == 0:
+        s.shm_budget_bytes = default_shm_budget()
     s.validate()
     return s
+
+
+@functools.lru_cache(maxsize=64)
+def instance_of(data_dir: str) -> str:
+    """The instance id of a data directory: its real path, hashed (computed once per process:
+    realpath costs a stat per path component, and every partition made asks for it)."""
+    return hashlib.sha1(os.path.realpath(data_dir).encode()).hexdigest()[:10]
+
+
+def default_shm_budget() -> int:
+    """Half of the machine's memory, at most 90% of /dev/shm: 1,000 partitions of the default
+    8 MiB ring (8.4 GiB) fit on a 24 GiB machine. Rings take memory as they fill, not when made
+    (shm/region.py), so the budget bounds what a full broker can hold, not what it holds idle."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        ram = 2 * 1024 * MiB
+    try:
+        st = os.statvfs("/dev/shm")
+        shm = st.f_frsize * st.f_blocks
+    except OSError:
+        shm = ram
+    return max(256 * MiB, min(ram // 2, shm * 9 // 10))
 
 
 def to_env(settings: Settings) -> dict[str, str]:

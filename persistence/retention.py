@@ -187,6 +187,7 @@ class Retention:
         self.bytes_deleted = 0
         self.pinned_by = -1  # the slot whose log start keeps the oldest segment (-1: none)
         self.counts: dict[int, ByteCount] = {}  # slot -> bytes kept, for partitions with a byte limit
+        self.first_times: dict[int, tuple[int, int]] = {}  # slot -> (log start, its append time us), as last read
 
     def publish(self) -> None:
         """Put the stored log starts into the control table (at boot, after recovery)."""
@@ -233,8 +234,13 @@ class Retention:
             index = self.f._index(slot)
             new = start
             if keep_ms >= 0:
-                found = first_at_or_after(index, self.reader, start, end, now_us - keep_ms * 1000)
-                new = end if found is None else found[0]
+                cutoff = now_us - keep_ms * 1000
+                known = self.first_times.get(slot)
+                if known is None or known[0] != start or known[1] < cutoff:  # else nothing can have expired: no read
+                    found = first_at_or_after(index, self.reader, start, end, cutoff)
+                    new = end if found is None else found[0]
+                    if found is not None:
+                        self.first_times[slot] = found  # the append time at the (new) log start
             if keep_bytes >= 0:
                 count = self.counts.get(slot)
                 if count is None:

@@ -259,6 +259,7 @@ class Router(WorkerLiveness):
         if self.catalog.data.next_slot + req.partitions > self.s.max_slots:
             return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(f"no free partition slots (max_slots={self.s.max_slots})"))
         entry = self.catalog.add_topic(name, req.partitions, ring, config)
+        self._prepare_slots(entry.slots)
         self._place_topic(name)
         reply(P.ErrorCode.OK, self._info(entry))
 
@@ -283,9 +284,24 @@ class Router(WorkerLiveness):
             return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(f"no free partition slots (max_slots={self.s.max_slots})"))
         old = t.partitions
         entry = self.catalog.add_partitions(name, total)
+        self._prepare_slots(entry.slots[old:])
         self._place_topic(name, first=old)
         log.info("topic %r grown from %d to %d partitions", name, old, total)
         reply(P.ErrorCode.OK, self._info(entry))
+
+    def _prepare_slots(self, slots) -> None:
+        """Make new partitions' index and lock files now, with the topic: a file created on the
+        data directory's filesystem costs about 0.2 ms here, and the first write to 1,000 fresh
+        partitions paid 0.4 s for them. Empty files; their owners open them as they would."""
+        index_dir = os.path.join(self.s.data_dir, datadir.INDEX_DIR)
+        os.makedirs(index_dir, exist_ok=True)
+        for slot in slots:
+            for path, mode in ((os.path.join(index_dir, datadir.index_name(slot)), 0o666),
+                               (os.path.join(self.s.ipc_path(), datadir.slot_lock_name(slot)), 0o600)):
+                try:
+                    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, mode))
+                except OSError as exc:  # the owner makes it then: only slower
+                    log.warning("could not make %s ahead: %s", path, exc)
 
     def alter_configs(self, topic: bytes, frames, reply) -> None:
         """Set or reset a topic's settings, durably before the reply; the flusher applies

@@ -3,7 +3,10 @@
 Some facts about POSIX shared memory on Linux: a region is a file in /dev/shm (tmpfs). It
 outlives every process that maps it until it is unlinked, and its pages are only freed when the
 last mapping goes. Fresh pages are slow to touch the first time (about 1 GiB/s here, against
-14 GiB/s for memcpy), so regions are mapped with MAP_POPULATE once at creation.
+14 GiB/s for memcpy). The control table and the small regions are mapped with MAP_POPULATE at
+creation; rings are not (``populate=False``): a fresh partition's ring costs only the pages its
+first batches touch, so 1,000 new partitions are written to at once instead of first faulting in
+8 GiB (measured: the first write to 1,000 fresh partitions 16.3 s with MAP_POPULATE).
 
 What this means for us: a region outlives a crash of any broker process. That is what makes an
 acknowledgement at level ``memory`` survive a process crash; it is also why regions must be
@@ -44,17 +47,18 @@ class Region:
         self.inode = inode  # of the /dev/shm file mapped: a region re-made under the name has another
 
     @classmethod
-    def create(cls, name: str, size: int) -> "Region":
-        """Create a new region exclusively (fails with posix_ipc.ExistentialError if it exists)."""
+    def create(cls, name: str, size: int, populate: bool = True) -> "Region":
+        """Create a new region exclusively (fails with posix_ipc.ExistentialError if it exists);
+        ``populate``: fault every page in now (MAP_POPULATE), else as first touched."""
         shm = posix_ipc.SharedMemory(name, flags=posix_ipc.O_CREX, mode=MODE, size=size)
         try:
-            mm = mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+            mm = mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0))
         finally:
             shm.close_fd()
         return cls(name, size, True, mm)
 
     @classmethod
-    def attach(cls, name: str, read_only: bool = False) -> "Region":
+    def attach(cls, name: str, read_only: bool = False, populate: bool = True) -> "Region":
         """Map an existing region. ``read_only``: opened O_RDONLY and mapped PROT_READ (same-host
         readers: a stray store faults instead of corrupting the broker's memory), and not
         pre-faulted (a reader touches only the pages it reads)."""
@@ -65,7 +69,7 @@ class Region:
             if read_only:
                 mm = mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
             else:
-                mm = mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+                mm = mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0))
         finally:
             shm.close_fd()
         return cls(name, size, False, mm, inode)

@@ -117,7 +117,7 @@ class Ring:
     def create_or_attach(cls, instance: str, slot: int, ring_bytes: int) -> "Ring":
         name = ring_name(instance, slot)
         try:
-            region = Region.create(name, layout.ring_region_bytes(ring_bytes))
+            region = Region.create(name, layout.ring_region_bytes(ring_bytes), populate=False)  # pages as written
         except Exception as exc:  # posix_ipc.ExistentialError: someone made it already
             if type(exc).__name__ != "ExistentialError":
                 raise
@@ -133,7 +133,7 @@ class Ring:
 
     @classmethod
     def attach(cls, instance: str, slot: int, ring_bytes: int | None = None, read_only: bool = False) -> "Ring":
-        region = Region.attach(ring_name(instance, slot), read_only)
+        region = Region.attach(ring_name(instance, slot), read_only, populate=False)
         h = np.frombuffer(region.buf, dtype=layout.RING_HEADER_DTYPE, count=1)[0]
         magic, version = int(h["magic"]), int(h["version"])
         if magic != layout.RING_MAGIC or version != layout.LAYOUT_VERSION:

@@ -374,7 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="worker processes (default: the count `workers set` left, else the number of cores)")
     sv.add_argument("--ring-bytes", type=_positive, default=None, help=f"default ring size per partition (default {_bytes(_DEFAULTS.ring_bytes)})")
     sv.add_argument("--shm-budget-bytes", type=_positive, default=None,
-                    help=f"shared memory all rings may use together (default {_bytes(_DEFAULTS.shm_budget_bytes)})")
+                    help=f"shared memory all rings may use together (default half the memory, here "
+                         f"{_bytes(settings_mod.default_shm_budget())})")
     sv.add_argument("--segment-bytes", type=_positive, default=None, help=f"journal segment file size (default {_bytes(_DEFAULTS.segment_bytes)})")
     sv.add_argument("--retention-ms", type=int, default=None, metavar="MS",
                     help="how long topics keep records unless they say otherwise (retention.ms); -1 for ever (default 7 days)")
