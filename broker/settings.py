@@ -38,6 +38,7 @@ class Settings(msgspec.Struct, kw_only=True):
     checkpoint_interval_ms: int = 10_000  # how often index files are synced and checkpointed
     retention_ms: int = 7 * 24 * 3600 * 1000  # a topic's records are kept this long unless it says otherwise; -1: forever
     retention_bytes: int = -1  # per partition, unless the topic says otherwise; -1: no limit
+    disk_max_used_ratio: float = 0.85  # the journal's filesystem fuller than this: oldest segments go even inside retention (1.0: never)
     retention_check_ms: int = 5000  # how often the flusher moves log starts and deletes segments (persistence/retention.py)
     direct_io: str = "auto"  # "auto": O_DIRECT where the filesystem allows it; "off"
     ipc_dir: str = ""  # the run directory (sockets, doorbells, pid files); default: broker/datadir.py
@@ -116,6 +117,8 @@ class Settings(msgspec.Struct, kw_only=True):
         if self.workers < 1:
             raise ValueError(f"workers={self.workers} must be >= 1")
         datadir.parse_mode(self.data_mode)
+        if not 0.0 < self.disk_max_used_ratio <= 1.0:
+            raise ValueError(f"disk_max_used_ratio={self.disk_max_used_ratio} must be in (0, 1] (1: never delete inside retention)")
         if self.retention_ms < -1 or self.retention_bytes < -1 or self.retention_check_ms < 1:
             raise ValueError(f"retention_ms={self.retention_ms} must be >= -1 (-1: for ever) and retention_check_ms >= 1")
         if self.auth not in auth.MODES:

@@ -265,7 +265,7 @@ class Flusher:
         r = self.retention
         return ({"flusher_cycles": {"": self.cycles}, "flusher_bytes_written": {"": self.bytes_written},
                  "flusher_syncs": {"": self.syncs}, "journal_segments_deleted": {"": r.segments_deleted},
-                 "journal_bytes_deleted": {"": r.bytes_deleted}},
+                 "journal_bytes_deleted": {"": r.bytes_deleted}, "journal_segments_forced": {"": r.segments_forced}},
                 {"flusher_unsynced_bytes": {"": self.unsynced_bytes}, "journal_pinned_by": {str(r.pinned_by): 1} if r.pinned_by >= 0 else {}},
                 {"flusher_write_duration_seconds": {"": self.write_hist.snapshot()},
                  "flusher_fsync_duration_seconds": {"": self.fsync_hist.snapshot()}})

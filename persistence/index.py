@@ -53,6 +53,19 @@ def entries_for(positions: np.ndarray, lengths: np.ndarray, counts: np.ndarray) 
     return out
 
 
+def first_at_position(index: "IndexFile", lo: int, hi: int, position: int) -> int:
+    """The first offset in ``[lo, hi)`` whose batch sits at or after journal ``position`` (``hi``
+    if none): a partition's positions only grow, so a binary search of O(log n) entry reads."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        e = index.read(mid, 1)
+        if len(e) and int(e["position"][0]) >= position:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 class IndexFile:
     def __init__(self, data_dir: str | os.PathLike, slot: int, writable: bool = False):
         self.path = index_path(data_dir, slot)

@@ -48,7 +48,7 @@ from tailrace.broker.datadir import JOURNAL_DIR, fsync_dir, segment_name, write_
 from tailrace.client.records import align8_array
 from tailrace.shm.layout import COL
 
-from .index import ENTRY_BYTES
+from .index import ENTRY_BYTES, first_at_position
 from .journal import JournalReader, list_segments
 from .timesearch import first_at_or_after
 
@@ -188,6 +188,8 @@ class Retention:
         self.pinned_by = -1  # the slot whose log start keeps the oldest segment (-1: none)
         self.counts: dict[int, ByteCount] = {}  # slot -> bytes kept, for partitions with a byte limit
         self.first_times: dict[int, tuple[int, int]] = {}  # slot -> (log start, its append time us), as last read
+        self.segments_forced = 0  # segments the disk guard deleted inside retention
+        self.guard_stuck = False  # over the ratio with nothing deletable (logged once)
 
     def publish(self) -> None:
         """Put the stored log starts into the control table (at boot, after recovery)."""
@@ -211,6 +213,7 @@ class Retention:
             self.reader = JournalReader(self.s.data_dir, self.s.segment_bytes)
         self._advance(bytes_only)
         self._delete_segments(self.starts)
+        self._guard()
         self._punch(self.starts)
 
     # --- 1. log starts -------------------------------------------------------------------
@@ -298,6 +301,64 @@ class Retention:
                 self.reader.drop_unlinked()  # our own cached descriptors of them
             log.info("retention: deleted %d journal segments below position %d (oldest kept record: slot %d)",
                      len(gone), keep, who)
+
+    # --- the disk guard ------------------------------------------------------------------
+    def used_ratio(self) -> float:
+        st = os.statvfs(self.journal_dir)
+        return 1.0 - st.f_bavail / st.f_blocks if st.f_blocks else 0.0
+
+    def _guard(self) -> None:
+        """RocketMQ's disk guard: while the journal's filesystem is fuller than
+        ``disk_max_used_ratio``, the oldest segment goes even inside retention (every partition
+        with records in it starts after it). Durable produce fails (STORAGE_UNAVAILABLE) only
+        when the disk fills with nothing deletable left: the checkpoint's segment and later."""
+        ratio = self.s.disk_max_used_ratio
+        if ratio >= 1.0:
+            return
+        seg_bytes = self.s.segment_bytes
+        keep = min(self.f.checkpointed_at, self.f.journal.segment_start)
+        keep -= keep % seg_bytes
+        used = self.used_ratio()
+        for seg in list_segments(self.journal_dir):
+            if used <= ratio:
+                self.guard_stuck = False
+                return
+            if seg + seg_bytes > keep:
+                break
+            self._expire_below(seg + seg_bytes)
+            self._delete_segments(self.starts)
+            self.segments_forced += 1
+            log.warning("disk guard: the journal's filesystem was %.0f%% used (limit %.0f%%): deleted segment %s "
+                        "inside retention", used * 100, ratio * 100, segment_name(seg))
+            used = self.used_ratio()
+        if used > ratio and not self.guard_stuck:
+            self.guard_stuck = True
+            log.error("disk guard: the journal's filesystem is %.0f%% used (limit %.0f%%) and nothing more can be "
+                      "deleted; durable produce fails when it is full", used * 100, ratio * 100)
+
+    def _expire_below(self, position: int) -> None:
+        """Move every log start whose record lies below journal ``position`` past it, durably first."""
+        rows = self.f.table.rows
+        active = set(np.flatnonzero(rows[:, COL["active"]] == 1).tolist())
+        moved = {}
+        for slot in sorted(active | set(self.f.catalog.by_slot)):
+            start = max(self.starts.get(slot, 0), int(rows[slot, COL["log_start_offset"]]) if slot in active else 0)
+            end = int(rows[slot, COL["flushed_offset"]]) if slot in active else self.f._index(slot).entry_count()
+            if start >= end:
+                continue
+            index = self.f._index(slot)
+            e = index.read(start, 1)
+            if len(e) and int(e["position"][0]) < position:
+                moved[slot] = first_at_position(index, start, end, position)
+        if not moved:
+            return
+        self.starts.update(moved)
+        write_log_starts(self.s.data_dir, self.starts)
+        for slot, new in moved.items():
+            if slot in active:
+                rows[slot, COL["log_start_offset"]] = new
+        log.warning("disk guard: log start moved inside retention in %d partitions (%s)", len(moved),
+                    ", ".join(f"slot {s} -> {o}" for s, o in list(moved.items())[:8]))
 
     # --- 3. indexes ----------------------------------------------------------------------
     def _punch(self, starts: dict[int, int]) -> None:

@@ -60,6 +60,7 @@ def cmd_serve(args) -> int:
             segment_bytes=args.segment_bytes,
             retention_ms=args.retention_ms,
             retention_bytes=args.retention_bytes,
+            disk_max_used_ratio=args.disk_max_used_ratio,
             data_mode=args.data_mode,
             ipc_dir=args.ipc_dir,
             metrics_bind=args.metrics_bind,
@@ -381,6 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="how long topics keep records unless they say otherwise (retention.ms); -1 for ever (default 7 days)")
     sv.add_argument("--retention-bytes", type=int, default=None, metavar="BYTES",
                     help="how many bytes each partition keeps unless its topic says otherwise (retention.bytes); -1 no limit (default)")
+    sv.add_argument("--disk-max-used-ratio", type=float, default=None, metavar="RATIO",
+                    help="when the journal's filesystem is fuller than this, its oldest segments go even inside retention "
+                         f"(RocketMQ's diskMaxUsedSpaceRatio; default {_DEFAULTS.disk_max_used_ratio}, 1 never)")
     sv.add_argument("--data-mode", default=None,
                     help="mode of the data directory and its subdirectories; files get it & 0666 (default 0700: owner only; "
                          "0750 lets the group read)")

@@ -107,7 +107,7 @@ class DurableSender:
 
 def test_full_disk_fails_durable_acks_keeps_reads_and_recovers_without_losing_acked_data(make_broker):
     b = make_broker(workers=2, start=False, segment_bytes=SEGMENT_BYTES, max_batch_bytes=128 * 1024,
-                    ring_bytes=2 << 20)
+                    ring_bytes=2 << 20, disk_max_used_ratio=1.0)  # the guard off: a disk that fills (test below: on)
     journal = b.data_dir / "journal"
     _mount_tmpfs(journal, JOURNAL_TMPFS_BYTES)
     ballast = journal / "ballast"
@@ -277,3 +277,40 @@ def test_flusher_boot_never_destroys_journal_batches_that_recovery_indexed(tmp_p
             bad.append((name, at))
     print(f"\n{case}: {len(bad)} of {len(batches)} indexed batches unreadable after the flusher booted")
     assert not bad, bad[:3]
+
+
+def test_the_disk_guard_deletes_the_oldest_segments_inside_retention_and_durable_produce_goes_on(make_broker):
+    """--disk-max-used-ratio 0.6 on an 8 MiB journal disk, records kept for ever: 24 MiB of
+    durable produce is all acknowledged, the oldest segments go (log starts move, the flusher
+    says so), and every record from the log starts on reads back byte-identical."""
+    b = make_broker(workers=2, start=False, segment_bytes=SEGMENT_BYTES, max_batch_bytes=128 * 1024,
+                    ring_bytes=2 << 20, disk_max_used_ratio=0.6, retention_check_ms=200)
+    journal = b.data_dir / "journal"
+    _mount_tmpfs(journal, 8 << 20)
+    try:
+        b.start()
+        with Admin(b.bootstrap) as a:
+            a.create_topic("g", 2)  # the default retention: 7 days
+        n, size = 24_000, 1000
+        with Producer(b.bootstrap, acks="durable", linger_ms=1, batch_bytes=64 << 10) as p:
+            for i in range(n):
+                p.send("g", b"%d-%08d" % (i % 2, i // 2) + b"." * (size - 10), partition=i % 2)
+            assert p.flush(120_000) == n and not p.errors
+        st = os.statvfs(journal)
+        assert 1 - st.f_bavail / st.f_blocks <= 0.6 + SEGMENT_BYTES / (8 << 20)
+        with Admin(b.bootstrap) as a:
+            offs = a.list_offsets("g")
+        assert all(po.high_watermark == n // 2 and 0 < po.log_start_offset < n // 2 for po in offs), offs
+        with Consumer(b.bootstrap, max_wait_ms=100) as c:
+            c.assign("g", start="earliest")
+            got, want = {}, sum(po.high_watermark - po.log_start_offset for po in offs)
+            deadline = time.monotonic() + 30
+            while len(got) < want and time.monotonic() < deadline:
+                for r in c.poll(200):
+                    got[(r.partition, r.offset)] = r.value
+        assert len(got) == want
+        assert all(v == b"%d-%08d" % k + b"." * (size - 10) for k, v in got.items())
+        assert "disk guard" in (b.data_dir / "logs" / "flusher.log").read_text()
+    finally:
+        b.stop()
+        _umount(journal)

@@ -11,10 +11,17 @@ from tailrace.broker import settings as settings_mod
 
 
 def test_every_field_round_trips_through_the_environment():
-    s = settings_mod.Settings(data_dir="/d", workers=3, ring_bytes=1 << 20, data_mode="0750", ipc_dir="/r")
+    s = settings_mod.Settings(data_dir="/d", workers=3, ring_bytes=1 << 20, data_mode="0750", ipc_dir="/r",
+                              shm_budget_bytes=3 << 30, disk_max_used_ratio=0.7)
     env = settings_mod.to_env(s)
     assert env["TAILRACE_WORKERS"] == "3" and env["TAILRACE_DATA_MODE"] == "0750"
     assert settings_mod.from_env(env) == s
+
+
+def test_a_budget_of_0_is_the_machines_default_and_goes_to_the_programs_resolved():
+    s = settings_mod.from_env({"TAILRACE_SHM_BUDGET_BYTES": "0"})
+    assert s.shm_budget_bytes == settings_mod.default_shm_budget() > 0
+    assert settings_mod.from_env(settings_mod.to_env(s)).shm_budget_bytes == s.shm_budget_bytes
 
 
 def test_overrides_win_over_the_environment_and_none_means_not_given():
