@@ -302,8 +302,8 @@ class Flusher:
         self.sync()
         try:
             self.retention.run(time.monotonic_ns(), bytes_only=True)
-        except OSError as exc:  # retention waits for its next pass; the data path goes on
-            log.error("retention pass failed: %s", exc)
+        except Exception:  # noqa: BLE001 - retention waits for its next pass; the data path goes on
+            log.exception("retention pass failed")
         nxt = self.journal.segment_start + self.s.segment_bytes
         self.journal.open_segment(nxt)
         self.buf_base, self.buf_len = nxt, 0
@@ -428,8 +428,8 @@ def run(flusher: Flusher, bell: Doorbell, stop: list) -> None:
         if not flusher.failed and flusher.retention.due(now_ns):
             try:
                 flusher.retention.run(now_ns)
-            except OSError as exc:  # retention waits for the next pass; the data path goes on
-                log.error("retention pass failed: %s", exc)
+            except Exception:  # noqa: BLE001 - retention waits for the next pass; the data path goes on
+                log.exception("retention pass failed")
         flusher.stats.maybe_write(flusher.stats_parts)
 
 

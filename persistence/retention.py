@@ -277,8 +277,9 @@ class Retention:
             if start >= end:
                 continue  # every record expired (or none): pins nothing
             e = self.f._index(slot).read(start, 1)
-            if len(e) and int(e["position"][0]) < low:
-                low, who = int(e["position"][0]), slot
+            position = int(e["position"][0]) if len(e) else 0  # no entry where one must be: keep everything
+            if position < low:
+                low, who = position, slot
         return low, who
 
     def _delete_segments(self, starts: dict[int, int]) -> None:
