@@ -15,8 +15,10 @@ worker, so a client spread over partitions on several workers is held to one bud
 How a client is slowed (never disconnected, nothing dropped): the bytes of a request are stored
 or read as usual, and its reply is held back. Each worker keeps, per principal, a theoretical
 arrival time (GCRA, the token bucket as a clock) moved on by the principal's *global* new bytes
-divided by its rate; the reply waits until that time (at most ``MAX_HOLD_MS``), and says how long
-it was held in ``throttle_ms`` (Kafka's throttle time). Unused credit is kept for at most
+divided by its rate; a worker that first meets a principal starts from the latest time any
+worker stored for it in the tally, so a burst spread over several workers is paid once. The
+reply waits until that time (at most ``MAX_HOLD_MS``), and says how long it was held in
+``throttle_ms`` (Kafka's throttle time). Unused credit is kept for at most
 ``BURST_S``. A produce with ``acks=0`` has no reply to hold: it is counted, not slowed.
 """
 
@@ -134,19 +136,21 @@ class Throttle:
         q = self.rate(principal, which)
         if q <= 0:
             return 0
-        if self.tally is None:
-            self.tally = Tally(self.instance, self.writer)
+        tally = self._tally()
         key = key_of(principal)
         try:
-            self.tally.add(key, which, nbytes)
+            tally.add(key, which, nbytes)
         except TableFull:
             return 0  # more principals with quotas than cells: counted nowhere, held never (documented)
-        total = self.tally.total(key, which)
+        total = tally.total(key, which)
         clock = self.clock.get((key, which))
-        if clock is None:  # first sight here: only what comes from now on is known to this worker
-            clock = self.clock[(key, which)] = [now, total - nbytes]
+        if clock is None:
+            # first sight here: the bytes counted before now are in the clock other workers have
+            # moved on (their latest mark), ours from now on are counted from the total
+            clock = self.clock[(key, which)] = [max(now, tally.latest(key, which) / 1e6), total - nbytes]
         tat = max(clock[0], now - BURST_S) + (total - clock[1]) / q
         clock[0], clock[1] = tat, total
+        tally.mark(key, which, int(tat * 1e6))
         hold_ms = int((tat - now) * 1000)
         if hold_ms <= 0:
             return 0
@@ -160,9 +164,18 @@ class Throttle:
         q = self.rate(principal, which)
         if q <= 0:
             return None
-        clock = self.clock.get((key_of(principal), which))
-        tat = clock[0] if clock is not None else now
+        key = key_of(principal)
+        clock = self.clock.get((key, which))
+        if clock is not None:
+            tat = clock[0]
+        else:
+            tat = max(now, self._tally().latest(key, which) / 1e6)
         return max(0, int((now + MAX_HOLD_MS / 1000 - tat) * q))
+
+    def _tally(self) -> Tally:
+        if self.tally is None:  # made at the first quota: no region for brokers without
+            self.tally = Tally(self.instance, self.writer)
+        return self.tally
 
     def close(self) -> None:
         if self.tally is not None:

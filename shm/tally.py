@@ -7,7 +7,7 @@ clean shutdown and at a full boot)::
     | header (64 B)   | writer 0: KEYS cells x 32 B | writer 1: ... | writer WRITERS-1   |
     +-----------------+------------------------------------------------------------------+
 
-    cell: key (int64, nonzero; 0 = free) | count[0] | count[1] | count[2]   (int64 each)
+    cell: key (int64, nonzero; 0 = free) | count[0..COUNTS) | mark[0..COUNTS)   (int64 each)
 
 Each writer (a worker, by its id) stores only into its own block, so no two processes ever store
 to one word and no lock is needed (the single-writer principle of the control table). A key's
@@ -15,7 +15,10 @@ cell in a block is found by open addressing from ``key % KEYS`` with linear prob
 claims a free cell by storing the key, its counters start at zero and only grow. A reader sums a
 key's counters over every block, probing each the same way: loads of another writer's words may
 be stale, never torn (aligned int64). The counters are cumulative since the region was made: a
-writer restarted after a crash finds its cells where it left them and counts on.
+writer restarted after a crash finds its cells where it left them and counts on. Beside each
+counter a writer keeps a mark, a number it last stored (``mark``); ``latest`` is the largest mark
+of a key over every writer (quotas keep a time there, so a worker that first meets a principal
+learns how far the others have already moved its clock).
 
 What the counters mean is the caller's (broker/quota.py: bytes produced and fetched per
 principal); this module knows keys and numbers only.
@@ -31,11 +34,11 @@ import posix_ipc
 
 from .region import NAME_PREFIX, Region
 
-TALLY_MAGIC = 0x54524C59_00000001  # "TRLY" + layout version
+TALLY_MAGIC = 0x54524C59_00000002  # "TRLY" + layout version
 WRITERS = 256  # one block per worker id (router/liveness.py MAX_WORKERS)
 KEYS = 512  # distinct keys one writer can count (principals with a quota)
-COUNTS = 3
-CELL_WORDS = 1 + COUNTS
+COUNTS = 2
+CELL_WORDS = 1 + 2 * COUNTS  # key, counters, marks
 HEADER_WORDS = 8
 REGION_BYTES = (HEADER_WORDS + WRITERS * KEYS * CELL_WORDS) * 8
 
@@ -92,19 +95,33 @@ class Tally:
             i = self._where[key] = self._cell(self.mine, key, claim=True)
         self.mine[i, 1 + which] += n
 
+    def mark(self, key: int, which: int, value: int) -> None:
+        """Store ``value`` as our mark ``which`` of ``key``."""
+        i = self._where.get(key)
+        if i is None:
+            i = self._where[key] = self._cell(self.mine, key, claim=True)
+        self.mine[i, 1 + COUNTS + which] = value
+
+    def latest(self, key: int, which: int) -> int:
+        """The largest mark ``which`` of ``key`` over every writer (0 if none)."""
+        return self._over_blocks(key, 1 + COUNTS + which, np.max, max, 0)
+
     def total(self, key: int, which: int) -> int:
         """Counter ``which`` of ``key`` summed over every writer's block."""
-        col = 1 + which
+        return self._over_blocks(key, 1 + which, np.sum, lambda a, b: a + b, 0)
+
+    def _over_blocks(self, key: int, col: int, reduce, combine, empty: int) -> int:
         start = key % KEYS
         # fast path: most keys sit in their home cell in every block (one vectorised look)
         home = self.cells[:, start, :]
         at_home = home[:, 0] == key
-        total = int(home[at_home, col].sum())
+        found = home[at_home, col]
+        result = int(reduce(found)) if len(found) else empty
         for w in np.flatnonzero((home[:, 0] != key) & (home[:, 0] != 0)):  # displaced: probe that block
             i = self._cell(self.cells[w], key, claim=False)
             if i >= 0:
-                total += int(self.cells[w, i, col])
-        return total
+                result = combine(result, int(self.cells[w, i, col]))
+        return result
 
     def close(self) -> None:
         self.header = self.cells = self.mine = None

@@ -32,6 +32,11 @@ def test_tallies_of_several_writers_sum_and_a_restarted_writer_counts_on(instanc
     b.add(other, 0, 3)
     a.add(other, 0, 4)
     assert a.total(other, 0) == b.total(other, 0) == 7 and a.total(k, 0) == 120
+    assert a.latest(k, 0) == 0  # no marks yet
+    a.mark(k, 0, 50)
+    b.mark(k, 0, 70)
+    b.mark(other, 1, 9)
+    assert a.latest(k, 0) == b.latest(k, 0) == 70 and a.latest(other, 1) == 9 and a.latest(k, 1) == 0
     b.close()
     again = Tally(instance, 7)  # a writer restarted after a crash finds its cells where they were
     again.add(k, 0, 1)
@@ -54,7 +59,9 @@ def test_holds_pay_the_debt_at_the_rate_across_workers_and_idle_credit_is_capped
     assert w0.charge("fast", quota.PRODUCE, 10**9, 0.0) == 0  # no quota: never held
     assert w0.charge("slow", quota.FETCH, 10**9, 0.0) == 0  # no fetch quota
     assert w0.charge("slow", quota.PRODUCE, 500, 100.0) == 500  # 500 B at 1000 B/s: 0.5 s
-    assert w1.charge("slow", quota.PRODUCE, 500, 100.0) == 500  # first sight on w1: its own bytes
+    # first sight on w1: it starts where w0 left the clock (100.5), then its own 500 B
+    assert w1.allowance("slow", quota.PRODUCE, 100.0) == pytest.approx(1000 * 1.5, abs=2)
+    assert w1.charge("slow", quota.PRODUCE, 500, 100.0) == 1000
     # w0 sees w1's 500 B too: the debt is 1 s past 100.0 plus its own 500 B
     assert w0.charge("slow", quota.PRODUCE, 500, 100.0) == 1500
     assert w0.charge("slow", quota.PRODUCE, 10_000, 100.0) == quota.MAX_HOLD_MS  # held at most 2 s...
