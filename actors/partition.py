@@ -68,6 +68,8 @@ class PartitionActor:
         if not own.active:
             # A partition created after boot: nothing on disk, nothing in any ring yet.
             own.init_identity(slot, topic_id, partition, ring_bytes, layout.desc_capacity_for(ring_bytes))
+        elif own.topic_id != topic_id:  # a deleted topic's row, not cleared yet (persistence/retire.py)
+            raise Fenced(f"slot={slot} still holds topic id {own.topic_id}, not {topic_id}")
         self.row = row  # the raw int64 words (the worker reads them); stores go through owner_row
         self.owner_row = own  # line 1 is ours to write; lines 0 and 2 are read only
         self.ring = Ring.create_or_attach(instance, slot, own.ring_bytes)

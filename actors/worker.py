@@ -64,6 +64,7 @@ KICK_INTERVAL_S = 0.002
 KICK_MIN_BYTES = STAGE_MIN_BYTES  # plain data waiting before a worker kicks the flusher: what it stages at once
 READS_ENDPOINT = "inproc://tailrace-disk-reads"
 UNLINKED_SWEEP_S = 1.0  # how often cached journal files are checked for deletion by retention
+CATALOG_CHECK_S = 0.25  # how often the catalog is checked for deleted topics (one stat)
 
 
 class DiskReader(threading.Thread):
@@ -315,14 +316,15 @@ class Worker:
         return actor
 
     def adopt(self, slot: int, epoch: int, reply):
+        self.check_catalog()  # one stat: the slot may belong to another topic since (a deleted one's, reused)
         actor = self.actors.get(slot)
         try:
             if actor is not None:
                 actor.reassign(epoch)  # same process: keep the lock, the ring, the waiters
                 return actor
-            found = self.catalog.topic_of_slot(slot)
+            found = self.catalog.by_slot.get(slot)
             if found is None:
-                reply(P.ErrorCode.UNKNOWN_PARTITION, P.ErrorReply(f"slot {slot} not in the catalog"))
+                reply(P.ErrorCode.UNKNOWN_TOPIC, P.ErrorReply(f"slot {slot} is no partition's (its topic was deleted)"))
                 return None
             topic, partition = found
             actor = PartitionActor(self.table, self.s.instance, slot, topic.topic_id, partition,
@@ -569,6 +571,34 @@ class Worker:
         self.parked_slots.difference_update(done)
         return next_ms
 
+    def check_catalog(self) -> None:
+        """Re-read the catalog if it changed, and let go of the actors of deleted topics: their
+        waiting requests are answered UNKNOWN_TOPIC (a durable produce not yet synced was not
+        stored for good), and later ones get it from the catalog."""
+        if not self.catalog.reload():
+            return
+        for slot, actor in list(self.actors.items()):
+            found = self.catalog.by_slot.get(slot)
+            if found is None or found[0].topic_id != actor.topic_id:
+                self.drop_actor(slot, "its topic was deleted")
+
+    def drop_actor(self, slot: int, why: str) -> None:
+        actor = self.actors.pop(slot)
+        code = P.ErrorCode.UNKNOWN_TOPIC
+        for _end, frames, _due in actor.durable_waiters:
+            self.count(P.Op.PRODUCE, code)
+            self.port.send([*frames[:-2], _with_code(frames[-2], code), P.encode(P.ErrorReply(f"batch not durable: {why}"))])
+        for _deadline, ident, routing, _req, _who in actor.parked:
+            self.count(P.Op.FETCH, code)
+            self.port.send([*ident, _with_code(routing, code), P.encode(P.ErrorReply(why))])
+        actor.durable_waiters.clear()
+        actor.parked = []
+        self.parked_slots.discard(slot)
+        self.waiting_slots.discard(slot)
+        self.fetched.pop(slot, None)
+        actor.close()
+        log.info("slot %d let go: %s", slot, why)
+
     def check_fences(self) -> None:
         """Let go of partitions another owner has fenced us out of (also when idle)."""
         for slot, actor in list(self.actors.items()):
@@ -684,6 +714,7 @@ class WorkerProcess:
         self.kicks = KickPolicy(self.ringer, self.flusher_bell)
         self.timeout_ms = 100
         self.last_fence_check = 0.0
+        self.last_catalog_check = time.monotonic()
         self.last_sweep = time.monotonic()
 
     def do_work(self) -> int:
@@ -721,6 +752,9 @@ class WorkerProcess:
         if now - self.last_fence_check > 0.05:
             worker.check_fences()
             self.last_fence_check = now
+        if now - self.last_catalog_check > CATALOG_CHECK_S:
+            worker.check_catalog()
+            self.last_catalog_check = now
         if now - self.last_sweep > UNLINKED_SWEEP_S:
             worker.journal.drop_unlinked()  # segments retention deleted: close them so their blocks go
             self.last_sweep = now

@@ -34,7 +34,7 @@ ALL_TOPICS = "*"
 # op -> the operation it needs (LIST_TOPICS is filtered by describe instead)
 OP_NEEDS = {P.Op.PRODUCE: "produce", P.Op.FETCH: "consume", P.Op.CREATE_TOPIC: "create",
             P.Op.DESCRIBE_TOPIC: "describe", P.Op.LIST_OFFSETS: "describe",
-            P.Op.CREATE_PARTITIONS: "alter", P.Op.ALTER_CONFIGS: "alter", P.Op.STATUS: "admin", P.Op.SET_WORKERS: "admin"}
+            P.Op.CREATE_PARTITIONS: "alter", P.Op.ALTER_CONFIGS: "alter", P.Op.DELETE_TOPIC: "delete", P.Op.STATUS: "admin", P.Op.SET_WORKERS: "admin"}
 
 
 class Rule(msgspec.Struct, frozen=True):

@@ -5,8 +5,12 @@ it when they meet a slot or topic they do not know). It is replaced atomically: 
 file, fsync it, rename it over the old one, fsync the directory. A reader therefore sees the old
 or the new catalog, never a mix, and a topic the router acknowledged survives a host crash.
 
-Every partition has a *slot*: a broker-wide number that names its ring, its control-table row
-and, with the topic id, its batches in the journal. Slots are never reused.
+Every partition has a *slot*: a broker-wide number that names its ring, its control-table row,
+its index file and lock file; its batches in the journal carry the topic id and partition. A
+deleted topic's slots are *retired*: the flusher clears what is left of them (persistence/
+retire.py), and a retired slot whose index file and ring are gone is free for a new partition.
+Topic ids are never reused: a journal batch of a topic id below ``next_topic_id`` that the
+catalog no longer lists belongs to a deleted topic.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 from pathlib import Path
 
 import msgspec
+import numpy as np
 
 from tailrace.client.protocol import MAX_TOPIC_BYTES
 
@@ -35,6 +40,7 @@ class CatalogData(msgspec.Struct):
     next_topic_id: int = 1
     next_slot: int = 0
     topics: dict[str, TopicEntry] = {}
+    retired: list[int] = []  # slots of deleted topics, cleared or not yet (never in a topic's slots)
 
 
 def stored_worker_count(data_dir) -> int | None:
@@ -95,39 +101,59 @@ class Catalog:
             self.reload()
         return self.by_slot.get(slot)
 
-    def add_topic(self, name: str, partitions: int, ring_bytes: int, config: dict[str, int] | None = None) -> TopicEntry:
-        """Add a topic and write the catalog durably (router only)."""
+    def _take_slots(self, n: int, free: list[int]) -> tuple[list[int], list[int], int]:
+        """``n`` slots: free retired ones first (lowest first), then new ones. Returns (the
+        slots, the retired list without them, the next new slot)."""
         d = self.data
-        entry = TopicEntry(
-            name=name,
-            topic_id=d.next_topic_id,
-            partitions=partitions,
-            ring_bytes=ring_bytes,
-            slots=list(range(d.next_slot, d.next_slot + partitions)),
-            config=dict(config or {}),
-        )
-        new = CatalogData(
-            version=d.version,
-            next_topic_id=d.next_topic_id + 1,
-            next_slot=d.next_slot + partitions,
-            topics={**d.topics, name: entry},
-        )
-        self._write(new)
+        reuse = sorted(set(free) & set(d.retired))[:n]
+        fresh = list(range(d.next_slot, d.next_slot + n - len(reuse)))
+        return reuse + fresh, [s for s in d.retired if s not in reuse], d.next_slot + len(fresh)
+
+    def slots_available(self, max_slots: int, free: list[int]) -> int:
+        """Slots a new partition can take now: free retired ones and never-used ones."""
+        return len(set(free) & set(self.data.retired)) + max(0, max_slots - self.data.next_slot)
+
+    def add_topic(self, name: str, partitions: int, ring_bytes: int, config: dict[str, int] | None = None,
+                  free: list[int] = ()) -> TopicEntry:
+        """Add a topic and write the catalog durably (router only). ``free``: retired slots that
+        are known clear (the router checks; persistence/retire.py clears them)."""
+        d = self.data
+        slots, retired, next_slot = self._take_slots(partitions, list(free))
+        entry = TopicEntry(name=name, topic_id=d.next_topic_id, partitions=partitions, ring_bytes=ring_bytes,
+                           slots=slots, config=dict(config or {}))
+        self._write(CatalogData(version=d.version, next_topic_id=d.next_topic_id + 1, next_slot=next_slot,
+                                topics={**d.topics, name: entry}, retired=retired))
         return entry
 
-    def add_partitions(self, name: str, total: int) -> TopicEntry:
-        """Grow topic ``name`` to ``total`` partitions on new slots, written durably (router only).
+    def add_partitions(self, name: str, total: int, free: list[int] = ()) -> TopicEntry:
+        """Grow topic ``name`` to ``total`` partitions on other slots, written durably (router only).
         Partitions keep their numbers and slots; the new ones are numbered after them."""
         d = self.data
         old = d.topics[name]
         extra = total - old.partitions
         assert extra > 0, (name, total)
+        slots, retired, next_slot = self._take_slots(extra, list(free))
         entry = TopicEntry(name=name, topic_id=old.topic_id, partitions=total, ring_bytes=old.ring_bytes,
-                           slots=[*old.slots, *range(d.next_slot, d.next_slot + extra)], config=dict(old.config))
-        new = CatalogData(version=d.version, next_topic_id=d.next_topic_id, next_slot=d.next_slot + extra,
-                          topics={**d.topics, name: entry})
-        self._write(new)
+                           slots=[*old.slots, *slots], config=dict(old.config))
+        self._write(CatalogData(version=d.version, next_topic_id=d.next_topic_id, next_slot=next_slot,
+                                topics={**d.topics, name: entry}, retired=retired))
         return entry
+
+    def delete_topic(self, name: str) -> TopicEntry:
+        """Remove topic ``name``, its slots retired, written durably (router only): from here on
+        the topic does not exist for anyone who reads the catalog."""
+        d = self.data
+        old = d.topics[name]
+        self._write(CatalogData(version=d.version, next_topic_id=d.next_topic_id, next_slot=d.next_slot,
+                                topics={k: v for k, v in d.topics.items() if k != name},
+                                retired=sorted({*d.retired, *old.slots})))
+        return old
+
+    def deleted_topic_ids(self, topic_ids):
+        """Which of ``topic_ids`` (a numpy array) name deleted topics: allotted once, listed no more."""
+        live = np.asarray([t.topic_id for t in self.data.topics.values()] or [-1], dtype=np.int64)
+        ids = np.asarray(topic_ids, dtype=np.int64)
+        return (ids >= 1) & (ids < self.data.next_topic_id) & ~np.isin(ids, live)
 
     def set_config(self, name: str, changes: dict[str, int | None]) -> TopicEntry:
         """Set (or, for None, remove) settings of topic ``name``, written durably (router only)."""
@@ -140,7 +166,7 @@ class Catalog:
         entry = TopicEntry(name=name, topic_id=old.topic_id, partitions=old.partitions, ring_bytes=old.ring_bytes,
                            slots=list(old.slots), config=config)
         self._write(CatalogData(version=d.version, next_topic_id=d.next_topic_id, next_slot=d.next_slot,
-                                topics={**d.topics, name: entry}))
+                                topics={**d.topics, name: entry}, retired=list(d.retired)))
         return entry
 
     def _write(self, new: CatalogData) -> None:

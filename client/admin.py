@@ -62,6 +62,10 @@ class AdminCalls:
                     lambda r: P.decoder(P.TopicInfo).decode(r.header))
 
     @staticmethod
+    def delete_topic(name: str) -> Call:
+        return Call(P.Op.DELETE_TOPIC, name, -1, P.EMPTY_MAP, lambda r: P.decoder(P.TopicInfo).decode(r.header))
+
+    @staticmethod
     def status() -> Call:
         return Call(P.Op.STATUS, "", -1, P.EMPTY_MAP, _status)
 
@@ -106,6 +110,13 @@ class Admin:
         new partitions are numbered after the old ones; a key may hash to another partition from
         now on (docs/DESIGN.md). Producers see the new count within ``METADATA_MAX_AGE_S``."""
         return self._call(AdminCalls.create_partitions(name, total))
+
+    def delete_topic(self, name: str) -> P.TopicInfo:
+        """Delete topic ``name`` (Kafka's deleteTopics): from the reply on, its producers and
+        consumers get ``UNKNOWN_TOPIC``; its slots, rings, shared-memory budget and index files
+        are given back within a second, its journal bytes with their segments. A topic created
+        later under the same name is a new one (new id, offsets from 0). Returns what was deleted."""
+        return self._call(AdminCalls.delete_topic(name))
 
     def status(self) -> dict:
         return self._call(AdminCalls.status())

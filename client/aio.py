@@ -748,6 +748,9 @@ class AsyncAdmin:
     async def create_partitions(self, name: str, total: int) -> P.TopicInfo:
         return await self._call(AdminCalls.create_partitions(name, total))
 
+    async def delete_topic(self, name: str) -> P.TopicInfo:
+        return await self._call(AdminCalls.delete_topic(name))
+
     async def status(self) -> dict:
         return await self._call(AdminCalls.status())
 

@@ -59,6 +59,7 @@ class Op(enum.IntEnum):
     SET_WORKERS = 14  # change the number of workers the router places partitions on
     CREATE_PARTITIONS = 15  # grow a topic to a new partition count (Kafka's CreatePartitions)
     ALTER_CONFIGS = 16  # set or reset a topic's settings (Kafka's IncrementalAlterConfigs)
+    DELETE_TOPIC = 17  # delete a topic and everything of it (Kafka's DeleteTopics)
     # internal: router <-> worker only
     PING = 30
     ADOPT = 31  # take this partition now (assign frame carries slot and epoch)
@@ -80,7 +81,7 @@ class AlterConfigsRequest(msgspec.Struct):
 # header, header map, and for PRODUCE one record batch. Any other count is MALFORMED, except that
 # the router also takes the ops in HEADER_OPTIONAL, whose header it never reads, without frame 1.
 REQUEST_FRAMES = {Op.PRODUCE: 3, Op.FETCH: 2, Op.LIST_OFFSETS: 2, Op.CREATE_TOPIC: 2, Op.LIST_TOPICS: 2,
-                  Op.DESCRIBE_TOPIC: 2, Op.STATUS: 2, Op.SET_WORKERS: 2, Op.CREATE_PARTITIONS: 2, Op.ALTER_CONFIGS: 2, Op.PING: 2,
+                  Op.DESCRIBE_TOPIC: 2, Op.STATUS: 2, Op.SET_WORKERS: 2, Op.CREATE_PARTITIONS: 2, Op.ALTER_CONFIGS: 2, Op.DELETE_TOPIC: 2, Op.PING: 2,
                   Op.ADOPT: 2}
 HEADER_OPTIONAL = frozenset({Op.LIST_OFFSETS, Op.LIST_TOPICS, Op.DESCRIBE_TOPIC, Op.STATUS})  # at the router
 _FRAME_NAMES = ("routing header", "header map", "one record batch")

@@ -55,6 +55,7 @@ PROCESS_METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "journal_segments_deleted": ("counter", (), "Journal segments deleted by retention (persistence/retention.py)."),
     "journal_bytes_deleted": ("counter", (), "Bytes of journal segments deleted by retention."),
     "journal_segments_forced": ("counter", (), "Journal segments the disk guard deleted inside retention (--disk-max-used-ratio)."),
+    "slots_retired": ("counter", (), "Partition slots of deleted topics the flusher cleared (free for new partitions)."),
     "journal_pinned_by": ("gauge", ("topic", "partition"), "1 for the partition whose oldest kept record keeps the oldest "
                                                            "journal segment: a long-retention topic pins segments for everyone."),
     "worker_restarts": ("counter", ("worker",), "Times a worker came back with a new boot id, as the router saw it."),

@@ -45,6 +45,7 @@ from .index import ENTRY, IndexFile, entries_for
 from .journal import BLOCK, Journal, StorageError
 from .recovery import write_checkpoint
 from .retention import Retention
+from .retire import Retirer
 
 log = logging.getLogger("tailrace.flusher")
 
@@ -104,6 +105,7 @@ class Flusher:
         self.rolled = False  # this cycle moved to a new segment (it then stops: see do_work)
         self.next_first_slot = 0  # where the next cycle starts staging (round robin over the dirty slots)
         self.retention = Retention(self)  # log starts and segment deletion (persistence/retention.py)
+        self.retirer = Retirer(self)  # deleted topics' slots (persistence/retire.py)
 
     def rescan(self) -> None:
         """Find the active rows again (a full scan of the control table), and the workers' bells."""
@@ -265,7 +267,8 @@ class Flusher:
         r = self.retention
         return ({"flusher_cycles": {"": self.cycles}, "flusher_bytes_written": {"": self.bytes_written},
                  "flusher_syncs": {"": self.syncs}, "journal_segments_deleted": {"": r.segments_deleted},
-                 "journal_bytes_deleted": {"": r.bytes_deleted}, "journal_segments_forced": {"": r.segments_forced}},
+                 "journal_bytes_deleted": {"": r.bytes_deleted}, "journal_segments_forced": {"": r.segments_forced},
+                 "slots_retired": {"": self.retirer.slots_retired}},
                 {"flusher_unsynced_bytes": {"": self.unsynced_bytes}, "journal_pinned_by": {str(r.pinned_by): 1} if r.pinned_by >= 0 else {}},
                 {"flusher_write_duration_seconds": {"": self.write_hist.snapshot()},
                  "flusher_fsync_duration_seconds": {"": self.fsync_hist.snapshot()}})
@@ -430,6 +433,11 @@ def run(flusher: Flusher, bell: Doorbell, stop: list) -> None:
                 flusher.retention.run(now_ns)
             except Exception:  # noqa: BLE001 - retention waits for the next pass; the data path goes on
                 log.exception("retention pass failed")
+        if not flusher.failed and flusher.retirer.due(now_ns):
+            try:
+                flusher.retirer.run(now_ns)
+            except Exception:  # noqa: BLE001 - clearing waits for the next pass; the data path goes on
+                log.exception("clearing deleted topics' slots failed")
         flusher.stats.maybe_write(flusher.stats_parts)
 
 

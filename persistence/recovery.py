@@ -13,7 +13,8 @@ What recovery does, every time the flusher starts:
    at the end of the data or the first batch that fails its checks (the torn tail).
    Base offset, partition and topic id are stamped outside the CRC, so a batch must also name a
    partition of the catalog and continue its offsets exactly; the first that does not is cut
-   like a torn tail.
+   like a torn tail. A batch of a deleted topic (an id given out once, listed no more) is
+   skipped: it stays until retention deletes its segment.
 3. Truncate the torn tail: zero its bytes in place (segments are pre-written, their size never
    changes) and drop later segments, logging how many non-zero bytes were cut.
 4. Rewrite the index entries of every scanned batch and truncate each index to its journal's
@@ -156,8 +157,11 @@ def _cut_at_first_inconsistent(res: ScanResult, catalog: Catalog, full: bool, st
     or precede its log start, the segments before having gone with retention; otherwise from
     its previous batch, the index tail being checked against the checkpoint separately)."""
     slot_of = {(t.topic_id, p): slot for t in catalog.data.topics.values() for p, slot in enumerate(t.slots)}
+    deleted = catalog.deleted_topic_ids(res.topic_id).tolist() if res.topic_id else []
     expect: dict[tuple[int, int], int] = {}
     for i, key in enumerate(zip(res.topic_id, res.partition)):
+        if deleted[i] and res.count[i] >= 1:  # a deleted topic's batch: kept until its segment goes, never read
+            continue
         base = res.base_offset[i]
         first_ok = not full or base <= starts.get(slot_of.get(key, -1), 0)
         want = expect.get(key, base if first_ok else -1)
@@ -314,5 +318,5 @@ def _rebuild_indexes(data_dir: Path, catalog: Catalog, res: ScanResult, full: bo
             idx.close()
     unknown = np.flatnonzero(~np.isin(keys, np.asarray([t * (1 << 32) + p for t, p in by_key] or [-1], dtype=np.int64)))
     if unknown.size:
-        log.warning("journal holds %d batches of unknown topics; ignored", unknown.size)
+        log.info("journal holds %d batches of deleted topics; skipped", unknown.size)
     return consistent, next_offsets

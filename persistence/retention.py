@@ -191,6 +191,18 @@ class Retention:
         self.segments_forced = 0  # segments the disk guard deleted inside retention
         self.guard_stuck = False  # over the ratio with nothing deletable (logged once)
 
+    def forget(self, slots) -> bool:
+        """Drop what is kept of ``slots`` (a deleted topic's, persistence/retire.py); True if a
+        stored log start went with them (the caller writes the file)."""
+        stored = False
+        for slot in slots:
+            stored |= self.starts.pop(slot, None) is not None
+            for d in (self.punched, self.counts, self.first_times):
+                d.pop(slot, None)
+        if self.pinned_by in slots:
+            self.pinned_by = -1
+        return stored
+
     def publish(self) -> None:
         """Put the stored log starts into the control table (at boot, after recovery)."""
         rows = self.f.table.rows

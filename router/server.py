@@ -34,6 +34,7 @@ from tailrace.client import protocol as P
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import Catalog, stored_worker_count, valid_topic_name
 from tailrace.persistence.recovery import data_dir_id
+from tailrace.shm import region
 from tailrace.shm.layout import ring_region_bytes
 
 from .traffic import Traffic
@@ -190,6 +191,8 @@ class Router(WorkerLiveness):
                 self.create_partitions(topic, frames, reply)
             elif op == P.Op.ALTER_CONFIGS:
                 self.alter_configs(topic, frames, reply)
+            elif op == P.Op.DELETE_TOPIC:
+                self.delete_topic(topic, reply)
             else:  # SET_WORKERS: ACCEPTED_FRAMES let no other op through
                 n = _set_workers_dec.decode(frames[2]).workers
                 if not 1 <= n <= MAX_WORKERS:
@@ -256,9 +259,11 @@ class Router(WorkerLiveness):
         if used + need > self.s.shm_budget_bytes:
             return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(
                 f"topic {name!r} needs {need} bytes of shared memory; {used} of the budget {self.s.shm_budget_bytes} are in use"))
-        if self.catalog.data.next_slot + req.partitions > self.s.max_slots:
-            return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(f"no free partition slots (max_slots={self.s.max_slots})"))
-        entry = self.catalog.add_topic(name, req.partitions, ring, config)
+        free = self.free_slots()
+        if self.catalog.slots_available(self.s.max_slots, free) < req.partitions:
+            return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(
+                f"no free partition slots (max_slots={self.s.max_slots}; a deleted topic's are free within a second)"))
+        entry = self.catalog.add_topic(name, req.partitions, ring, config, free)
         self._prepare_slots(entry.slots)
         self._place_topic(name)
         reply(P.ErrorCode.OK, self._info(entry))
@@ -280,14 +285,41 @@ class Router(WorkerLiveness):
             return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(
                 f"{total - t.partitions} more partitions of topic {name!r} need {need} bytes of shared memory; "
                 f"{used} of the budget {self.s.shm_budget_bytes} are in use"))
-        if self.catalog.data.next_slot + total - t.partitions > self.s.max_slots:
+        free = self.free_slots()
+        if self.catalog.slots_available(self.s.max_slots, free) < total - t.partitions:
             return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(f"no free partition slots (max_slots={self.s.max_slots})"))
         old = t.partitions
-        entry = self.catalog.add_partitions(name, total)
+        entry = self.catalog.add_partitions(name, total, free)
         self._prepare_slots(entry.slots[old:])
         self._place_topic(name, first=old)
         log.info("topic %r grown from %d to %d partitions", name, old, total)
         reply(P.ErrorCode.OK, self._info(entry))
+
+    def delete_topic(self, topic: bytes, reply) -> None:
+        """Delete a topic (Kafka's DeleteTopics). The catalog without it, its slots retired, is
+        written durably before the reply: that is the deletion. From then on the router answers
+        its requests UNKNOWN_TOPIC, the workers drop its actors at their next catalog check, and
+        the flusher clears its slots (persistence/retire.py); recovery skips its journal batches."""
+        name = topic.decode("utf-8", "replace")
+        self.catalog.reload()
+        t = self.catalog.get(name)
+        if t is None:
+            return reply(P.ErrorCode.UNKNOWN_TOPIC, P.ErrorReply(f"unknown topic {name!r}"))
+        self.catalog.delete_topic(name)
+        for p, slot in enumerate(t.slots):
+            self.routes.pop((topic, p), None)
+            self.told.pop((topic, p), None)
+            self.scheduler.release(slot)
+        log.info("topic %r deleted (id %d, slots %s)", name, t.topic_id, t.slots)
+        reply(P.ErrorCode.OK, self._info(t))
+
+    def free_slots(self) -> list[int]:
+        """Retired slots the flusher has cleared: no index file, no ring (persistence/retire.py
+        removes the index file last)."""
+        index_dir = os.path.join(self.s.data_dir, datadir.INDEX_DIR)
+        return [slot for slot in self.catalog.data.retired
+                if not os.path.exists(os.path.join(index_dir, datadir.index_name(slot)))
+                and not region.exists(region.ring_name(self.s.instance, slot))]
 
     def _prepare_slots(self, slots) -> None:
         """Make new partitions' index and lock files now, with the topic: a file created on the

@@ -137,6 +137,12 @@ def cmd_topic(args) -> int:
                           "partitions from now on")
                 if args.config:
                     print(f"topic {info.name} settings: " + ", ".join(f"{k}={v}" for k, v in sorted(info.config.items())))
+        elif args.topic_cmd == "delete":
+            info = admin.delete_topic(args.name)
+            if args.json:
+                print_json(_struct(info))
+            else:
+                print(f"deleted topic {info.name} ({info.partitions} partitions, id {info.topic_id})")
         elif args.topic_cmd == "list":
             topics = admin.list_topics()
             if args.json:
@@ -408,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "the supervisord command line, and exit")
     sv.set_defaults(func=cmd_serve)
 
-    tp = command(sub, "topic", "create, alter, list and describe topics")
+    tp = command(sub, "topic", "create, alter, delete, list and describe topics")
     tsub = tp.add_subparsers(dest="topic_cmd", required=True, metavar="SUBCOMMAND")
     c = command(tsub, "create", "create a topic")
     c.add_argument("name", help="topic name: 1-200 letters, digits, '.', '_', '-' (not '.' or '..')")
@@ -422,10 +428,12 @@ def build_parser() -> argparse.ArgumentParser:
     al_.add_argument("--partitions", type=_positive, default=None, help="the new number of partitions, more than now")
     al_.add_argument("--config", type=_config, action="append", default=[], metavar="NAME=VALUE",
                      help="set a topic setting, repeatable (NAME= resets it to the broker's default): retention.ms, retention.bytes")
+    dl = command(tsub, "delete", "delete a topic and all its records (its producers and consumers get UNKNOWN_TOPIC)")
+    dl.add_argument("name", help="topic name")
     ls = command(tsub, "list", "list topics (a table; --json for scripts)")
     d = command(tsub, "describe", "partitions of a topic: owner, watermarks, ring use, bytes")
     d.add_argument("name", help="topic name")
-    for p in (c, al_, ls, d):
+    for p in (c, al_, dl, ls, d):
         with_bootstrap(p)
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     tp.set_defaults(func=cmd_topic)
