@@ -35,7 +35,7 @@ from tailrace.persistence.index import IndexFile
 from tailrace.persistence.journal import JournalReader
 
 from .dedup import ProducerState
-from .fence import OwnerLock
+from tailrace.shm.fence import OwnerLock
 
 DEDUP_LOAD_BATCHES = 4096  # batch headers read from the ring at takeover
 DEDUP_DISK_BATCHES = 64  # ... and from disk when the ring holds fewer

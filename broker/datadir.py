@@ -73,7 +73,7 @@ from tailrace.client.errors import TailraceError
 #     workers.d/worker-<k>.conf        worker programs added while running (ops/scaling.py)
 #     flusher.bell, worker-<id>.bell   doorbells (shm/doorbell.py)
 #     worker-<id>.ipc, worker-<id>.sock, worker-<id>.pid
-#     slot-<n>.lock                    partition owner locks (actors/fence.py)
+#     slot-<n>.lock                    partition owner locks (shm/fence.py)
 #
 # Every other module takes these names from here; none spells one.
 INSTANCE_FILE = "instance.json"

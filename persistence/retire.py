@@ -6,7 +6,7 @@ after it clears state no one may read any more, and may be cut short by a crash 
 done again:
 
 1. **wait for the owners to let go.** Each slot's lock file (``slot-N.lock``, the owner's flock:
-   actors/fence.py) is taken by the flusher; an actor still holding it (its worker has not seen
+   shm/fence.py) is taken by the flusher; an actor still holding it (its worker has not seen
    the new catalog yet: it looks every ``CATALOG_CHECK_S``) makes the slot wait for the next pass.
 2. **clear the row and the ring.** ``active`` goes to 0 first (the flusher's cycle and checkpoint
    skip the row from then on; a same-host ring reader that sees it answers ``GONE`` and asks the
@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import os
 
-from tailrace.actors.fence import OwnerLock
+from tailrace.shm.fence import OwnerLock
 from tailrace.broker import datadir
 from tailrace.shm import region
 from tailrace.shm.layout import COL
