@@ -321,15 +321,21 @@ def test_acl_matrix_every_operation_allowed_and_denied_changes_nothing_when_deni
         assert sum(o.high_watermark for o in a.list_offsets("a-shared")) == 20  # nothing of bob's got in
     assert sorted(Catalog(str(b.data_dir)).data.topics) == ["a-shared", "b-free"]
     assert b.pids() == pids
-    with Admin(b.bootstrap, **alice) as a:                              # alter: denied, then allowed
+    with Admin(b.bootstrap, **alice) as a:                              # alter, delete: denied, then allowed
         denied(lambda: a.create_partitions("a-shared", 3))
-    _acl(b, "add", "alice", "--topic", "a-shared", "--ops", "alter")
+        denied(lambda: a.delete_topic("a-shared"))
+    assert sorted(Catalog(str(b.data_dir)).data.topics) == ["a-shared", "b-free"]
+    _acl(b, "add", "alice", "--topic", "a-shared", "--ops", "alter,delete")
     _acl(b, "remove", "bob", "--topic", "a-shared", "--ops", "consume,describe")
     time.sleep(1.5)
     with Admin(b.bootstrap, **alice) as a:
         assert a.create_partitions("a-shared", 3).partitions == 3
     with Admin(b.bootstrap, **bob) as bb:
         denied(lambda: bb.describe_topic("a-shared"))
+        denied(lambda: bb.delete_topic("a-shared"))
+    with Admin(b.bootstrap, **alice) as a:
+        assert a.delete_topic("a-shared").name == "a-shared"
+    assert sorted(Catalog(str(b.data_dir)).data.topics) == ["b-free"]
 
 
 def _principal(b, tmp_path, name: str) -> dict:
