@@ -9,7 +9,7 @@ allow-list) some operations on topics named exactly, by prefix, or all (``*``):
     produce  PRODUCE                          consume  FETCH
     create   CREATE_TOPIC                     describe DESCRIBE_TOPIC, LIST_OFFSETS, LIST_TOPICS (filtered)
     admin    STATUS, SET_WORKERS              alter    CREATE_PARTITIONS, ALTER_CONFIGS
-    delete, group: for the ops that will carry them
+    delete   DELETE_TOPIC                     group    the group ops on the group named (LIST_GROUPS: admin)
 
 With no rule at all, authorization is off: every authenticated principal may do everything
 (the quick start works; the first ``acl add`` turns it on). With rules, whatever no rule allows
@@ -34,7 +34,9 @@ ALL_TOPICS = "*"
 # op -> the operation it needs (LIST_TOPICS is filtered by describe instead)
 OP_NEEDS = {P.Op.PRODUCE: "produce", P.Op.FETCH: "consume", P.Op.CREATE_TOPIC: "create",
             P.Op.DESCRIBE_TOPIC: "describe", P.Op.LIST_OFFSETS: "describe",
-            P.Op.CREATE_PARTITIONS: "alter", P.Op.ALTER_CONFIGS: "alter", P.Op.DELETE_TOPIC: "delete", P.Op.STATUS: "admin", P.Op.SET_WORKERS: "admin"}
+            P.Op.CREATE_PARTITIONS: "alter", P.Op.ALTER_CONFIGS: "alter", P.Op.DELETE_TOPIC: "delete",
+            P.Op.GROUP_HEARTBEAT: "group", P.Op.OFFSET_COMMIT: "group", P.Op.OFFSET_FETCH: "group", P.Op.DESCRIBE_GROUP: "group",
+            P.Op.DELETE_GROUP: "group", P.Op.LIST_GROUPS: "admin", P.Op.STATUS: "admin", P.Op.SET_WORKERS: "admin"}
 
 
 class Rule(msgspec.Struct, frozen=True):

@@ -66,6 +66,29 @@ class AdminCalls:
         return Call(P.Op.DELETE_TOPIC, name, -1, P.EMPTY_MAP, lambda r: P.decoder(P.TopicInfo).decode(r.header))
 
     @staticmethod
+    def list_groups() -> Call:
+        return Call(P.Op.LIST_GROUPS, "", -1, P.EMPTY_MAP, lambda r: P.decoder(P.ListGroupsReply).decode(r.header).groups)
+
+    @staticmethod
+    def describe_group(group: str) -> Call:
+        return Call(P.Op.DESCRIBE_GROUP, group, -1, P.EMPTY_MAP, lambda r: P.decoder(P.GroupInfo).decode(r.header))
+
+    @staticmethod
+    def delete_group(group: str) -> Call:
+        return Call(P.Op.DELETE_GROUP, group, -1, P.EMPTY_MAP, lambda r: None)
+
+    @staticmethod
+    def committed(group: str, topics: list[str] | None = None) -> Call:
+        return Call(P.Op.OFFSET_FETCH, group, -1, P.encode(P.OffsetFetchRequest(topics)),
+                    lambda r: {(t, p): o for t, p, o in P.decoder(P.CommittedOffsets).decode(r.header).offsets})
+
+    @staticmethod
+    def commit(group: str, offsets: dict, member_id: str = "", member_epoch: int = -1) -> Call:
+        req = P.OffsetCommitRequest([(t, int(p), int(o)) for (t, p), o in offsets.items()], member_id, member_epoch)
+        return Call(P.Op.OFFSET_COMMIT, group, -1, P.encode(req),
+                    lambda r: {(t, p): o for t, p, o in P.decoder(P.CommittedOffsets).decode(r.header).offsets})
+
+    @staticmethod
     def status() -> Call:
         return Call(P.Op.STATUS, "", -1, P.EMPTY_MAP, _status)
 
@@ -117,6 +140,27 @@ class Admin:
         are given back within a second, its journal bytes with their segments. A topic created
         later under the same name is a new one (new id, offsets from 0). Returns what was deleted."""
         return self._call(AdminCalls.delete_topic(name))
+
+    def list_groups(self) -> list[P.GroupInfo]:
+        """Every consumer group: name, state (empty, stable, reconciling) and epoch."""
+        return self._call(AdminCalls.list_groups())
+
+    def describe_group(self, group: str) -> P.GroupInfo:
+        """A group's members (each one's target and what it holds now) and committed offsets."""
+        return self._call(AdminCalls.describe_group(group))
+
+    def delete_group(self, group: str) -> None:
+        """Delete a group and its committed offsets (only while it has no members)."""
+        return self._call(AdminCalls.delete_group(group))
+
+    def committed(self, group: str, topics: list[str] | None = None) -> dict[tuple[str, int], int]:
+        """The group's committed offsets, {(topic, partition): next offset to read}."""
+        return self._call(AdminCalls.committed(group, topics))
+
+    def reset_offsets(self, group: str, offsets: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        """Set a group's committed offsets (only while it has no members, as Kafka's
+        ``kafka-consumer-groups --reset-offsets``), durably before the reply."""
+        return self._call(AdminCalls.commit(group, offsets))
 
     def status(self) -> dict:
         return self._call(AdminCalls.status())

@@ -22,7 +22,8 @@ from typing import Iterable, NamedTuple
 import numpy as np
 
 from . import protocol as P
-from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Pool
+from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Connection, Pool
+from .group import Membership
 from .security import curve_keys
 from .routes import BlockingRoutes
 from .errors import InvalidRequestError, OffsetOutOfRangeError, UnknownPartitionError
@@ -151,6 +152,17 @@ class ConsumerCore:
     def position(self, topic: str, partition: int) -> int:
         return self.assigned[(topic, partition)].position
 
+    def unassign(self, topic: str, partition: int) -> None:
+        """Stop reading a partition (a reply still in flight for it is ignored)."""
+        a = self.assigned.pop((topic, partition), None)
+        if a is None:
+            return
+        self._by_rid.pop(a.inflight, None)
+        a.inflight = 0
+        a.tail = None
+        self.last_reply.pop((topic, partition), None)
+        self._index_tails()
+
     def _seek_times(self, topic: str, offsets: list[P.PartitionOffsets], partitions: Iterable[int] | None) -> dict[int, int]:
         """Seek assigned partitions of ``topic`` to the offsets a LIST_OFFSETS by time found; a
         partition where every record is older goes to its end (what comes next)."""
@@ -275,9 +287,26 @@ class Consumer(ConsumerCore):
     ring reads."""
 
     def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, *, direct: bool = True, same_host: bool = False,
-                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, key_file=None, server_key=None, **options):
+                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, key_file=None, server_key=None,
+                 group: str | None = None, auto_commit: bool = True, auto_commit_interval_ms: int = 5000,
+                 group_instance_id: str | None = None, on_assign=None, on_revoke=None,
+                 session_timeout_ms: int = 45_000, heartbeat_interval_ms: int = 3000, **options):
+        """``group``: consume as a member of this consumer group (``subscribe``, then ``poll``):
+        the broker shares the topics' partitions among the group's members and keeps their
+        committed offsets (client/group.py). Without a committed offset a partition starts where
+        ``auto_offset_reset`` says (``latest`` in a group unless given, as Kafka)."""
+        if group is not None:
+            options.setdefault("auto_offset_reset", LATEST)
         super().__init__(**options)
         self.pool = Pool(bootstrap, connect_timeout_ms, curve_keys(key_file, server_key))
+        self.membership: Membership | None = None
+        if group is not None:
+            self.membership = Membership(
+                self, group, Connection(bootstrap, connect_timeout_ms, curve_keys(key_file, server_key)),
+                auto_commit=auto_commit, auto_commit_interval_ms=auto_commit_interval_ms,
+                group_instance_id=group_instance_id, on_assign=on_assign, on_revoke=on_revoke,
+                session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms,
+                timeout_ms=max(10_000, int(self.request_timeout_s * 1000)))
         self.conn = self.pool.router
         self.routes = BlockingRoutes(self.pool, direct, same_host)
         # same_host: read partitions straight from the broker's shared-memory rings (client/ring_reader.py)
@@ -318,9 +347,48 @@ class Consumer(ConsumerCore):
         if self.same_host:
             self._attach_rings(topic)
 
+    def assign_at(self, topic: str, positions: dict[int, int | str]) -> None:
+        """Assign partitions of ``topic``, each at an offset or "earliest"/"latest" (one round trip)."""
+        offsets = self.list_offsets(topic)
+        for p, start in sorted(positions.items()):
+            self._assign_from(topic, offsets, [p], start)
+        if self.same_host:
+            self._attach_rings(topic)
+
+    # --- consumer groups (group=...; client/group.py) ---------------------------------------------
+    @property
+    def group_start(self) -> str:
+        """Where a group's partition without a committed offset starts."""
+        if self.auto_offset_reset not in (EARLIEST, LATEST):
+            raise InvalidRequestError("a group partition has no committed offset and auto_offset_reset='error'")
+        return self.auto_offset_reset
+
+    def _member(self) -> Membership:
+        if self.membership is None:
+            raise InvalidRequestError("this consumer has no group: Consumer(..., group='name')")
+        return self.membership
+
+    def subscribe(self, topics: Iterable[str] | str) -> None:
+        """Consume ``topics`` as a member of the group: the next poll joins, and the broker
+        assigns partitions from then on (``on_assign``/``on_revoke`` say which)."""
+        self._member().subscribe([topics] if isinstance(topics, str) else list(topics))
+
+    def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> dict[tuple[str, int], int]:
+        """Commit the group's offsets, durably before it returns: ``offsets`` {(topic,
+        partition): next offset to read}, or the current position of every partition held."""
+        m = self._member()
+        return m.commit_positions(sorted(self.assigned)) if offsets is None else m.commit(dict(offsets))
+
+    def committed(self, partitions: Iterable[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
+        """The group's committed offsets (of ``partitions``, or all it has)."""
+        got = self._member().committed(None if partitions is None else sorted({t for t, _p in partitions}))
+        return got if partitions is None else {tp: got[tp] for tp in partitions if tp in got}
+
     def poll_raw(self, timeout_ms: int = 1000) -> list[tuple[_Assigned, int, P.FetchReply, object]]:
         """Fetch replies with data, as (partition state, start offset, reply, body buffer)."""
         self._raise_deferred()
+        if self.membership is not None:
+            self.membership.step()
         if self.same_host:
             return self._poll_rings(timeout_ms)
         deadline = time.monotonic() + timeout_ms / 1000
@@ -450,6 +518,9 @@ class Consumer(ConsumerCore):
             self._rings = None
 
     def close(self) -> None:
+        if self.membership is not None:
+            self.membership.leave()
+            self.membership.conn.close()
         self._drop_rings()
         self.pool.close()
 

@@ -41,6 +41,10 @@ TimeoutError_ = _make(ErrorCode.TIMEOUT, "Raised when the broker or the client g
 NotReadyError = _make(ErrorCode.NOT_READY, "Raised when the broker is starting or stopping.")
 InternalError = _make(ErrorCode.INTERNAL, "Raised when the broker hit an internal error serving the request.")
 NotAuthorizedError = _make(ErrorCode.NOT_AUTHORIZED, "Raised when the broker refused the request to this principal.")
+UnknownMemberIdError = _make(ErrorCode.UNKNOWN_MEMBER_ID, "Raised when the group does not know the member (left, or its session expired).")
+FencedMemberEpochError = _make(ErrorCode.FENCED_MEMBER_EPOCH, "Raised when a member commits partitions it no longer owns.")
+GroupNotEmptyError = _make(ErrorCode.GROUP_NOT_EMPTY, "Raised when deleting or resetting a group that has members.")
+UnknownGroupError = _make(ErrorCode.UNKNOWN_GROUP, "Raised when the group does not exist.")
 AuthenticationFailedError = _make(ErrorCode.AUTHENTICATION_FAILED,
                                   "Raised when the broker refused the CURVE handshake: no key, a wrong key or one not allowed.")
 
@@ -64,7 +68,8 @@ BY_CODE: dict[int, type[TailraceError]] = {
         MalformedError, UnsupportedVersionError, UnknownOpError, UnknownTopicError, UnknownPartitionError,
         CorruptBatchError, BatchTooLargeError, OffsetOutOfRangeError, NotOwnerError, BackpressureError,
         StorageUnavailableError, TopicExistsError, ShmBudgetExceededError, InvalidRequestError, TimeoutError_,
-        NotReadyError, InternalError, NotAuthorizedError, AuthenticationFailedError,
+        NotReadyError, InternalError, NotAuthorizedError, AuthenticationFailedError, UnknownMemberIdError,
+        FencedMemberEpochError, GroupNotEmptyError, UnknownGroupError,
     )
 }
 

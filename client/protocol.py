@@ -60,9 +60,67 @@ class Op(enum.IntEnum):
     CREATE_PARTITIONS = 15  # grow a topic to a new partition count (Kafka's CreatePartitions)
     ALTER_CONFIGS = 16  # set or reset a topic's settings (Kafka's IncrementalAlterConfigs)
     DELETE_TOPIC = 17  # delete a topic and everything of it (Kafka's DeleteTopics)
+    # consumer groups (router/groups.py): the routing header's topic field names the group
+    GROUP_HEARTBEAT = 20  # join, stay, leave; the reply is the member's assignment (Kafka's KIP-848)
+    OFFSET_COMMIT = 21  # store a group's offsets durably
+    OFFSET_FETCH = 22  # a group's committed offsets
+    LIST_GROUPS = 23
+    DESCRIBE_GROUP = 24
+    DELETE_GROUP = 25
     # internal: router <-> worker only
     PING = 30
     ADOPT = 31  # take this partition now (assign frame carries slot and epoch)
+
+
+class GroupHeartbeatRequest(msgspec.Struct, omit_defaults=True):
+    member_id: str = ""  # "" to join
+    member_epoch: int = 0  # 0 join, -1 leave, -2 leave for now (a static member keeps its partitions until its session ends)
+    instance_id: str = ""  # static membership (Kafka's group.instance.id)
+    topics: list[str] | None = None  # the subscription; None: unchanged
+    owned: list[tuple[str, int]] = []  # the partitions the member holds now
+    session_timeout_ms: int = 45_000
+    heartbeat_interval_ms: int = 3_000
+
+
+class GroupHeartbeatReply(msgspec.Struct):
+    member_id: str
+    member_epoch: int
+    assignment: list[tuple[str, int]]  # what the member may hold now: revoke the rest, start the new
+    heartbeat_interval_ms: int  # when to come back (sooner while partitions are moving)
+
+
+class OffsetCommitRequest(msgspec.Struct, omit_defaults=True):
+    offsets: list[tuple[str, int, int]]  # (topic, partition, next offset to read)
+    member_id: str = ""  # "" only while the group has no members (a reset, or a consumer outside it)
+    member_epoch: int = -1
+
+
+class CommittedOffsets(msgspec.Struct):
+    offsets: list[tuple[str, int, int]]
+
+
+class OffsetFetchRequest(msgspec.Struct, omit_defaults=True):
+    topics: list[str] | None = None  # None: every topic the group has offsets for
+
+
+class GroupMember(msgspec.Struct):
+    member_id: str
+    instance_id: str
+    topics: list[str]
+    assignment: list[tuple[str, int]]  # its target: what it will hold once partitions have moved
+    owned: list[tuple[str, int]]  # what it holds now (revoking included)
+
+
+class GroupInfo(msgspec.Struct):
+    group: str
+    state: str  # empty | stable | reconciling
+    epoch: int
+    members: list[GroupMember]
+    offsets: list[tuple[str, int, int]]
+
+
+class ListGroupsReply(msgspec.Struct):
+    groups: list[GroupInfo]  # members and offsets left out (empty lists)
 
 
 class SetWorkersRequest(msgspec.Struct):
@@ -81,7 +139,8 @@ class AlterConfigsRequest(msgspec.Struct):
 # header, header map, and for PRODUCE one record batch. Any other count is MALFORMED, except that
 # the router also takes the ops in HEADER_OPTIONAL, whose header it never reads, without frame 1.
 REQUEST_FRAMES = {Op.PRODUCE: 3, Op.FETCH: 2, Op.LIST_OFFSETS: 2, Op.CREATE_TOPIC: 2, Op.LIST_TOPICS: 2,
-                  Op.DESCRIBE_TOPIC: 2, Op.STATUS: 2, Op.SET_WORKERS: 2, Op.CREATE_PARTITIONS: 2, Op.ALTER_CONFIGS: 2, Op.DELETE_TOPIC: 2, Op.PING: 2,
+                  Op.DESCRIBE_TOPIC: 2, Op.STATUS: 2, Op.SET_WORKERS: 2, Op.CREATE_PARTITIONS: 2, Op.ALTER_CONFIGS: 2, Op.DELETE_TOPIC: 2, Op.GROUP_HEARTBEAT: 2, Op.OFFSET_COMMIT: 2,
+                  Op.OFFSET_FETCH: 2, Op.LIST_GROUPS: 2, Op.DESCRIBE_GROUP: 2, Op.DELETE_GROUP: 2, Op.PING: 2,
                   Op.ADOPT: 2}
 HEADER_OPTIONAL = frozenset({Op.LIST_OFFSETS, Op.LIST_TOPICS, Op.DESCRIBE_TOPIC, Op.STATUS})  # at the router
 _FRAME_NAMES = ("routing header", "header map", "one record batch")
@@ -124,6 +183,10 @@ class ErrorCode(enum.IntEnum):
     INTERNAL = 17
     NOT_AUTHORIZED = 18  # the principal may not do this (or its key left the allow-list); nothing changed
     AUTHENTICATION_FAILED = 19  # the CURVE handshake was refused (no key, wrong key, unknown key)
+    UNKNOWN_MEMBER_ID = 20  # the group does not know this member (it left, or its session expired): join again
+    FENCED_MEMBER_EPOCH = 21  # the member does not own what it commits (its partitions moved): nothing stored
+    GROUP_NOT_EMPTY = 22  # the group has members: it cannot be deleted or have its offsets reset
+    UNKNOWN_GROUP = 23
 
 
 RETRIABLE = frozenset({ErrorCode.NOT_OWNER, ErrorCode.BACKPRESSURE, ErrorCode.NOT_READY, ErrorCode.TIMEOUT})

@@ -37,6 +37,7 @@ from tailrace.persistence.recovery import data_dir_id
 from tailrace.shm import region
 from tailrace.shm.layout import ring_region_bytes
 
+from .groups import Coordinator
 from .traffic import Traffic
 from .liveness import HEARTBEAT_S, MAX_WORKERS, WorkerLiveness
 from .scheduler import StickyScheduler
@@ -61,6 +62,10 @@ _list_offsets_dec = P.decoder(P.ListOffsetsReply)
 # not): the ops it serves, PING and ADOPT being internal (PROTOCOL.md, 2 and 3).
 ACCEPTED_FRAMES = {op: (n, 1) if op in P.HEADER_OPTIONAL else (n,)
                    for op, n in P.REQUEST_FRAMES.items() if op not in (P.Op.PING, P.Op.ADOPT)}
+
+
+GROUP_OPS = frozenset({P.Op.GROUP_HEARTBEAT, P.Op.OFFSET_COMMIT, P.Op.OFFSET_FETCH, P.Op.LIST_GROUPS,
+                       P.Op.DESCRIBE_GROUP, P.Op.DELETE_GROUP})
 
 
 def next_generation(data_dir: str) -> int:
@@ -113,6 +118,7 @@ class Router(WorkerLiveness):
         self.told: dict[tuple[bytes, int], bytes] = {}
         for name in sorted(self.catalog.data.topics, key=lambda n: self.catalog.data.topics[n].topic_id):
             self._place_topic(name)
+        self.groups = Coordinator(self)  # consumer groups (router/groups.py)
 
     def _info(self, t) -> P.TopicInfo:
         """A topic as clients see it, with its effective settings (its own, else the broker's)."""
@@ -193,6 +199,8 @@ class Router(WorkerLiveness):
                 self.alter_configs(topic, frames, reply)
             elif op == P.Op.DELETE_TOPIC:
                 self.delete_topic(topic, reply)
+            elif op in GROUP_OPS:
+                self.groups.handle(op, topic.decode("utf-8", "replace"), frames[2], reply)
             else:  # SET_WORKERS: ACCEPTED_FRAMES let no other op through
                 n = _set_workers_dec.decode(frames[2]).workers
                 if not 1 <= n <= MAX_WORKERS:
@@ -313,6 +321,40 @@ class Router(WorkerLiveness):
         log.info("topic %r deleted (id %d, slots %s)", name, t.topic_id, t.slots)
         reply(P.ErrorCode.OK, self._info(t))
 
+    def next_internal_id(self) -> int:
+        self._internal_id += 1
+        return self._internal_id
+
+    def send_internal(self, topic: bytes, partition: int, frames: list[bytes]) -> bool:
+        """Send a request of the router's own (router/groups.py) to the partition's owner; its
+        reply comes back to ``on_internal_reply``. False if the partition has no route."""
+        route = self.routes.get((topic, partition))
+        if route is None:
+            self._refresh_routes()
+            route = self.routes.get((topic, partition))
+        if route is None or route[0] not in self.dealers:
+            return False
+        worker, assign = route
+        self.told[(topic, partition)] = assign
+        P.send_frames(self.dealers[worker], [b"", assign, *frames])
+        return True
+
+    def make_internal_topic(self, name: str, partitions: int, config: dict[str, int]):
+        """Create a topic of the broker's own (``__consumer_offsets``); None if it does not fit."""
+        ring = self.s.ring_bytes
+        if self.catalog.shm_bytes(ring_region_bytes) + partitions * ring_region_bytes(ring) > self.s.shm_budget_bytes:
+            log.error("no shared-memory budget left for the internal topic %r", name)
+            return None
+        free = self.free_slots()
+        if self.catalog.slots_available(self.s.max_slots, free) < partitions:
+            log.error("no partition slots left for the internal topic %r", name)
+            return None
+        entry = self.catalog.add_topic(name, partitions, ring, config, free)
+        self._prepare_slots(entry.slots)
+        self._place_topic(name)
+        log.info("internal topic %r created", name)
+        return entry
+
     def free_slots(self) -> list[int]:
         """Retired slots the flusher has cleared: no index file, no ring (persistence/retire.py
         removes the index file last)."""
@@ -415,6 +457,9 @@ class Router(WorkerLiveness):
             self.on_ping_reply(frames[2])
             return
         if op == P.Op.ADOPT:
+            return
+        if op in (P.Op.PRODUCE, P.Op.FETCH):
+            self.groups.on_reply(rid, op, code, frames[1:])
             return
         pending = self.pending.pop(rid, None)
         if pending is None:
@@ -569,6 +614,7 @@ def main() -> int:
         if now - last_ping > HEARTBEAT_S:
             router.tick()
             router.ask_again()
+            router.groups.tick(now)
             if guard is not None:
                 guard.allow.refresh()
                 router.acls.refresh()

@@ -62,6 +62,7 @@ class ReadOptions:
     starting_time: TimeSpec | None = None  # startingTimestamp / startingOffsetsByTimestamp: before ``starting``
     ending_time: TimeSpec | None = None  # endingTimestamp / endingOffsetsByTimestamp (batch): before ``ending``
     by_time_strategy: str = "error"  # startingOffsetsByTimestampStrategy: no record that recent -> fail, or latest
+    group_id: str | None = None  # groupId (streams): each finished micro-batch's end offsets are committed to it, for lag
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,8 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
     else:
         ending = parse_offset_spec(opts.get("endingoffsets"), "endingOffsets", "latest", topics)
         ending_time = parse_time_spec(opts, "endingTimestamp", "endingOffsetsByTimestamp", topics)
+        if "groupid" in opts:
+            raise OptionError("option groupId is for streams: a batch query has no micro-batches to commit")
         if starting_time is None:  # a time takes precedence over startingOffsets, which is then not read
             _forbid(starting, "startingOffsets", "latest", LATEST, "a batch query would read nothing")
         _forbid(ending, "endingOffsets", "earliest", EARLIEST, "a batch query would read nothing")
@@ -235,6 +238,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         starting_time=starting_time,
         ending_time=ending_time,
         by_time_strategy=strategy,
+        group_id=opts.get("groupid") or None,
     )
 
 

@@ -18,6 +18,7 @@ streaming query reads the same records.
 
 from __future__ import annotations
 
+import logging
 from typing import Iterator
 
 import pyarrow as pa
@@ -28,6 +29,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from tailrace.client.admin import Admin
+from tailrace.client.errors import TailraceError
 from tailrace.client.protocol import PartitionOffsets
 
 from .arrow import SCHEMA, to_record_batch
@@ -41,6 +43,7 @@ from .options import SPECIAL, ReadOptions, parse_read_options, parse_write_optio
 from .sink import TailraceArrowWriter, TailraceStreamArrowWriter, check_input_schema
 
 NAME = "tailrace"
+log = logging.getLogger("tailrace.spark")
 
 
 class RangePartition(InputPartition):
@@ -139,6 +142,7 @@ class TailraceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._admin: Admin | None = None
         self._target: Positions | None = None  # (topic, partition) -> frozen end, for availableNow
         self._latest: Positions | None = None  # last watermarks seen, for reportLatestOffset
+        self._group_committed: dict | None = None  # the offsets last committed to groupId
 
     def _describe(self, endpoints_too: bool = False) -> tuple[Logs, dict[TopicPartition, str]]:
         if self._admin is None:
@@ -161,6 +165,7 @@ class TailraceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self._watermarks(logs)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self._commit_group(start)  # the previous batch has finished (see _commit_group)
         logs, _ = self._describe()
         latest = self._latest = self._watermarks(logs)
         begin = from_json(start)
@@ -197,7 +202,26 @@ class TailraceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_partition(self.options, partition)
 
     def commit(self, end: dict) -> None:
-        """Nothing to do: the broker keeps no consumer state; Spark's checkpoint is the truth."""
+        """With ``groupId``: commit the finished micro-batch's end offsets to that group."""
+        self._commit_group(end)
+
+    def _commit_group(self, end: dict) -> None:
+        """Commit a finished micro-batch's end offsets to the ``groupId`` consumer group
+        (``tailrace groups describe`` then shows the query's lag). Spark calls ``commit`` only
+        when it starts the next batch, so the start ``latestOffset`` is given (the end of the
+        last batch, which has finished when Spark plans the next) is committed too: the last
+        batch of an availableNow run is committed when Spark looks for more. Spark's checkpoint
+        stays the truth for exactly-once; a commit that fails (a group with members of its own,
+        a broker away) is logged and the query goes on."""
+        if self.options.group_id is None or not end or end == self._group_committed:
+            return
+        if self._admin is None:
+            self._admin = Admin(self.options.bootstrap, **dict(self.options.security))
+        try:
+            self._admin.reset_offsets(self.options.group_id, from_json(end))
+            self._group_committed = dict(end)
+        except TailraceError as exc:
+            log.warning("could not commit offsets to group %r: %s", self.options.group_id, exc)
 
     def stop(self) -> None:
         if self._admin is not None:

@@ -196,6 +196,74 @@ def cmd_consume(args) -> int:
     return console.consume(args)
 
 
+# --- consumer groups -----------------------------------------------------------------------------
+def group_lag(admin, group: str) -> tuple[object, list[dict]]:
+    """The group and one row per partition of its topics: member, committed offset, high
+    watermark, lag (None without a committed offset), as ``groups describe`` shows them."""
+    info = admin.describe_group(group)
+    committed = {(t, p): o for t, p, o in info.offsets}
+    holder = {}
+    for m in info.members:
+        for t, p in m.assignment:
+            holder.setdefault((t, p), m.member_id)
+        for t, p in m.owned:
+            holder[(t, p)] = m.member_id  # who holds it now wins over who will
+    topics = sorted({t for t, _p in committed} | {t for m in info.members for t in m.topics})
+    rows = []
+    for t in topics:
+        try:
+            offsets = admin.list_offsets(t)
+        except TailraceError:  # deleted since: its committed offsets stay until the group goes
+            offsets = []
+        for po in offsets:
+            c = committed.get((t, po.partition))
+            rows.append({"topic": t, "partition": po.partition, "member": holder.get((t, po.partition)),
+                         "committed": c, "high_watermark": po.high_watermark,
+                         "lag": None if c is None else max(0, po.high_watermark - c)})
+    return info, rows
+
+
+def cmd_groups(args) -> int:
+    with _admin(args) as admin:
+        if args.groups_cmd == "list":
+            groups = admin.list_groups()
+            if args.json:
+                print_json([{"group": g.group, "state": g.state, "epoch": g.epoch} for g in groups])
+            else:
+                print_table(["group", "state", "epoch"], [[g.group, g.state, g.epoch] for g in groups])
+        elif args.groups_cmd == "describe":
+            info, rows = group_lag(admin, args.group)
+            if args.json:
+                print_json({"group": info.group, "state": info.state, "epoch": info.epoch,
+                            "members": [_struct(m) for m in info.members], "partitions": rows})
+            else:
+                print_table(["topic", "partition", "member", "committed", "high watermark", "lag"],
+                            [[r["topic"], r["partition"], (r["member"] or "-")[:12], "-" if r["committed"] is None else r["committed"],
+                              r["high_watermark"], "-" if r["lag"] is None else r["lag"]] for r in rows],
+                            title=f"group {info.group}: {info.state}, {len(info.members)} members, epoch {info.epoch}")
+        elif args.groups_cmd == "reset-offsets":
+            offsets = admin.list_offsets(args.topic)
+            to = args.to
+            new = {(args.topic, po.partition): po.log_start_offset if to == "earliest" else po.high_watermark if to == "latest"
+                   else int(to) for po in offsets}
+            done = admin.reset_offsets(args.group, new)
+            if args.json:
+                print_json([{"topic": t, "partition": p, "offset": o} for (t, p), o in sorted(done.items())])
+            else:
+                print(f"group {args.group}: {args.topic} reset to {to} in {len(done)} partitions")
+        else:  # delete
+            admin.delete_group(args.group)
+            if not args.json:
+                print(f"deleted group {args.group}")
+    return EXIT_OK
+
+
+def _reset_to(text: str) -> str:
+    if text in ("earliest", "latest") or (text.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: earliest, latest or an offset")
+
+
 # --- workers and status --------------------------------------------------------------------------
 def cmd_workers(args) -> int:
     s = settings_mod.from_env(data_dir=_data_dir(args))
@@ -438,6 +506,22 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     tp.set_defaults(func=cmd_topic)
 
+    gp = command(sub, "groups", "consumer groups: list, describe (lag), reset offsets, delete (Kafka's kafka-consumer-groups)")
+    gsub = gp.add_subparsers(dest="groups_cmd", required=True, metavar="SUBCOMMAND")
+    gl = command(gsub, "list", "every group, its state and epoch")
+    gd = command(gsub, "describe", "per partition: member, committed offset, high watermark, lag")
+    gd.add_argument("group", help="group name")
+    gr = command(gsub, "reset-offsets", "set a group's committed offsets of a topic (only while the group has no members)")
+    gr.add_argument("group", help="group name")
+    gr.add_argument("--topic", required=True, help="topic whose offsets to set")
+    gr.add_argument("--to", required=True, type=_reset_to, metavar="WHERE", help="earliest, latest or an offset")
+    gdl = command(gsub, "delete", "delete a group and its committed offsets (only while it has no members)")
+    gdl.add_argument("group", help="group name")
+    for p in (gl, gd, gr, gdl):
+        with_bootstrap(p)
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    gp.set_defaults(func=cmd_groups)
+
     pr = with_bootstrap(command(sub, "produce", "send each line of stdin as a message, as it arrives"))
     pr.add_argument("name", help="topic name")
     pr.add_argument("--key", default=None, help="the key of every message (then partitions come from the key's hash)")
@@ -454,6 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
     co = with_bootstrap(command(sub, "consume", "print messages, one per line (values, or what --print-*, --format or --json ask)"))
     co.add_argument("name", help="topic name")
     co.add_argument("--partition", type=_natural, default=None, help="read only this partition (default: all)")
+    co.add_argument("--group", default=None, metavar="G",
+                    help="consume as a member of group G: partitions shared with its other members, offsets committed as "
+                         "messages are printed (--from then says where a partition without a committed offset starts)")
     co.add_argument("--from", dest="from_", type=console.parse_from, default="earliest", metavar="WHERE",
                     help="earliest (or beginning), latest (or end), or an offset")
     co.add_argument("--from-beginning", action="store_true", help="the same as --from earliest (Kafka's spelling)")

@@ -258,10 +258,21 @@ def consume(args) -> int:
     render = formatter(args)
     out = sys.stdout.buffer
     seen = 0
+    group = getattr(args, "group", None)
+    if group is not None and (args.partition is not None or args.from_time is not None or start not in (EARLIEST, LATEST)):
+        say("with --group the group's committed offsets say where to start: --from earliest|latest only says where "
+            "a partition without one starts (--partition, --from-time and --from OFFSET do not apply)")
+        return EXIT_USAGE
+    # in a group, what is printed is committed, and only that (auto-commit would also commit what
+    # a poll returned beyond --max)
+    extra = {} if group is None else {"group": group, "auto_offset_reset": start, "auto_commit": False}
     cons = Consumer(args.bootstrap, isolation=args.isolation, connect_timeout_ms=args.connect_timeout_ms,
-                    key_file=args.key_file, server_key=args.server_key)
+                    key_file=args.key_file, server_key=args.server_key, **extra)
     try:
-        cons.assign(args.name, None if args.partition is None else [args.partition], start=start)
+        if group is not None:
+            cons.subscribe([args.name])
+        else:
+            cons.assign(args.name, None if args.partition is None else [args.partition], start=start)
         if args.from_time is not None:
             cons.seek_to_time(args.name, args.from_time)
         last_new = time.monotonic()
@@ -275,6 +286,11 @@ def consume(args) -> int:
                 out.write(render(records))
                 out.flush()
                 seen += len(records)
+                if group is not None:
+                    done = {}
+                    for r in records:
+                        done[(r.topic, r.partition)] = r.offset + 1
+                    cons.commit(done)
             elif args.timeout_ms is not None and (time.monotonic() - last_new) * 1000 >= args.timeout_ms:
                 break
     except KeyboardInterrupt:

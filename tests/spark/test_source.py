@@ -74,6 +74,32 @@ def run_available_now(spark, broker, topic, out, checkpoint) -> list:
     return query.recentProgress
 
 
+def test_a_stream_with_group_id_commits_each_micro_batch_so_the_group_shows_its_lag(spark, spark_broker, topic_name, tmp_path):
+    """groupId: every finished micro-batch's end offsets are committed to the group (issue 19):
+    after an availableNow run the group's committed offsets are the query's end, lag 0; more
+    data shows as lag until the next run."""
+    with Admin(spark_broker.bootstrap) as a:
+        a.create_topic(topic_name, 2)
+    produce(spark_broker.bootstrap, topic_name, 2, 0, 300)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def run():
+        stream = (spark.readStream.format("tailrace").option("bootstrap", spark_broker.bootstrap).option("topic", topic_name)
+                  .option("startingOffsets", "earliest").option("groupId", "spark-job").load())
+        query = (stream.select("partition", "offset").writeStream.format("parquet").option("path", str(out))
+                 .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+        assert query.awaitTermination(180) and query.exception() is None
+
+    run()
+    with Admin(spark_broker.bootstrap) as a:
+        assert a.committed("spark-job") == {(topic_name, 0): 300, (topic_name, 1): 300}
+    produce(spark_broker.bootstrap, topic_name, 2, 300, 50)
+    run()
+    with Admin(spark_broker.bootstrap) as a:
+        assert a.committed("spark-job") == {(topic_name, 0): 350, (topic_name, 1): 350}
+    assert spark.read.parquet(str(out)).count() == 700
+
+
 def test_available_now_stream_restarted_with_new_data_writes_every_message_exactly_once(
         spark, spark_broker, topic_name, tmp_path):
     Admin(spark_broker.bootstrap).create_topic(topic_name, 2)

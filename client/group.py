@@ -1,0 +1,157 @@
+"""A consumer's membership of a group (``Consumer(group=...)``): heartbeats, assignment changes,
+commits. The coordinator is the broker's (router/groups.py); this is the member's half of the
+protocol (docs/PROTOCOL.md, 4.7e):
+
+- ``subscribe`` joins at the next poll (a heartbeat with epoch 0); every heartbeat reports the
+  partitions the consumer holds, and its reply says which it may hold now;
+- a partition in the reply that the consumer does not hold is *assigned*: it starts at the
+  group's committed offset, or where ``auto_offset_reset`` says when there is none (Kafka's
+  ``auto.offset.reset``; ``latest`` unless given); ``on_assign`` is called;
+- a partition it holds that the reply leaves out is *revoked*: its position is committed (with
+  ``auto_commit``), ``on_revoke`` is called, it is dropped, and the next heartbeat goes at once,
+  so its new owner is told to start;
+- with ``auto_commit`` the positions are committed every ``auto_commit_interval_ms`` at a poll
+  (what earlier polls returned counts as processed: at least once, docs/GUARANTEES.md), at a
+  revoke and at ``close``;
+- a member the group forgot (``UNKNOWN_MEMBER_ID``: its session ended) has lost its partitions:
+  they are dropped without a commit (their new owners may have read on) and it joins again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Iterable
+
+from . import protocol as P
+from .connection import Connection
+from .errors import FencedMemberEpochError, NotReadyError, UnknownMemberIdError
+
+log = logging.getLogger("tailrace.group")
+TP = tuple[str, int]
+
+
+class Membership:
+    """The member side of one consumer's group; ``Consumer`` calls ``step`` at every poll."""
+
+    def __init__(self, consumer, group: str, conn: Connection, *, auto_commit: bool = True,
+                 auto_commit_interval_ms: int = 5000, group_instance_id: str | None = None,
+                 on_assign: Callable[[list[TP]], None] | None = None, on_revoke: Callable[[list[TP]], None] | None = None,
+                 session_timeout_ms: int = 45_000, heartbeat_interval_ms: int = 3000, timeout_ms: int = 10_000):
+        self.c = consumer
+        self.group, self.conn = group, conn
+        self.auto_commit, self.commit_every_s = auto_commit, auto_commit_interval_ms / 1000
+        self.instance_id = group_instance_id or ""
+        self.on_assign, self.on_revoke = on_assign, on_revoke
+        self.session_ms, self.heartbeat_ms = session_timeout_ms, heartbeat_interval_ms
+        self.timeout_ms = timeout_ms
+        self.topics: list[str] = []
+        self.member_id, self.epoch = "", 0
+        self.topics_sent = False
+        self.next_heartbeat = 0.0
+        self.next_commit = time.monotonic() + self.commit_every_s
+        self.committed_at: dict[TP, int] = {}  # what this member last committed
+        self.rebalances = 0
+
+    def subscribe(self, topics: Iterable[str]) -> None:
+        self.topics = sorted(set(topics))
+        self.topics_sent = False
+        self.next_heartbeat = 0.0
+
+    def step(self) -> None:
+        """At every poll: a heartbeat when due (several while partitions move), a commit when due."""
+        now = time.monotonic()
+        if self.topics and now >= self.next_heartbeat:
+            for _ in range(4):  # a revoke is reported at once, and may let the reply grant more
+                if not self.heartbeat():
+                    break
+        if self.auto_commit and self.member_id and now >= self.next_commit:
+            self.next_commit = now + self.commit_every_s
+            self.commit_positions(None)
+
+    def heartbeat(self) -> bool:
+        """One heartbeat; True if it revoked something (report it at once)."""
+        held = sorted(self.c.assigned)
+        req = P.GroupHeartbeatRequest(self.member_id, self.epoch, self.instance_id,
+                                      None if self.topics_sent else list(self.topics), held, self.session_ms,
+                                      self.heartbeat_ms)
+        try:
+            r = self.conn.request(P.Op.GROUP_HEARTBEAT, self.group, header=P.encode(req), timeout_ms=self.timeout_ms)
+        except UnknownMemberIdError:
+            log.warning("group %r forgot member %s (its session ended): partitions lost, joining again", self.group, self.member_id)
+            self._drop(sorted(self.c.assigned), commit=False)
+            self.member_id, self.epoch, self.topics_sent = "", 0, False
+            self.next_heartbeat = 0.0
+            return True
+        except NotReadyError:
+            self.next_heartbeat = time.monotonic() + 0.2
+            return False
+        rep = P.decoder(P.GroupHeartbeatReply).decode(r.header)
+        self.member_id, self.epoch, self.topics_sent = rep.member_id, rep.member_epoch, True
+        self.next_heartbeat = time.monotonic() + rep.heartbeat_interval_ms / 1000
+        now_holds = {(t, int(p)) for t, p in rep.assignment}
+        revoked = sorted(set(self.c.assigned) - now_holds)
+        added = sorted(now_holds - set(self.c.assigned))
+        if revoked:
+            self._drop(revoked, commit=self.auto_commit)
+        if added:
+            self._add(added)
+        if revoked or added:
+            self.rebalances += 1
+        return bool(revoked)
+
+    def _drop(self, tps: list[TP], commit: bool) -> None:
+        if commit:
+            try:
+                self.commit_positions(tps)
+            except (FencedMemberEpochError, UnknownMemberIdError) as exc:
+                log.warning("group %r: commit at revoke refused: %s", self.group, exc)
+        if self.on_revoke is not None:
+            self.on_revoke(tps)
+        for tp in tps:
+            self.c.unassign(*tp)
+
+    def _add(self, tps: list[TP]) -> None:
+        topics = sorted({t for t, _p in tps})
+        committed = self.committed(topics)
+        for t in topics:
+            self.c.assign_at(t, {p: self._start(t, p, committed) for tt, p in tps if tt == t})
+        if self.on_assign is not None:
+            self.on_assign(tps)
+
+    def _start(self, t: str, p: int, committed: dict[TP, int]):
+        return committed[(t, p)] if (t, p) in committed else self.c.group_start
+
+    def committed(self, topics: list[str] | None = None) -> dict[TP, int]:
+        r = self.conn.request(P.Op.OFFSET_FETCH, self.group, header=P.encode(P.OffsetFetchRequest(topics)),
+                              timeout_ms=self.timeout_ms)
+        return {(t, p): o for t, p, o in P.decoder(P.CommittedOffsets).decode(r.header).offsets}
+
+    def commit_positions(self, tps: list[TP] | None) -> dict[TP, int]:
+        """Commit the positions of ``tps`` (None: every held partition whose position moved)."""
+        if tps is None:
+            offsets = {tp: a.position for tp, a in self.c.assigned.items() if self.committed_at.get(tp) != a.position}
+        else:
+            offsets = {tp: self.c.assigned[tp].position for tp in tps if tp in self.c.assigned}
+        return self.commit(offsets) if offsets else {}
+
+    def commit(self, offsets: dict[TP, int]) -> dict[TP, int]:
+        req = P.OffsetCommitRequest([(t, int(p), int(o)) for (t, p), o in sorted(offsets.items())], self.member_id, self.epoch)
+        self.conn.request(P.Op.OFFSET_COMMIT, self.group, header=P.encode(req), timeout_ms=self.timeout_ms)
+        self.committed_at.update(offsets)
+        return dict(offsets)
+
+    def leave(self) -> None:
+        """Commit (with ``auto_commit``) and leave: a static member only for now (epoch -2: its
+        partitions wait for it until its session ends)."""
+        if not self.member_id:
+            return
+        try:
+            if self.auto_commit:
+                self.commit_positions(None)
+            req = P.GroupHeartbeatRequest(self.member_id, -2 if self.instance_id else -1, self.instance_id,
+                                          owned=[], session_timeout_ms=self.session_ms, heartbeat_interval_ms=self.heartbeat_ms)
+            self.conn.request(P.Op.GROUP_HEARTBEAT, self.group, header=P.encode(req), timeout_ms=self.timeout_ms)
+        except Exception as exc:  # noqa: BLE001 - closing: the session timeout does the rest
+            log.warning("group %r: leaving failed (%s); the session timeout removes the member", self.group, exc)
+        self.member_id = ""

@@ -1,0 +1,362 @@
+"""Consumer groups: the coordinator, in the router.
+
+A group is a name, its members and its committed offsets. Members join, stay and leave with one
+op, ``GROUP_HEARTBEAT`` (Kafka's KIP-848 consumer protocol): each heartbeat says what the member
+subscribes to and which partitions it holds, and its reply says which partitions it may hold now.
+
+**Assignment, cooperative.** The group's *target* (router/assignor.py: sticky, balanced within
+one) is recomputed when members come and go, subscriptions change or a topic grows. A member is
+told its target minus the partitions another member still holds: a partition moving from A to B
+leaves A's reply first; A stops reading it, commits it, and says so in its next heartbeat (sent
+at once); only then is B given it. Every other partition is never paused. While a member waits
+for partitions or owes some back, its replies ask it to come back within ``FAST_HEARTBEAT_MS``.
+
+**Liveness.** A member unheard of for its session timeout (default 45 s, Kafka's) is removed
+and its partitions go to the others. A static member (``instance_id``, Kafka's
+``group.instance.id``) that leaves "for now" (epoch -2, what a closing static consumer sends)
+keeps its target until its session ends; one that joins again under the same instance id
+within it takes the same partitions back, and nothing moves.
+
+**Committed offsets** are stored in the broker's own log, in the internal topic
+``__consumer_offsets`` (made at the first group op; 1 partition). Each commit appends a record
+keyed by the group whose value is *all* of the group's offsets after the commit, produced with
+``acks=durable``: the commit is answered only once that is synced, and the offsets a fetch
+returns are only ever durable ones. Rebuilding at start reads the topic from its log start and
+keeps the last record per group: the topic keeps records ``RETENTION_MS`` and every group with
+offsets is written again every ``REFRESH_S``, so a start reads at most that much history. A
+commit must come from a member that holds the partitions (its heartbeats said so): from a member
+whose session ended ``UNKNOWN_MEMBER_ID``, for partitions it no longer holds
+``FENCED_MEMBER_EPOCH``, and nothing is stored. A commit without a member (a reset by
+``tailrace groups reset-offsets``, or a consumer outside the group) is taken only while the
+group has no members (else ``GROUP_NOT_EMPTY``), as Kafka.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+import msgspec
+
+from tailrace.client import protocol as P
+from tailrace.client.records import encode_batch, iter_batches
+
+from .assignor import TP, assign
+
+log = logging.getLogger("tailrace.groups")
+
+GROUPS_TOPIC = "__consumer_offsets"
+RETENTION_MS = 6 * 3600 * 1000  # the internal topic's retention: a start reads at most this much
+REFRESH_S = 2 * 3600  # each group's offsets are written again this often (well inside the retention)
+EMPTY_GROUP_KEEP_S = 7 * 86400  # an empty group's offsets are kept this long (Kafka's offsets.retention.minutes)
+FAST_HEARTBEAT_MS = 100  # while partitions move
+SESSION_MS = (1_000, 1_800_000)  # allowed session timeouts
+RETRY_S = 2.0  # an internal produce or fetch unanswered this long is sent again
+LOAD_BYTES = 4 << 20
+
+
+class GroupRecord(msgspec.Struct, omit_defaults=True):
+    group: str
+    offsets: list[tuple[str, int, int]] = []
+    deleted: bool = False
+
+
+_record_dec = msgspec.msgpack.Decoder(GroupRecord)
+_decoders = {kind: msgspec.msgpack.Decoder(kind) for kind in
+             (P.GroupHeartbeatRequest, P.OffsetCommitRequest, P.OffsetFetchRequest, P.FetchReply, P.ErrorReply, P.ProduceReply)}
+
+
+class Member:
+    __slots__ = ("member_id", "instance_id", "topics", "session_s", "heartbeat_ms", "last_seen", "epoch",
+                 "owned", "target", "away")
+
+    def __init__(self, member_id: str, instance_id: str, now: float):
+        self.member_id, self.instance_id = member_id, instance_id
+        self.topics: list[str] = []
+        self.session_s, self.heartbeat_ms = 45.0, 3000
+        self.last_seen = now
+        self.epoch = 1
+        self.owned: set[TP] = set()  # what it holds (revoking included), as its heartbeats and our replies say
+        self.target: set[TP] = set()  # what the assignor gives it
+        self.away = False  # a static member that left for now: its target waits for it
+
+
+class Group:
+    def __init__(self, name: str):
+        self.name = name
+        self.members: dict[str, Member] = {}
+        self.epoch = 0
+        self.offsets: dict[TP, int] = {}  # committed: durable
+        self.staged: dict[TP, int] = {}  # what the writes in flight will have made durable
+        self.counts: dict[str, int] = {}  # partition counts the target was computed with
+        self.written_at = 0.0  # monotonic time of the last record written (or loaded)
+        self.emptied_at = time.monotonic()
+
+    def state(self) -> str:
+        if not self.members:
+            return "empty"
+        return "stable" if all(m.owned == m.target for m in self.members.values()) else "reconciling"
+
+
+class Coordinator:
+    """The groups of one router. ``handle`` serves the group ops; ``tick`` expires sessions,
+    retries internal requests and refreshes offsets; ``on_reply`` takes the workers' replies to
+    the internal produces and fetches."""
+
+    def __init__(self, router):
+        self.r = router
+        self.groups: dict[str, Group] = {}
+        self.pending: dict[int, list] = {}  # rid -> [kind, sent, tries, payload...]
+        self.loaded = router.catalog.get(GROUPS_TOPIC) is None  # nothing to read back
+        self.load_offset = 0
+        self.load_rid = 0
+        self.load_sent = 0.0
+        self.commits = 0
+
+    # --- serving ---------------------------------------------------------------------------
+    def handle(self, op: int, name: str, header: bytes, reply) -> None:
+        if not self.loaded:
+            return reply(P.ErrorCode.NOT_READY, P.ErrorReply("the group coordinator is reading its offsets back"))
+        if op == P.Op.LIST_GROUPS:
+            return reply(P.ErrorCode.OK, P.ListGroupsReply([self._info(g, full=False) for g in sorted(self.groups.values(), key=lambda g: g.name)]))
+        if not name:
+            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply("a group op names its group in the routing header's topic"))
+        if op == P.Op.GROUP_HEARTBEAT:
+            return self.heartbeat(name, _decoders[P.GroupHeartbeatRequest].decode(header), reply)
+        if op == P.Op.OFFSET_COMMIT:
+            return self.commit(name, _decoders[P.OffsetCommitRequest].decode(header), reply)
+        g = self.groups.get(name)
+        if op == P.Op.OFFSET_FETCH:
+            req = _decoders[P.OffsetFetchRequest].decode(header)
+            offs = sorted(g.offsets.items()) if g is not None else []
+            return reply(P.ErrorCode.OK, P.CommittedOffsets([(t, p, o) for (t, p), o in offs if req.topics is None or t in req.topics]))
+        if g is None:
+            return reply(P.ErrorCode.UNKNOWN_GROUP, P.ErrorReply(f"unknown group {name!r}"))
+        if op == P.Op.DESCRIBE_GROUP:
+            return reply(P.ErrorCode.OK, self._info(g, full=True))
+        # DELETE_GROUP
+        if g.members:
+            return reply(P.ErrorCode.GROUP_NOT_EMPTY, P.ErrorReply(f"group {name!r} has {len(g.members)} members"))
+        self._write(g, {}, deleted=True, done=lambda code, why: self._deleted(g, code, why, reply))
+
+    def _deleted(self, g: Group, code: int, why: str, reply) -> None:
+        if code == P.ErrorCode.OK:
+            if self.groups.get(g.name) is g and not g.members:
+                del self.groups[g.name]
+            log.info("group %r deleted", g.name)
+            return reply(P.ErrorCode.OK)
+        reply(code, P.ErrorReply(why))
+
+    def _info(self, g: Group, full: bool) -> P.GroupInfo:
+        members = [P.GroupMember(m.member_id, m.instance_id, list(m.topics), sorted(m.target), sorted(m.owned))
+                   for m in sorted(g.members.values(), key=lambda m: m.member_id)] if full else []
+        return P.GroupInfo(g.name, g.state(), g.epoch, members, [(t, p, o) for (t, p), o in sorted(g.offsets.items())] if full else [])
+
+    def heartbeat(self, name: str, req: P.GroupHeartbeatRequest, reply) -> None:
+        now = time.monotonic()
+        g = self.groups.get(name)
+        if req.member_epoch == 0:  # join
+            if g is None:
+                g = self.groups[name] = Group(name)
+            m = None
+            if req.instance_id:  # static: the same instance takes its place (and its target) back
+                m = next((x for x in g.members.values() if x.instance_id == req.instance_id), None)
+                if m is not None:
+                    del g.members[m.member_id]
+                    m.member_id, m.owned, m.away = uuid.uuid4().hex, set(), False
+                    m.epoch += 1
+                    g.members[m.member_id] = m
+                    log.info("group %r: static member %r back as %s", name, req.instance_id, m.member_id)
+            if m is None:
+                m = Member(uuid.uuid4().hex, req.instance_id, now)
+                g.members[m.member_id] = m
+                log.info("group %r: member %s joined (%d members)", name, m.member_id, len(g.members))
+            changed = True
+        else:
+            m = g.members.get(req.member_id) if g is not None else None
+            if m is None:
+                return reply(P.ErrorCode.UNKNOWN_MEMBER_ID, P.ErrorReply(f"group {name!r} has no member {req.member_id!r}: join again"))
+            if req.member_epoch == -1 or (req.member_epoch == -2 and not m.instance_id):
+                self._remove(g, m, "left")
+                return reply(P.ErrorCode.OK, P.GroupHeartbeatReply(m.member_id, -1, [], m.heartbeat_ms))
+            changed = False
+        m.last_seen = now
+        m.session_s = min(max(req.session_timeout_ms, SESSION_MS[0]), SESSION_MS[1]) / 1000
+        m.heartbeat_ms = max(10, min(req.heartbeat_interval_ms, int(m.session_s * 1000) // 3))
+        if req.member_epoch == -2:  # a static member away for now: its partitions wait for it
+            m.away, m.owned = True, set()
+            return reply(P.ErrorCode.OK, P.GroupHeartbeatReply(m.member_id, -2, [], m.heartbeat_ms))
+        if req.topics is not None and sorted(set(req.topics)) != m.topics:
+            m.topics = sorted(set(req.topics))
+            changed = True
+        if changed or self._counts(m.topics, g) != {t: g.counts.get(t) for t in m.topics}:
+            self._rebalance(g)
+        reported = {(t, int(p)) for t, p in req.owned}
+        m.owned &= reported  # what it let go of is free now (and it never holds what it was not given)
+        others = set().union(*(x.owned for x in g.members.values() if x is not m))
+        now_holds = (m.owned & m.target) | (m.target - others)
+        revoking = m.owned - m.target
+        if now_holds != m.owned - revoking:
+            m.epoch += 1
+        m.owned = now_holds | revoking
+        moving = revoking or (m.target - now_holds)
+        reply(P.ErrorCode.OK, P.GroupHeartbeatReply(m.member_id, m.epoch, sorted(now_holds),
+                                                   min(FAST_HEARTBEAT_MS, m.heartbeat_ms) if moving else m.heartbeat_ms))
+
+    def _counts(self, topics, g: Group) -> dict[str, int | None]:
+        self.r.catalog.reload()  # one stat: a topic grown or deleted since
+        out = {}
+        for t in topics:
+            entry = self.r.catalog.get(t)
+            out[t] = entry.partitions if entry is not None else None
+        return out
+
+    def _rebalance(self, g: Group) -> None:
+        subs = {mid: m.topics for mid, m in g.members.items()}
+        topics = sorted({t for s in subs.values() for t in s})
+        counts = {t: n for t, n in self._counts(topics, g).items() if n is not None}
+        new = assign(subs, counts, {mid: m.target for mid, m in g.members.items()})
+        g.counts = {t: counts.get(t) for t in topics}
+        if any(new[mid] != m.target for mid, m in g.members.items()):
+            g.epoch += 1
+            moved = sum(len(m.target - new[mid]) for mid, m in g.members.items())
+            log.info("group %r epoch %d: %d members, %d partitions, %d move", g.name, g.epoch, len(g.members),
+                     sum(len(v) for v in new.values()), moved)
+        for mid, m in g.members.items():
+            m.target = new[mid]
+
+    def _remove(self, g: Group, m: Member, why: str) -> None:
+        del g.members[m.member_id]
+        log.info("group %r: member %s %s (%d left)", g.name, m.member_id, why, len(g.members))
+        if not g.members:
+            g.emptied_at = time.monotonic()
+        self._rebalance(g)
+
+    def commit(self, name: str, req: P.OffsetCommitRequest, reply) -> None:
+        g = self.groups.get(name)
+        if req.member_id:
+            m = g.members.get(req.member_id) if g is not None else None
+            if m is None:
+                return reply(P.ErrorCode.UNKNOWN_MEMBER_ID, P.ErrorReply(f"group {name!r} has no member {req.member_id!r}"))
+            foreign = [(t, p) for t, p, _o in req.offsets if (t, p) not in m.owned]
+            if foreign:
+                return reply(P.ErrorCode.FENCED_MEMBER_EPOCH, P.ErrorReply(
+                    f"member {req.member_id} of group {name!r} does not hold {foreign[0][0]}/{foreign[0][1]} any more "
+                    f"(its epoch is {m.epoch}, the commit's {req.member_epoch}): nothing stored"))
+        elif g is not None and g.members:
+            return reply(P.ErrorCode.GROUP_NOT_EMPTY, P.ErrorReply(
+                f"group {name!r} has {len(g.members)} members: only they commit its offsets"))
+        if any(o < 0 or p < 0 for _t, p, o in req.offsets):
+            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply("offsets and partitions are >= 0"))
+        if g is None:
+            g = self.groups[name] = Group(name)
+        updates = {(t, int(p)): int(o) for t, p, o in req.offsets}
+        self.commits += 1
+        self._write(g, {**g.staged, **updates}, done=lambda code, why: reply(
+            code, P.CommittedOffsets(sorted((t, p, o) for (t, p), o in updates.items())) if code == P.ErrorCode.OK else P.ErrorReply(why)))
+
+    # --- the internal topic ----------------------------------------------------------------
+    def _ensure_topic(self) -> bool:
+        if self.r.catalog.get(GROUPS_TOPIC) is not None:
+            return True
+        return self.r.make_internal_topic(GROUPS_TOPIC, 1, {"retention.ms": RETENTION_MS}) is not None
+
+    def _write(self, g: Group, snapshot: dict[TP, int], done, deleted: bool = False) -> None:
+        """Append the group's record; ``done(code, why)`` once it is durable (or failed)."""
+        if not self._ensure_topic():
+            return done(P.ErrorCode.NOT_READY, "the offsets topic cannot be made (shared-memory budget or slots)")
+        g.staged = dict(snapshot)
+        value = msgspec.msgpack.encode(GroupRecord(g.name, [(t, p, o) for (t, p), o in sorted(snapshot.items())], deleted))
+        batch = encode_batch([value], [g.name.encode()])
+        rid = self.r.next_internal_id()
+        self.pending[rid] = ["produce", time.monotonic(), 1, g, snapshot, done, batch]
+        self._send_produce(rid, batch)
+
+    def _send_produce(self, rid: int, batch: bytes) -> bool:
+        topic = GROUPS_TOPIC.encode()
+        header = P.encode(P.ProduceRequest(acks=P.Acks.DURABLE))
+        return self.r.send_internal(topic, 0, [P.pack_routing(P.Op.PRODUCE, 0, rid, topic), header, batch])
+
+    def on_reply(self, rid: int, op: int, code: int, frames: list[bytes]) -> bool:
+        """A worker's reply to an internal request of ours (False: not ours)."""
+        item = self.pending.pop(rid, None)
+        if item is None:
+            if rid == self.load_rid and not self.loaded:
+                self._on_load(code, frames)
+                return True
+            return False  # a stale answer (a load step asked again, a write given up on)
+        if item[0] == "produce":
+            _kind, _sent, tries, g, snapshot, done, batch = item
+            if code == P.ErrorCode.OK:
+                g.offsets = dict(snapshot)
+                g.written_at = time.monotonic()
+                done(P.ErrorCode.OK, "")
+                return True
+            if code in P.RETRIABLE and tries < 5:
+                item[1], item[2] = time.monotonic(), tries + 1
+                self.pending[rid] = item  # sent again at the next tick
+                return True
+            why = _decoders[P.ErrorReply].decode(frames[1]).message if len(frames) > 1 else ""
+            done(code if code != P.ErrorCode.OK else P.ErrorCode.INTERNAL, f"offsets not stored: {why}")
+            return True
+        self._on_load(code, frames)
+        return True
+
+    def tick(self, now: float) -> None:
+        if not self.loaded:
+            if now - self.load_sent > RETRY_S:
+                self._load_step()
+            return
+        for rid, item in list(self.pending.items()):
+            if item[0] == "produce" and now - item[1] > RETRY_S:
+                if item[2] >= 5:
+                    del self.pending[rid]
+                    item[5](P.ErrorCode.TIMEOUT, "offsets not stored: no worker answered")
+                    continue
+                item[1], item[2] = now, item[2] + 1
+                self._send_produce(rid, item[6])
+        for g in list(self.groups.values()):
+            for m in list(g.members.values()):
+                if now - m.last_seen > m.session_s:
+                    self._remove(g, m, f"expired (no heartbeat for {m.session_s:.0f} s)")
+            if g.offsets and now - g.written_at > REFRESH_S and not any(it[3] is g for it in self.pending.values() if it[0] == "produce"):
+                if g.members or now - g.emptied_at < EMPTY_GROUP_KEEP_S:
+                    self._write(g, dict(g.offsets), done=lambda code, why: None)
+
+    # --- reading the offsets back at start ---------------------------------------------------
+    def _load_step(self) -> None:
+        self.load_sent = time.monotonic()
+        self.load_rid = self.r.next_internal_id()
+        topic = GROUPS_TOPIC.encode()
+        header = P.encode(P.FetchRequest(self.load_offset, max_bytes=LOAD_BYTES))
+        self.r.send_internal(topic, 0, [P.pack_routing(P.Op.FETCH, 0, self.load_rid, topic), header])
+
+    def _on_load(self, code: int, frames: list[bytes]) -> None:
+        if code == P.ErrorCode.OFFSET_OUT_OF_RANGE:  # retention took the start: go on from the log start
+            err = _decoders[P.ErrorReply].decode(frames[1])
+            self.load_offset = max(self.load_offset, err.log_start_offset)
+            return self._load_step()
+        if code != P.ErrorCode.OK:
+            return  # the tick asks again
+        head = _decoders[P.FetchReply].decode(frames[1])
+        now = time.monotonic()
+        if len(frames) > 2 and len(frames[2]):
+            for v in iter_batches(frames[2]):
+                for i in range(v.record_count):  # one step per record: at start only, over at most RETENTION_MS of commits
+                    if v.base_offset + i < self.load_offset:
+                        continue
+                    rec = _record_dec.decode(v.value(i))
+                    if rec.deleted:
+                        self.groups.pop(rec.group, None)
+                        continue
+                    g = self.groups.get(rec.group) or self.groups.setdefault(rec.group, Group(rec.group))
+                    g.offsets = {(t, p): o for t, p, o in rec.offsets}
+                    g.staged = dict(g.offsets)
+                    g.written_at = now
+        self.load_offset = max(self.load_offset, head.next_offset)
+        if self.load_offset >= head.high_watermark:
+            self.loaded = True
+            log.info("group coordinator ready: %d groups read back up to offset %d", len(self.groups), self.load_offset)
+        else:
+            self._load_step()
