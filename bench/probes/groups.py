@@ -77,7 +77,8 @@ def _load(b: Broker, topic: str, partitions: int, stop: threading.Event) -> None
 
 
 def join_times(b: Broker, members: int, partitions: int, run: int) -> tuple[float, float, float]:
-    """(from nothing to all consumed, a join to all consumed again, a join to the joiner holding its share)."""
+    """(from nothing to every member holding its share and every partition consumed since, a
+    join to all consumed again, a join to the joiner holding its share)."""
     topic = f"j{run}"
     with Admin(b.bootstrap) as a:
         a.create_topic(topic, partitions)
@@ -110,8 +111,12 @@ def join_times(b: Broker, members: int, partitions: int, run: int) -> tuple[floa
 
     t0 = time.monotonic()
     running = start(members)
-    while not all_since(t0):
-        time.sleep(0.01)
+    share = partitions // members
+    while not all(len(c.assigned) >= share for c, _h, _t in running):  # the group settled
+        time.sleep(0.005)
+    settled = time.monotonic()
+    while not all_since(settled):
+        time.sleep(0.005)
     cold = time.monotonic() - t0
     time.sleep(1.0)
     t1 = time.monotonic()
@@ -152,19 +157,23 @@ def main() -> None:
     ap.add_argument("--members", type=int, default=100)
     ap.add_argument("--join-members", type=int, default=10)
     ap.add_argument("--join-partitions", type=int, default=100)
-    ap.add_argument("--records", type=int, default=2_000_000)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--records", type=int, default=10_000_000)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--parts", default="commits,join,consume", help="which measurements, comma-separated")
     o = ap.parse_args()
     with tempfile.TemporaryDirectory() as d, Broker(Path(d) / "b", workers=2) as b:
-        one = [commit_rate(b, 1, o.seconds)]
-        many = [commit_rate(b, o.members, o.seconds)]
-        print(f"commits/s: one member {one[0]:,.0f}; {o.members} members at once {many[0]:,.0f}")
-        joins = [join_times(b, o.join_members, o.join_partitions, r) for r in range(o.repeat)]
-        for cold, again, held in joins:
-            print(f"{o.join_members} members, {o.join_partitions} partitions: all consumed {cold:.2f} s after start; "
-                  f"a join: all consumed again {again:.2f} s, the joiner holds its share {held:.2f} s")
-        print(f"join medians: cold {statistics.median(j[0] for j in joins):.2f} s, again {statistics.median(j[1] for j in joins):.2f} s, "
-              f"joiner {statistics.median(j[2] for j in joins):.2f} s")
+        if "commits" in o.parts:
+            one, many = commit_rate(b, 1, o.seconds), commit_rate(b, o.members, o.seconds)
+            print(f"commits/s: one member {one:,.0f}; {o.members} members at once {many:,.0f}")
+        if "join" in o.parts:
+            joins = [join_times(b, o.join_members, o.join_partitions, r) for r in range(o.repeat)]
+            for cold, again, held in joins:
+                print(f"{o.join_members} members, {o.join_partitions} partitions: settled and all consumed {cold:.2f} s after "
+                      f"start; a join: all consumed again {again:.2f} s, the joiner holds its share {held:.2f} s")
+            print(f"join medians: cold {statistics.median(j[0] for j in joins):.2f} s, again "
+                  f"{statistics.median(j[1] for j in joins):.2f} s, joiner {statistics.median(j[2] for j in joins):.2f} s")
+        if "consume" not in o.parts:
+            return
         with Admin(b.bootstrap) as a:
             a.create_topic("rate", 4)
         with Producer(b.bootstrap, acks="memory", linger_ms=5) as p:
