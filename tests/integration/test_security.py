@@ -336,6 +336,17 @@ def test_acl_matrix_every_operation_allowed_and_denied_changes_nothing_when_deni
     with Admin(b.bootstrap, **alice) as a:
         assert a.delete_topic("a-shared").name == "a-shared"
     assert sorted(Catalog(str(b.data_dir)).data.topics) == ["b-free"]
+    with Admin(b.bootstrap, **alice) as a, Admin(b.bootstrap, **bob) as bb:  # group: on the group's name
+        denied(lambda: a.reset_offsets("a-group", {("b-free", 0): 1}))
+        denied(lambda: bb.committed("a-group"))
+        denied(bb.list_groups)                                          # listing groups is admin
+        assert a.list_groups() == []
+    _acl(b, "add", "alice", "--prefix", "a-", "--ops", "group")
+    time.sleep(1.5)
+    with Admin(b.bootstrap, **alice) as a, Admin(b.bootstrap, **bob) as bb:
+        assert a.reset_offsets("a-group", {("b-free", 0): 1}) == {("b-free", 0): 1}
+        assert a.committed("a-group") == {("b-free", 0): 1}
+        denied(lambda: bb.committed("a-group"))
 
 
 def _principal(b, tmp_path, name: str) -> dict:
