@@ -40,6 +40,8 @@ class Settings(msgspec.Struct, kw_only=True):
     retention_bytes: int = -1  # per partition, unless the topic says otherwise; -1: no limit
     disk_max_used_ratio: float = 0.85  # the journal's filesystem fuller than this: oldest segments go even inside retention (1.0: never)
     retention_check_ms: int = 5000  # how often the flusher moves log starts and deletes segments (persistence/retention.py)
+    group_offsets_retention_ms: int = 6 * 3600 * 1000  # __consumer_offsets keeps records this long: a router start reads at most that
+    group_refresh_ms: int = 2 * 3600 * 1000  # every group's offsets are written again this often (router/groups.py)
     direct_io: str = "auto"  # "auto": O_DIRECT where the filesystem allows it; "off"
     ipc_dir: str = ""  # the run directory (sockets, doorbells, pid files); default: broker/datadir.py
     data_mode: str = "0700"  # data directory and subdirectories; files get this & 0666 (umask rule)
@@ -119,6 +121,9 @@ class Settings(msgspec.Struct, kw_only=True):
         datadir.parse_mode(self.data_mode)
         if not 0.0 < self.disk_max_used_ratio <= 1.0:
             raise ValueError(f"disk_max_used_ratio={self.disk_max_used_ratio} must be in (0, 1] (1: never delete inside retention)")
+        if not 0 < self.group_refresh_ms < self.group_offsets_retention_ms:
+            raise ValueError(f"group_refresh_ms={self.group_refresh_ms} must be > 0 and below group_offsets_retention_ms="
+                             f"{self.group_offsets_retention_ms} (offsets are written again before they expire)")
         if self.retention_ms < -1 or self.retention_bytes < -1 or self.retention_check_ms < 1:
             raise ValueError(f"retention_ms={self.retention_ms} must be >= -1 (-1: for ever) and retention_check_ms >= 1")
         if self.auth not in auth.MODES:

@@ -18,13 +18,13 @@ keeps its target until its session ends; one that joins again under the same ins
 within it takes the same partitions back, and nothing moves.
 
 **Committed offsets** are stored in the broker's own log, in the internal topic
-``__consumer_offsets`` (made at the first group op; 1 partition). Each commit appends a record
+``__consumer_offsets`` (made at the first commit; 1 partition). Each commit appends a record
 keyed by the group whose value is *all* of the group's offsets after the commit, produced with
 ``acks=durable``: the commit is answered only once that is synced, and the offsets a fetch
 returns are only ever durable ones. Rebuilding at start reads the topic from its log start and
-keeps the last record per group: the topic keeps records ``RETENTION_MS`` and every group with
-offsets is written again every ``REFRESH_S``, so a start reads at most that much history. A
-commit must come from a member that holds the partitions (its heartbeats said so): from a member
+keeps the last record per group: the topic keeps records ``group_offsets_retention_ms`` (6
+hours) and every group with offsets is written again every ``group_refresh_ms`` (2 hours), so a
+start reads at most 6 hours of commits, however old the groups. A commit must come from a member that holds the partitions (its heartbeats said so): from a member
 whose session ended ``UNKNOWN_MEMBER_ID``, for partitions it no longer holds
 ``FENCED_MEMBER_EPOCH``, and nothing is stored. A commit without a member (a reset by
 ``tailrace groups reset-offsets``, or a consumer outside the group) is taken only while the
@@ -47,8 +47,6 @@ from .assignor import TP, assign
 log = logging.getLogger("tailrace.groups")
 
 GROUPS_TOPIC = "__consumer_offsets"
-RETENTION_MS = 6 * 3600 * 1000  # the internal topic's retention: a start reads at most this much
-REFRESH_S = 2 * 3600  # each group's offsets are written again this often (well inside the retention)
 EMPTY_GROUP_KEEP_S = 7 * 86400  # an empty group's offsets are kept this long (Kafka's offsets.retention.minutes)
 FAST_HEARTBEAT_MS = 100  # while partitions move
 SESSION_MS = (1_000, 1_800_000)  # allowed session timeouts
@@ -260,7 +258,7 @@ class Coordinator:
     def _ensure_topic(self) -> bool:
         if self.r.catalog.get(GROUPS_TOPIC) is not None:
             return True
-        return self.r.make_internal_topic(GROUPS_TOPIC, 1, {"retention.ms": RETENTION_MS}) is not None
+        return self.r.make_internal_topic(GROUPS_TOPIC, 1, {"retention.ms": self.r.s.group_offsets_retention_ms}) is not None
 
     def _write(self, g: Group, snapshot: dict[TP, int], done, deleted: bool = False) -> None:
         """Append the group's record; ``done(code, why)`` once it is durable (or failed)."""
@@ -320,7 +318,7 @@ class Coordinator:
             for m in list(g.members.values()):
                 if now - m.last_seen > m.session_s:
                     self._remove(g, m, f"expired (no heartbeat for {m.session_s:.0f} s)")
-            if g.offsets and now - g.written_at > REFRESH_S and not any(it[3] is g for it in self.pending.values() if it[0] == "produce"):
+            if g.offsets and now - g.written_at > self.r.s.group_refresh_ms / 1000 and not any(it[3] is g for it in self.pending.values() if it[0] == "produce"):
                 if g.members or now - g.emptied_at < EMPTY_GROUP_KEEP_S:
                     self._write(g, dict(g.offsets), done=lambda code, why: None)
 
@@ -343,7 +341,7 @@ class Coordinator:
         now = time.monotonic()
         if len(frames) > 2 and len(frames[2]):
             for v in iter_batches(frames[2]):
-                for i in range(v.record_count):  # one step per record: at start only, over at most RETENTION_MS of commits
+                for i in range(v.record_count):  # one step per record: at start only, over at most the retention of commits
                     if v.base_offset + i < self.load_offset:
                         continue
                     rec = _record_dec.decode(v.value(i))
