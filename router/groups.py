@@ -337,14 +337,21 @@ class Coordinator:
             return self._load_step()
         if code != P.ErrorCode.OK:
             return  # the tick asks again
-        head = _decoders[P.FetchReply].decode(frames[1])
+        try:
+            head = _decoders[P.FetchReply].decode(frames[1])
+        except (msgspec.DecodeError, msgspec.ValidationError, IndexError):
+            return  # the tick asks again
         now = time.monotonic()
         if len(frames) > 2 and len(frames[2]):
             for v in iter_batches(frames[2]):
                 for i in range(v.record_count):  # one step per record: at start only, over at most the retention of commits
                     if v.base_offset + i < self.load_offset:
                         continue
-                    rec = _record_dec.decode(v.value(i))
+                    try:
+                        rec = _record_dec.decode(v.value(i))
+                    except (msgspec.DecodeError, msgspec.ValidationError):  # not ours (a client wrote it): skipped
+                        log.warning("%s offset %d is not a group record: skipped", GROUPS_TOPIC, v.base_offset + i)
+                        continue
                     if rec.deleted:
                         self.groups.pop(rec.group, None)
                         continue

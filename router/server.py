@@ -459,7 +459,10 @@ class Router(WorkerLiveness):
         if op == P.Op.ADOPT:
             return
         if op in (P.Op.PRODUCE, P.Op.FETCH):
-            self.groups.on_reply(rid, op, code, frames[1:])
+            try:
+                self.groups.on_reply(rid, op, code, frames[1:])
+            except Exception:  # a coordinator bug must not take the router down with it
+                log.exception("group coordinator: reply to internal request %d failed", rid)
             return
         pending = self.pending.pop(rid, None)
         if pending is None:
@@ -614,7 +617,10 @@ def main() -> int:
         if now - last_ping > HEARTBEAT_S:
             router.tick()
             router.ask_again()
-            router.groups.tick(now)
+            try:
+                router.groups.tick(now)
+            except Exception:  # noqa: BLE001 - as above: the router keeps serving
+                log.exception("group coordinator tick failed")
             if guard is not None:
                 guard.allow.refresh()
                 router.acls.refresh()
