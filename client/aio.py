@@ -40,6 +40,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from . import protocol as P
+from . import group as group_mod
 from . import unixwire
 from .admin import AdminCalls, Call
 from .connection import (CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, HANDSHAKE_EVENTS, Reply, handshake_refused, parse_bootstrap,
@@ -633,10 +634,13 @@ def _copy_outcome(src: asyncio.Future, dst: asyncio.Future) -> None:
 
 class AsyncConsumer(ConsumerCore):
     """``Consumer`` for asyncio: ``assign``, ``poll``, ``poll_columns``, ``poll_raw``, ``seek``,
-    ``position``, long-polling fetches, the same options."""
+    ``position``, long-polling fetches, groups (``group=``, ``subscribe``, ``commit``,
+    ``committed``), the same options."""
 
     def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, *, direct: bool = True, same_host: bool = False,
-                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, key_file=None, server_key=None, **options):
+                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, key_file=None, server_key=None,
+                 group: str | None = None, **options):
+        options = self._group_options(group, options)
         super().__init__(**options)
         self.pool = AsyncPool(bootstrap, connect_timeout_ms, self._reply, curve_keys(key_file, server_key))
         self.routes = AsyncRoutes(self.pool, direct, same_host)
@@ -677,9 +681,34 @@ class AsyncConsumer(ConsumerCore):
             except Exception:  # noqa: BLE001 - the router path works meanwhile
                 self.routes.failed(topic)
 
+    # --- consumer groups (client/group.py) -----------------------------------------------------
+    async def _group(self, gen):
+        timeout = max(10_000, int(self.request_timeout_s * 1000))
+        return await group_mod.run_async(
+            gen, lambda op, topic, header: self.pool.request(op, topic, header=header, timeout_ms=timeout), self._group_assigned)
+
+    async def _group_assigned(self, topic: str) -> None:
+        if self.routes.due(topic):  # where the owners are (as assign)
+            try:
+                await self.routes.describe(topic)
+            except Exception:  # noqa: BLE001 - the router path works meanwhile
+                self.routes.failed(topic)
+
+    async def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> dict[tuple[str, int], int]:
+        """As ``Consumer.commit``."""
+        m = self._member()
+        return await self._group(m.commit_positions(sorted(self.assigned)) if offsets is None else m.commit(dict(offsets)))
+
+    async def committed(self, partitions: Iterable[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
+        """As ``Consumer.committed``."""
+        got = await self._group(self._member().committed(None if partitions is None else sorted({t for t, _p in partitions})))
+        return got if partitions is None else {tp: got[tp] for tp in partitions if tp in got}
+
     async def poll_raw(self, timeout_ms: int = 1000) -> list:
         """Fetch replies with data, as (partition state, start offset, reply, body buffer)."""
         self._raise_deferred()
+        if self.membership is not None and self.membership.due():
+            await self._group(self.membership.step())
         if self._arrived is None:
             self._arrived = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -709,6 +738,8 @@ class AsyncConsumer(ConsumerCore):
         return self._to_records(await self.poll_columns(timeout_ms))
 
     async def close(self) -> None:
+        if self.membership is not None:
+            await self._group(self.membership.leave())
         self.routes.close()
         self.pool.close()
 
@@ -750,6 +781,21 @@ class AsyncAdmin:
 
     async def delete_topic(self, name: str) -> P.TopicInfo:
         return await self._call(AdminCalls.delete_topic(name))
+
+    async def list_groups(self) -> list[P.GroupInfo]:
+        return await self._call(AdminCalls.list_groups())
+
+    async def describe_group(self, group: str) -> P.GroupInfo:
+        return await self._call(AdminCalls.describe_group(group))
+
+    async def delete_group(self, group: str) -> None:
+        return await self._call(AdminCalls.delete_group(group))
+
+    async def committed(self, group: str, topics: list[str] | None = None) -> dict[tuple[str, int], int]:
+        return await self._call(AdminCalls.committed(group, topics))
+
+    async def reset_offsets(self, group: str, offsets: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        return await self._call(AdminCalls.commit(group, offsets))
 
     async def status(self) -> dict:
         return await self._call(AdminCalls.status())

@@ -23,7 +23,8 @@ import numpy as np
 
 from . import protocol as P
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Connection, Pool
-from .group import Membership
+from . import group as group_mod
+from .group import GROUP_OPTIONS, Membership
 from .security import curve_keys
 from .routes import BlockingRoutes
 from .errors import InvalidRequestError, OffsetOutOfRangeError, UnknownPartitionError
@@ -151,6 +152,38 @@ class ConsumerCore:
 
     def position(self, topic: str, partition: int) -> int:
         return self.assigned[(topic, partition)].position
+
+    # --- consumer groups: what Consumer and AsyncConsumer share (client/group.py) ----------------
+    membership: Membership | None = None
+
+    def _group_options(self, group: str | None, options: dict) -> dict:
+        """Take the group's options (``GROUP_OPTIONS``) out of ``options`` and join ``group``
+        with them; return the rest (for ``ConsumerCore``)."""
+        mine = {k: options.pop(k) for k in list(options) if k in GROUP_OPTIONS}
+        if group is None:
+            if mine:
+                raise InvalidRequestError(f"{', '.join(sorted(mine))}: options of a group consumer; give group=")
+            return options
+        options.setdefault("auto_offset_reset", LATEST)
+        self.membership = Membership(self, group, **mine)
+        return options
+
+    @property
+    def group_start(self) -> str:
+        """Where a group's partition without a committed offset starts."""
+        if self.auto_offset_reset not in (EARLIEST, LATEST):
+            raise InvalidRequestError("a group partition has no committed offset and auto_offset_reset='error'")
+        return self.auto_offset_reset
+
+    def _member(self) -> Membership:
+        if self.membership is None:
+            raise InvalidRequestError("this consumer has no group: give group='name'")
+        return self.membership
+
+    def subscribe(self, topics: Iterable[str] | str) -> None:
+        """Consume ``topics`` as a member of the group: the next poll joins, and the broker
+        assigns partitions from then on (``on_assign``/``on_revoke`` say which)."""
+        self._member().subscribe([topics] if isinstance(topics, str) else list(topics))
 
     def unassign(self, topic: str, partition: int) -> None:
         """Stop reading a partition (a reply still in flight for it is ignored)."""
@@ -288,25 +321,18 @@ class Consumer(ConsumerCore):
 
     def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, *, direct: bool = True, same_host: bool = False,
                  connect_timeout_ms: int = CONNECT_TIMEOUT_MS, key_file=None, server_key=None,
-                 group: str | None = None, auto_commit: bool = True, auto_commit_interval_ms: int = 5000,
-                 group_instance_id: str | None = None, on_assign=None, on_revoke=None,
-                 session_timeout_ms: int = 45_000, heartbeat_interval_ms: int = 3000, **options):
-        """``group``: consume as a member of this consumer group (``subscribe``, then ``poll``):
-        the broker shares the topics' partitions among the group's members and keeps their
-        committed offsets (client/group.py). Without a committed offset a partition starts where
-        ``auto_offset_reset`` says (``latest`` in a group unless given, as Kafka)."""
-        if group is not None:
-            options.setdefault("auto_offset_reset", LATEST)
+                 group: str | None = None, **options):
+        """``group``: consume as a member of this consumer group (``subscribe``, then ``poll``),
+        with the options in ``GROUP_OPTIONS`` (client/group.py): the broker shares the topics'
+        partitions among the group's members and keeps their committed offsets. Without a
+        committed offset a partition starts where ``auto_offset_reset`` says (``latest`` in a
+        group unless given, as Kafka)."""
+        options = self._group_options(group, options)
         super().__init__(**options)
         self.pool = Pool(bootstrap, connect_timeout_ms, curve_keys(key_file, server_key))
-        self.membership: Membership | None = None
+        self._group_conn: Connection | None = None  # the group's requests: their own socket, one at a time
         if group is not None:
-            self.membership = Membership(
-                self, group, Connection(bootstrap, connect_timeout_ms, curve_keys(key_file, server_key)),
-                auto_commit=auto_commit, auto_commit_interval_ms=auto_commit_interval_ms,
-                group_instance_id=group_instance_id, on_assign=on_assign, on_revoke=on_revoke,
-                session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms,
-                timeout_ms=max(10_000, int(self.request_timeout_s * 1000)))
+            self._group_conn = Connection(bootstrap, connect_timeout_ms, curve_keys(key_file, server_key))
         self.conn = self.pool.router
         self.routes = BlockingRoutes(self.pool, direct, same_host)
         # same_host: read partitions straight from the broker's shared-memory rings (client/ring_reader.py)
@@ -347,48 +373,33 @@ class Consumer(ConsumerCore):
         if self.same_host:
             self._attach_rings(topic)
 
-    def assign_at(self, topic: str, positions: dict[int, int | str]) -> None:
-        """Assign partitions of ``topic``, each at an offset or "earliest"/"latest" (one round trip)."""
-        offsets = self.list_offsets(topic)
-        for p, start in sorted(positions.items()):
-            self._assign_from(topic, offsets, [p], start)
+    # --- consumer groups (group=...; client/group.py) ---------------------------------------------
+    def _group(self, gen):
+        """Run a group operation (client/group.py) with blocking requests."""
+        timeout = max(10_000, int(self.request_timeout_s * 1000))
+        return group_mod.run(gen, lambda op, topic, header: self._group_conn.request(op, topic, header=header, timeout_ms=timeout),
+                             self._group_assigned)
+
+    def _group_assigned(self, topic: str) -> None:
         if self.same_host:
             self._attach_rings(topic)
-
-    # --- consumer groups (group=...; client/group.py) ---------------------------------------------
-    @property
-    def group_start(self) -> str:
-        """Where a group's partition without a committed offset starts."""
-        if self.auto_offset_reset not in (EARLIEST, LATEST):
-            raise InvalidRequestError("a group partition has no committed offset and auto_offset_reset='error'")
-        return self.auto_offset_reset
-
-    def _member(self) -> Membership:
-        if self.membership is None:
-            raise InvalidRequestError("this consumer has no group: Consumer(..., group='name')")
-        return self.membership
-
-    def subscribe(self, topics: Iterable[str] | str) -> None:
-        """Consume ``topics`` as a member of the group: the next poll joins, and the broker
-        assigns partitions from then on (``on_assign``/``on_revoke`` say which)."""
-        self._member().subscribe([topics] if isinstance(topics, str) else list(topics))
 
     def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> dict[tuple[str, int], int]:
         """Commit the group's offsets, durably before it returns: ``offsets`` {(topic,
         partition): next offset to read}, or the current position of every partition held."""
         m = self._member()
-        return m.commit_positions(sorted(self.assigned)) if offsets is None else m.commit(dict(offsets))
+        return self._group(m.commit_positions(sorted(self.assigned)) if offsets is None else m.commit(dict(offsets)))
 
     def committed(self, partitions: Iterable[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
         """The group's committed offsets (of ``partitions``, or all it has)."""
-        got = self._member().committed(None if partitions is None else sorted({t for t, _p in partitions}))
+        got = self._group(self._member().committed(None if partitions is None else sorted({t for t, _p in partitions})))
         return got if partitions is None else {tp: got[tp] for tp in partitions if tp in got}
 
     def poll_raw(self, timeout_ms: int = 1000) -> list[tuple[_Assigned, int, P.FetchReply, object]]:
         """Fetch replies with data, as (partition state, start offset, reply, body buffer)."""
         self._raise_deferred()
-        if self.membership is not None:
-            self.membership.step()
+        if self.membership is not None and self.membership.due():
+            self._group(self.membership.step())
         if self.same_host:
             return self._poll_rings(timeout_ms)
         deadline = time.monotonic() + timeout_ms / 1000
@@ -519,8 +530,8 @@ class Consumer(ConsumerCore):
 
     def close(self) -> None:
         if self.membership is not None:
-            self.membership.leave()
-            self.membership.conn.close()
+            self._group(self.membership.leave())
+            self._group_conn.close()
         self._drop_rings()
         self.pool.close()
 

@@ -15,36 +15,43 @@ protocol (docs/PROTOCOL.md, 4.7e):
   revoke and at ``close``;
 - a member the group forgot (``UNKNOWN_MEMBER_ID``: its session ended) has lost its partitions:
   they are dropped without a commit (their new owners may have read on) and it joins again.
+
+The protocol is written once, without I/O: each operation is a generator that yields the
+requests it needs (``(op, topic, header)``, or ``("assigned", topic)`` once a topic's partitions
+are added) and is sent their replies (or thrown their errors). ``run`` drives one with blocking
+requests (``Consumer``), ``run_async`` with awaited ones (``aio.AsyncConsumer``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Iterable
+from typing import Callable, Generator, Iterable
 
 from . import protocol as P
-from .connection import Connection
 from .errors import FencedMemberEpochError, NotReadyError, UnknownMemberIdError
 
 log = logging.getLogger("tailrace.group")
 TP = tuple[str, int]
+# the options of a group consumer (Consumer(group=..., **these)), Kafka's names where it has them
+GROUP_OPTIONS = frozenset({"auto_commit", "auto_commit_interval_ms", "group_instance_id", "on_assign", "on_revoke",
+                           "session_timeout_ms", "heartbeat_interval_ms"})
 
 
 class Membership:
-    """The member side of one consumer's group; ``Consumer`` calls ``step`` at every poll."""
+    """The member side of one consumer's group: ``step`` at every poll, ``commit``,
+    ``committed``, ``leave`` (each a generator: see the module docstring)."""
 
-    def __init__(self, consumer, group: str, conn: Connection, *, auto_commit: bool = True,
+    def __init__(self, consumer, group: str, *, auto_commit: bool = True,
                  auto_commit_interval_ms: int = 5000, group_instance_id: str | None = None,
                  on_assign: Callable[[list[TP]], None] | None = None, on_revoke: Callable[[list[TP]], None] | None = None,
-                 session_timeout_ms: int = 45_000, heartbeat_interval_ms: int = 3000, timeout_ms: int = 10_000):
+                 session_timeout_ms: int = 45_000, heartbeat_interval_ms: int = 3000):
         self.c = consumer
-        self.group, self.conn = group, conn
+        self.group = group
         self.auto_commit, self.commit_every_s = auto_commit, auto_commit_interval_ms / 1000
         self.instance_id = group_instance_id or ""
         self.on_assign, self.on_revoke = on_assign, on_revoke
         self.session_ms, self.heartbeat_ms = session_timeout_ms, heartbeat_interval_ms
-        self.timeout_ms = timeout_ms
         self.topics: list[str] = []
         self.member_id, self.epoch = "", 0
         self.topics_sent = False
@@ -58,28 +65,33 @@ class Membership:
         self.topics_sent = False
         self.next_heartbeat = 0.0
 
-    def step(self) -> None:
-        """At every poll: a heartbeat when due (several while partitions move), a commit when due."""
+    def due(self) -> bool:
+        """Whether ``step`` has anything to do now (a poll skips it otherwise: two clock reads)."""
+        now = time.monotonic()
+        return bool(self.topics and now >= self.next_heartbeat) or (self.auto_commit and bool(self.member_id) and now >= self.next_commit)
+
+    def step(self) -> Generator:
+        """At a poll: a heartbeat when due (several while partitions move), a commit when due."""
         now = time.monotonic()
         if self.topics and now >= self.next_heartbeat:
             for _ in range(4):  # a revoke is reported at once, and may let the reply grant more
-                if not self.heartbeat():
+                if not (yield from self.heartbeat()):
                     break
         if self.auto_commit and self.member_id and now >= self.next_commit:
             self.next_commit = now + self.commit_every_s
-            self.commit_positions(None)
+            yield from self.commit_positions(None)
 
-    def heartbeat(self) -> bool:
-        """One heartbeat; True if it revoked something (report it at once)."""
+    def heartbeat(self) -> Generator:
+        """One heartbeat; returns True if it revoked something (report it at once)."""
         held = sorted(self.c.assigned)
         req = P.GroupHeartbeatRequest(self.member_id, self.epoch, self.instance_id,
                                       None if self.topics_sent else list(self.topics), held, self.session_ms,
                                       self.heartbeat_ms)
         try:
-            r = self.conn.request(P.Op.GROUP_HEARTBEAT, self.group, header=P.encode(req), timeout_ms=self.timeout_ms)
+            r = yield (P.Op.GROUP_HEARTBEAT, self.group, P.encode(req))
         except UnknownMemberIdError:
             log.warning("group %r forgot member %s (its session ended): partitions lost, joining again", self.group, self.member_id)
-            self._drop(sorted(self.c.assigned), commit=False)
+            yield from self._drop(sorted(self.c.assigned), commit=False)
             self.member_id, self.epoch, self.topics_sent = "", 0, False
             self.next_heartbeat = 0.0
             return True
@@ -93,17 +105,17 @@ class Membership:
         revoked = sorted(set(self.c.assigned) - now_holds)
         added = sorted(now_holds - set(self.c.assigned))
         if revoked:
-            self._drop(revoked, commit=self.auto_commit)
+            yield from self._drop(revoked, commit=self.auto_commit)
         if added:
-            self._add(added)
+            yield from self._add(added)
         if revoked or added:
             self.rebalances += 1
         return bool(revoked)
 
-    def _drop(self, tps: list[TP], commit: bool) -> None:
+    def _drop(self, tps: list[TP], commit: bool) -> Generator:
         if commit:
             try:
-                self.commit_positions(tps)
+                yield from self.commit_positions(tps)
             except (FencedMemberEpochError, UnknownMemberIdError) as exc:
                 log.warning("group %r: commit at revoke refused: %s", self.group, exc)
         if self.on_revoke is not None:
@@ -111,47 +123,87 @@ class Membership:
         for tp in tps:
             self.c.unassign(*tp)
 
-    def _add(self, tps: list[TP]) -> None:
+    def _add(self, tps: list[TP]) -> Generator:
         topics = sorted({t for t, _p in tps})
-        committed = self.committed(topics)
+        committed = yield from self.committed(topics)
         for t in topics:
-            self.c.assign_at(t, {p: self._start(t, p, committed) for tt, p in tps if tt == t})
+            r = yield (P.Op.LIST_OFFSETS, t, P.EMPTY_MAP)
+            offsets = P.decoder(P.ListOffsetsReply).decode(r.header).partitions
+            for tt, p in tps:
+                if tt == t:
+                    self.c._assign_from(t, offsets, [p], committed[(t, p)] if (t, p) in committed else self.c.group_start)
+            yield ("assigned", t)
         if self.on_assign is not None:
             self.on_assign(tps)
 
-    def _start(self, t: str, p: int, committed: dict[TP, int]):
-        return committed[(t, p)] if (t, p) in committed else self.c.group_start
-
-    def committed(self, topics: list[str] | None = None) -> dict[TP, int]:
-        r = self.conn.request(P.Op.OFFSET_FETCH, self.group, header=P.encode(P.OffsetFetchRequest(topics)),
-                              timeout_ms=self.timeout_ms)
+    def committed(self, topics: list[str] | None = None) -> Generator:
+        r = yield (P.Op.OFFSET_FETCH, self.group, P.encode(P.OffsetFetchRequest(topics)))
         return {(t, p): o for t, p, o in P.decoder(P.CommittedOffsets).decode(r.header).offsets}
 
-    def commit_positions(self, tps: list[TP] | None) -> dict[TP, int]:
+    def commit_positions(self, tps: list[TP] | None) -> Generator:
         """Commit the positions of ``tps`` (None: every held partition whose position moved)."""
         if tps is None:
             offsets = {tp: a.position for tp, a in self.c.assigned.items() if self.committed_at.get(tp) != a.position}
         else:
             offsets = {tp: self.c.assigned[tp].position for tp in tps if tp in self.c.assigned}
-        return self.commit(offsets) if offsets else {}
+        return (yield from self.commit(offsets)) if offsets else {}
 
-    def commit(self, offsets: dict[TP, int]) -> dict[TP, int]:
+    def commit(self, offsets: dict[TP, int]) -> Generator:
         req = P.OffsetCommitRequest([(t, int(p), int(o)) for (t, p), o in sorted(offsets.items())], self.member_id, self.epoch)
-        self.conn.request(P.Op.OFFSET_COMMIT, self.group, header=P.encode(req), timeout_ms=self.timeout_ms)
+        yield (P.Op.OFFSET_COMMIT, self.group, P.encode(req))
         self.committed_at.update(offsets)
         return dict(offsets)
 
-    def leave(self) -> None:
+    def leave(self) -> Generator:
         """Commit (with ``auto_commit``) and leave: a static member only for now (epoch -2: its
         partitions wait for it until its session ends)."""
         if not self.member_id:
             return
         try:
             if self.auto_commit:
-                self.commit_positions(None)
+                yield from self.commit_positions(None)
             req = P.GroupHeartbeatRequest(self.member_id, -2 if self.instance_id else -1, self.instance_id,
                                           owned=[], session_timeout_ms=self.session_ms, heartbeat_interval_ms=self.heartbeat_ms)
-            self.conn.request(P.Op.GROUP_HEARTBEAT, self.group, header=P.encode(req), timeout_ms=self.timeout_ms)
+            yield (P.Op.GROUP_HEARTBEAT, self.group, P.encode(req))
         except Exception as exc:  # noqa: BLE001 - closing: the session timeout does the rest
             log.warning("group %r: leaving failed (%s); the session timeout removes the member", self.group, exc)
         self.member_id = ""
+
+
+def run(gen: Generator, request: Callable, assigned: Callable[[str], None]):
+    """Drive a ``Membership`` operation with blocking ``request(op, topic, header) -> Reply``
+    (raising the reply's error); ``assigned(topic)`` after a topic's partitions are added."""
+    try:
+        ask = next(gen)
+        while True:
+            if ask[0] == "assigned":
+                assigned(ask[1])
+                ask = gen.send(None)
+                continue
+            try:
+                r = request(*ask)
+            except Exception as exc:  # noqa: BLE001 - the operation decides (it may catch it)
+                ask = gen.throw(exc)
+            else:
+                ask = gen.send(r)
+    except StopIteration as done:
+        return done.value
+
+
+async def run_async(gen: Generator, request: Callable, assigned: Callable):
+    """``run`` with ``await request(...)`` and ``await assigned(topic)``."""
+    try:
+        ask = next(gen)
+        while True:
+            if ask[0] == "assigned":
+                await assigned(ask[1])
+                ask = gen.send(None)
+                continue
+            try:
+                r = await request(*ask)
+            except Exception as exc:  # noqa: BLE001 - as in run
+                ask = gen.throw(exc)
+            else:
+                ask = gen.send(r)
+    except StopIteration as done:
+        return done.value

@@ -125,6 +125,12 @@ class SyncConsumer(_OnLoop):
     def poll(self, timeout_ms: int = 1000):
         return self.run(self.inner.poll(timeout_ms))
 
+    def commit(self, offsets=None):
+        return self.run(self.inner.commit(offsets))
+
+    def committed(self, partitions=None):
+        return self.run(self.inner.committed(partitions))
+
     def close(self) -> None:
         self.run(self.inner.close())
         self._close_loop()

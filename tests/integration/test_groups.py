@@ -224,7 +224,7 @@ def test_a_killed_member_s_partitions_move_after_its_session_and_commits_are_fen
         stay.stop.set()  # the consumer is its thread's: stop that first
         stay.join(10)
         with pytest.raises(FencedMemberEpochError):  # a member committing a partition it does not hold
-            stay.consumer.membership.commit({("k", 0): 1, ("k", 99): 1})
+            stay.consumer.commit({("k", 0): 1, ("k", 99): 1})
         stay.finish()
     finally:
         load.stop.set()
@@ -331,7 +331,10 @@ def test_the_command_line_consumes_in_a_group_and_shows_resets_and_deletes_it(br
     assert bad.returncode == 2 and "--group" in bad.stderr
 
 
-def test_poll_columns_works_in_a_group_and_commit_and_committed_say_the_same(broker):
+def test_poll_columns_works_in_a_group_and_commit_and_committed_say_the_same(broker, client):
+    """The blocking and the asyncio consumer (the ``client`` fixture) in a group: poll_columns,
+    on_assign, commit (positions, or given offsets), committed, seek; a later member of the
+    group starts at the committed offsets."""
     with Admin(broker.bootstrap) as a:
         a.create_topic("cols", 2)
     with Producer(broker.bootstrap, acks="durable") as p:
@@ -339,8 +342,8 @@ def test_poll_columns_works_in_a_group_and_commit_and_committed_say_the_same(bro
             p.send("cols", b"%d" % i)
         assert p.flush() == 500
     assigned = []
-    with Consumer(broker.bootstrap, group="cols", auto_offset_reset="earliest", auto_commit=False,
-                  on_assign=assigned.extend, max_wait_ms=50) as c:
+    with client.Consumer(broker.bootstrap, group="cols", auto_offset_reset="earliest", auto_commit=False,
+                         on_assign=assigned.extend, max_wait_ms=50) as c:
         c.subscribe("cols")
         n, deadline = 0, time.monotonic() + 20
         while n < 500 and time.monotonic() < deadline:
@@ -351,7 +354,7 @@ def test_poll_columns_works_in_a_group_and_commit_and_committed_say_the_same(bro
         assert c.position("cols", 0) == 250
         c.seek("cols", 0, 100)  # a seek and a commit of it: the group starts there next time
         c.commit({("cols", 0): 100})
-    with Consumer(broker.bootstrap, group="cols", max_wait_ms=50) as c:
+    with client.Consumer(broker.bootstrap, group="cols", max_wait_ms=50) as c:
         c.subscribe(["cols"])
         got, deadline = [], time.monotonic() + 20
         while len(got) < 150 and time.monotonic() < deadline:
