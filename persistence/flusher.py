@@ -77,6 +77,7 @@ class Flusher:
         self.s = settings
         self.catalog = Catalog(settings.data_dir)
         self.journal = Journal(settings.data_dir, settings.segment_bytes, direct_io=settings.direct_io != "off")
+        self.journal.defer_prewrite = True  # byte limits go first (_half_full)
         self.buf = mmap.mmap(-1, settings.write_buffer_bytes)  # page aligned: O_DIRECT-safe
         self.buf_base = 0  # journal position of buf[0]; always 4 KiB aligned
         self.buf_len = 0  # bytes staged in buf, counting the carried head block
@@ -298,6 +299,20 @@ class Flusher:
         if carry and head != self.buf_base:
             self.buf.move(0, head - self.buf_base, carry)
         self.buf_base, self.buf_len = head, carry
+        if self.journal.prewrite_wanted:
+            self._half_full()
+
+    def _half_full(self) -> None:
+        """The segment being written is half full: apply byte limits (to what is durable), then
+        pre-write the next segment. Deleting before pre-writing keeps
+        the journal within the limits plus 2 segments when partitions are written in step
+        (docs/DESIGN.md, "How big the journal gets")."""
+        self.journal.prewrite_wanted = False
+        try:
+            self.retention.run(time.monotonic_ns(), bytes_only=True)
+        except Exception:  # noqa: BLE001 - retention waits for its next pass; the data path goes on
+            log.exception("retention pass failed")
+        self.journal.prewrite_next_async()
 
     def _roll(self) -> None:
         """Leave the rest of this segment zero and go on at the next one (byte limits applied

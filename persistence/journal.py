@@ -110,6 +110,10 @@ class Journal:
         self._unsynced_fds: set[int] = set()
         self._old_fds: list[int] = []
         self._prewrite_from = 1 << 62  # journal position past which the next segment is pre-written
+        # The flusher sets defer_prewrite: at half full it is told (prewrite_wanted) and applies byte
+        # limits first, so the segments they free go before the next one is written (the journal's bound)
+        self.defer_prewrite = False
+        self.prewrite_wanted = False
         self._prewrite_lock = threading.Lock()
         self._prewrite_thread: threading.Thread | None = None
 
@@ -203,7 +207,10 @@ class Journal:
         self._unsynced_fds.add(self.fd)
         if position + length >= self._prewrite_from:  # half full: pre-write the next segment now, not
             self._prewrite_from = 1 << 62               # at the roll (nor earlier: it is disk retention cannot free)
-            self.prewrite_next_async()
+            if self.defer_prewrite:
+                self.prewrite_wanted = True
+            else:
+                self.prewrite_next_async()
 
     def sync(self) -> None:
         self._check()
