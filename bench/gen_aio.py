@@ -52,14 +52,16 @@ async def _single(spec: dict, ctx) -> dict:
     value = bytes(spec["size"])
     lat = np.zeros(quota, dtype=np.int64)
     counts = Counter()
+    placed = spec.get("partitioner", "pinned")  # pinned: coroutine j to its own partition; else unkeyed sends
     async with AsyncProducer(spec["endpoint"], acks=spec["acks"], linger_ms=0, direct=spec.get("direct", True),
-                             same_host=spec.get("same_host", False), request_timeout_ms=5000) as p:
+                             same_host=spec.get("same_host", False), request_timeout_ms=5000,
+                             partitioner="round_robin" if placed == "pinned" else placed) as p:
         await p.partitions_for(topic)
         ctx.ready()
         deadline = ctx.t_start + spec["max_seconds"]
 
         async def one(j: int) -> None:
-            part = (spec["first_producer"] + j) % partitions
+            part = (spec["first_producer"] + j) % partitions if placed == "pinned" else None
             while counts["sent"] < quota and time.monotonic() < deadline:
                 counts["sent"] += 1
                 t = time.perf_counter_ns()

@@ -73,6 +73,10 @@ def add_workload_options(ap: argparse.ArgumentParser) -> None:
                     help="tailrace's client in durable-single and e2e-latency: the blocking one (raw requests "
                          "over its Connection) or the asyncio one (tailrace.aio, one AsyncProducer shared by "
                          "each process's coroutines); cases of the async client end in /async")
+    ap.add_argument("--partitioner", choices=["pinned", "round_robin", "sticky"], default="pinned",
+                    help="durable-single with --client async: pinned (each coroutine sends to its own partition, "
+                         "as each Redis coroutine to its own stream) or unkeyed sends placed by this partitioner "
+                         "of the shared producer (cases end in /round_robin or /sticky)")
     ap.add_argument("--uvloop", action="store_true",
                     help="asyncio load generators (tailrace's --client async, Redis durable-single) run on "
                          "uvloop instead of asyncio's own loop (needs uvloop installed)")

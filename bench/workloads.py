@@ -214,7 +214,9 @@ def durable_single(system, o) -> list[dict]:
 
 
 def _single_case(system, o, k: int, transport: str) -> dict:
-    case = f"durable-single/{k}{_suffix(transport)}{getattr(system, 'case_suffix', '')}"
+    placed = getattr(o, "partitioner", "pinned") if system.gen.endswith("aio") else "pinned"
+    case = (f"durable-single/{k}{_suffix(transport)}{'' if placed == 'pinned' else '/' + placed}"
+            f"{getattr(system, 'case_suffix', '')}")
     topic = new_topic(f"single{k}")
     system.create_topic(topic, o.partitions, o.ring_bytes)
     system.warm(topic, o.partitions)
@@ -225,7 +227,7 @@ def _single_case(system, o, k: int, transport: str) -> dict:
     jobs = [Job(f"{system.gen}:single", {
         "endpoint": system.endpoint, "direct": not o.via_router, "same_host": transport == "same-host", "topic": topic,
         "partitions": o.partitions, "producers": n, "first_producer": f, "messages": q, "size": o.size, "acks": "durable",
-        "max_seconds": o.single_seconds, "uvloop": getattr(o, "uvloop", False)})
+        "max_seconds": o.single_seconds, "uvloop": getattr(o, "uvloop", False), "partitioner": placed})
         for n, q, f in zip(per_proc, quotas, first)]
     run = run_jobs(jobs, label=f"{system.name} {case}", total=o.single_messages, timeout_s=o.single_seconds + 120,
                    broker_pids=system.pids(), on_go=_profiler(o, system, case))
@@ -236,7 +238,8 @@ def _single_case(system, o, k: int, transport: str) -> dict:
                         "acked": acked, "errors": sum(r["errors"] for r in run.results),
                         "redirected": sum(r.get("redirected", 0) for r in run.results)},
                 params={"producers": k, "processes": procs, "partitions": o.partitions, "size": o.size,
-                        "transport": transport, "max_seconds": o.single_seconds, "uvloop": getattr(o, "uvloop", False)})
+                        "transport": transport, "max_seconds": o.single_seconds, "uvloop": getattr(o, "uvloop", False),
+                        "partitioner": placed})
 
 
 def _consume_case(system, o, case: str, ring_bytes: int) -> dict:

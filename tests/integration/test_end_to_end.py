@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
+import zlib
 
 import numpy as np
 
 from tailrace import Admin, Consumer, Producer
 from tailrace.client import protocol as P
+from tailrace.client.producer import STICKY_RECORDS
 from tailrace.client.connection import Connection
 from tailrace.client.records import encode_batch, iter_batches
 from tests.clients import BLOCKING
@@ -229,6 +231,29 @@ def test_producer_partitioners_and_consumer_records(broker, client):
     for r in sorted(recs, key=lambda r: (r.partition, r.offset)):
         per_key_order.setdefault(r.key, []).append(int(r.value[1:]))
     assert all(v == sorted(v) for v in per_key_order.values())
+
+
+def test_the_sticky_partitioner_sends_unkeyed_records_in_runs_and_keyed_ones_by_hash(broker, client):
+    """Kafka's default partitioner: 128 unkeyed records in a row to one partition, then the next
+    (as even as round robin over time); a keyed record where key_hash puts it."""
+    Admin(broker.bootstrap).create_topic("sticky", 4)
+    n = 4 * STICKY_RECORDS * 2
+    with client.Producer(broker.bootstrap, partitioner="sticky", acks="memory", linger_ms=1) as prod:
+        for i in range(n):
+            prod.send("sticky", b"%d" % i)
+        for i in range(40):
+            prod.send("sticky", b"k%d" % i, key=b"user-%d" % i)
+    with client.Consumer(broker.bootstrap, max_wait_ms=100) as cons:
+        cons.assign("sticky", start="earliest")
+        recs, deadline = [], time.monotonic() + 10
+        while len(recs) < n + 40 and time.monotonic() < deadline:
+            recs.extend(cons.poll(200))
+    assert len(recs) == n + 40
+    unkeyed = sorted((int(r.value), r.partition) for r in recs if not r.key)
+    runs = [p for i, p in unkeyed[::STICKY_RECORDS]]
+    assert all(p == runs[i // STICKY_RECORDS] for i, p in unkeyed), "an unkeyed record left its run"
+    assert sorted(runs) == [0, 0, 1, 1, 2, 2, 3, 3]  # every partition took its share
+    assert all(r.partition == zlib.crc32(r.key) % 4 for r in recs if r.key)
 
 
 def test_clients_address_the_owning_worker_directly_and_fall_back_to_the_router(broker, client):
