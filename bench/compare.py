@@ -64,11 +64,23 @@ def _ratio(ours: dict | None, theirs: dict | None) -> str:
     return "-" if not a or not b else f"{a / b:.2f}x"
 
 
+TAILRACE_ONLY = ("/same-host", "/round_robin", "/sticky", "/async")  # case parts a peer's case has not
+
+
+def peer_case(case: str) -> str:
+    """The peer's case a tailrace case is set against: its tailrace-only parts (the async client,
+    a partitioner, the same-host transport) taken out; a peer has one client and one way."""
+    for part in TAILRACE_ONLY:
+        case = case.replace(part, "")
+    return case
+
+
 def comparison_table(rows: list[dict], systems: list[str]) -> str:
     by = {(r["system"], r["case"]): r for r in rows}
     cases = list(dict.fromkeys(r["case"] for r in rows))
-    # a peer's plain case already shown against tailrace's /async row gets no line of its own
-    cases = [c for c in cases if ("tailrace", c) in by or ("tailrace", f"{c}/async") not in by]
+    # a peer's plain case already shown against a tailrace row gets no line of its own
+    shown = {peer_case(c) for s, c in by if s == "tailrace"}
+    cases = [c for c in cases if ("tailrace", c) in by or c not in shown]
     peers = [s for s in systems if s != "tailrace"]
     headers = ["case", "tailrace"] + [h for p in peers for h in (p, f"tailrace/{p}")]
     body = []
@@ -76,8 +88,7 @@ def comparison_table(rows: list[dict], systems: list[str]) -> str:
         ours = by.get(("tailrace", case))
         line = [case, _figure(ours)]
         for p in peers:
-            # a peer has one client: tailrace's /async rows are set against the peer's plain case
-            theirs = by.get((p, case)) or by.get((p, case.removesuffix("/async")))
+            theirs = by.get((p, case)) or by.get((p, peer_case(case)))
             line += [_figure(theirs), _ratio(ours, theirs)]
         body.append(line)
     return report.table(headers, body)
