@@ -304,9 +304,9 @@ class Flusher:
 
     def _half_full(self) -> None:
         """The segment being written is half full: apply byte limits (to what is durable), then
-        pre-write the next segment. Deleting before pre-writing keeps
-        the journal within the limits plus 2 segments when partitions are written in step
-        (docs/DESIGN.md, "How big the journal gets")."""
+        pre-write the next segment. Deleting before pre-writing keeps the journal within the
+        limits plus 2 segments when partitions are written in step (docs/DESIGN.md, "How big the
+        journal gets")."""
         self.journal.prewrite_wanted = False
         try:
             self.retention.run(time.monotonic_ns(), bytes_only=True)
