@@ -16,7 +16,7 @@ done again:
 3. **checkpoint.** The next checkpoint no longer names the slots, so recovery never compares a
    later topic's index on them with the old topic's offsets.
 4. **remove the index files**, last: a retired slot with neither an index file nor a ring is free,
-   and the router (router/server.py ``free_slots``) gives it to the next partition it creates,
+   and the router (``free_slots`` below) gives it to the next partition it creates,
    after making the index file afresh.
 
 The deleted topic's batches stay in the journal until retention deletes their segments (a deleted
@@ -42,6 +42,17 @@ log = logging.getLogger("tailrace.retire")
 RETIRE_CHECK_NS = 100_000_000  # how often the flusher looks for retired slots to clear
 
 
+def cleared(settings, slot: int) -> bool:
+    """A retired slot is clear when neither its index file (removed last) nor its ring is left."""
+    return (not index_path(settings.data_dir, slot).exists()
+            and not region.exists(region.ring_name(settings.instance, slot)))
+
+
+def free_slots(catalog, settings) -> list[int]:
+    """The retired slots a new partition may take (the router's question)."""
+    return [slot for slot in catalog.data.retired if cleared(settings, slot)]
+
+
 class Retirer:
     """The flusher's side of topic deletion (``run``, between its cycles)."""
 
@@ -56,11 +67,7 @@ class Retirer:
 
     def pending(self) -> list[int]:
         """Retired slots not cleared yet (an index file or a ring left)."""
-        return [slot for slot in self.f.catalog.data.retired if not self.cleared(slot)]
-
-    def cleared(self, slot: int) -> bool:
-        return (not index_path(self.s.data_dir, slot).exists()
-                and not region.exists(region.ring_name(self.s.instance, slot)))
+        return [slot for slot in self.f.catalog.data.retired if not cleared(self.s, slot)]
 
     def run(self, now_ns: int) -> int:
         """Clear every retired slot whose owner has let go; return how many were cleared."""

@@ -24,9 +24,10 @@ keyed by the group whose value is *all* of the group's offsets after the commit,
 returns are only ever durable ones. Rebuilding at start reads the topic from its log start and
 keeps the last record per group: the topic keeps records ``group_offsets_retention_ms`` (6
 hours) and every group with offsets is written again every ``group_refresh_ms`` (2 hours), so a
-start reads at most 6 hours of commits, however old the groups. A commit must come from a member that holds the partitions (its heartbeats said so): from a member
-whose session ended ``UNKNOWN_MEMBER_ID``, for partitions it no longer holds
-``FENCED_MEMBER_EPOCH``, and nothing is stored. A commit without a member (a reset by
+start reads at most 6 hours of commits, however old the groups. A commit must come from a member
+that holds the partitions (its heartbeats said so): from a member whose session ended
+``UNKNOWN_MEMBER_ID``, for partitions it no longer holds ``FENCED_MEMBER_EPOCH``, and nothing is
+stored. A commit without a member (a reset by
 ``tailrace groups reset-offsets``, or a consumer outside the group) is taken only while the
 group has no members (else ``GROUP_NOT_EMPTY``), as Kafka.
 """

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import struct
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ from tailrace.client import protocol as P
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import Catalog, stored_worker_count, valid_topic_name
 from tailrace.persistence.recovery import data_dir_id
-from tailrace.shm import region
+from tailrace.persistence.retire import free_slots
 from tailrace.shm.layout import ring_region_bytes
 
 from .groups import Coordinator
@@ -262,19 +261,25 @@ class Router(WorkerLiveness):
         if ring < MIN_RING_BYTES or ring % 4096 or ring < 2 * self.s.max_batch_bytes:
             return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
                 f"ring_bytes={ring} must be a multiple of 4096, >= {MIN_RING_BYTES} and >= 2 x max_batch_bytes ({self.s.max_batch_bytes})"))
+        entry, why = self._add_topic(name, req.partitions, ring, config)
+        if entry is None:
+            return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(why))
+        reply(P.ErrorCode.OK, self._info(entry))
+
+    def _add_topic(self, name: str, partitions: int, ring: int, config: dict[str, int]):
+        """Add a checked topic where the shared-memory budget and the slots allow: (its entry,
+        None), written durably, its files made and its partitions placed; or (None, why not)."""
         used = self.catalog.shm_bytes(ring_region_bytes)
-        need = req.partitions * ring_region_bytes(ring)
+        need = partitions * ring_region_bytes(ring)
         if used + need > self.s.shm_budget_bytes:
-            return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(
-                f"topic {name!r} needs {need} bytes of shared memory; {used} of the budget {self.s.shm_budget_bytes} are in use"))
-        free = self.free_slots()
-        if self.catalog.slots_available(self.s.max_slots, free) < req.partitions:
-            return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(
-                f"no free partition slots (max_slots={self.s.max_slots}; a deleted topic's are free within a second)"))
-        entry = self.catalog.add_topic(name, req.partitions, ring, config, free)
+            return None, f"topic {name!r} needs {need} bytes of shared memory; {used} of the budget {self.s.shm_budget_bytes} are in use"
+        free = free_slots(self.catalog, self.s)
+        if self.catalog.slots_available(self.s.max_slots, free) < partitions:
+            return None, f"no free partition slots (max_slots={self.s.max_slots}; a deleted topic's are free within a second)"
+        entry = self.catalog.add_topic(name, partitions, ring, config, free)
         self._prepare_slots(entry.slots)
         self._place_topic(name)
-        reply(P.ErrorCode.OK, self._info(entry))
+        return entry, None
 
     def create_partitions(self, topic: bytes, frames, reply) -> None:
         """Grow a topic (Kafka's CreatePartitions: to a new total, never down). The catalog is
@@ -293,7 +298,7 @@ class Router(WorkerLiveness):
             return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(
                 f"{total - t.partitions} more partitions of topic {name!r} need {need} bytes of shared memory; "
                 f"{used} of the budget {self.s.shm_budget_bytes} are in use"))
-        free = self.free_slots()
+        free = free_slots(self.catalog, self.s)
         if self.catalog.slots_available(self.s.max_slots, free) < total - t.partitions:
             return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(f"no free partition slots (max_slots={self.s.max_slots})"))
         old = t.partitions
@@ -341,27 +346,12 @@ class Router(WorkerLiveness):
 
     def make_internal_topic(self, name: str, partitions: int, config: dict[str, int]):
         """Create a topic of the broker's own (``__consumer_offsets``); None if it does not fit."""
-        ring = self.s.ring_bytes
-        if self.catalog.shm_bytes(ring_region_bytes) + partitions * ring_region_bytes(ring) > self.s.shm_budget_bytes:
-            log.error("no shared-memory budget left for the internal topic %r", name)
+        entry, why = self._add_topic(name, partitions, self.s.ring_bytes, config)
+        if entry is None:
+            log.error("internal topic %r not created: %s", name, why)
             return None
-        free = self.free_slots()
-        if self.catalog.slots_available(self.s.max_slots, free) < partitions:
-            log.error("no partition slots left for the internal topic %r", name)
-            return None
-        entry = self.catalog.add_topic(name, partitions, ring, config, free)
-        self._prepare_slots(entry.slots)
-        self._place_topic(name)
         log.info("internal topic %r created", name)
         return entry
-
-    def free_slots(self) -> list[int]:
-        """Retired slots the flusher has cleared: no index file, no ring (persistence/retire.py
-        removes the index file last)."""
-        index_dir = os.path.join(self.s.data_dir, datadir.INDEX_DIR)
-        return [slot for slot in self.catalog.data.retired
-                if not os.path.exists(os.path.join(index_dir, datadir.index_name(slot)))
-                and not region.exists(region.ring_name(self.s.instance, slot))]
 
     def _prepare_slots(self, slots) -> None:
         """Make new partitions' index and lock files now, with the topic: a file created on the

@@ -297,17 +297,22 @@ def _committed_or_none(a):
     return {p: o for (_t, p), o in got.items()} if got else None
 
 
+def _topic_of_numbers(broker, topic: str, partitions: int, n: int) -> None:
+    """A new topic holding the values b"0" .. b"n-1", spread round robin, durable."""
+    with Admin(broker.bootstrap) as a:
+        a.create_topic(topic, partitions)
+    with Producer(broker.bootstrap, acks="durable") as p:
+        for i in range(n):
+            p.send(topic, b"%d" % i)
+        assert p.flush() == n
+
+
 def _tailrace(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tailrace", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_the_command_line_consumes_in_a_group_and_shows_resets_and_deletes_it(broker):
-    with Admin(broker.bootstrap) as a:
-        a.create_topic("cli", 3)
-    with Producer(broker.bootstrap, acks="durable") as p:
-        for i in range(30):
-            p.send("cli", b"%d" % i)
-        assert p.flush() == 30
+    _topic_of_numbers(broker, "cli", 3, 30)
     bs = ("--bootstrap", broker.bootstrap)
     first = _tailrace("consume", "cli", "--group", "cg", "--max", "10", *bs)
     rest = _tailrace("consume", "cli", "--group", "cg", "--timeout-ms", "1500", *bs)
@@ -335,12 +340,7 @@ def test_poll_columns_works_in_a_group_and_commit_and_committed_say_the_same(bro
     """The blocking and the asyncio consumer (the ``client`` fixture) in a group: poll_columns,
     on_assign, commit (positions, or given offsets), committed, seek; a later member of the
     group starts at the committed offsets."""
-    with Admin(broker.bootstrap) as a:
-        a.create_topic("cols", 2)
-    with Producer(broker.bootstrap, acks="durable") as p:
-        for i in range(500):
-            p.send("cols", b"%d" % i)
-        assert p.flush() == 500
+    _topic_of_numbers(broker, "cols", 2, 500)
     assigned = []
     with client.Consumer(broker.bootstrap, group="cols", auto_offset_reset="earliest", auto_commit=False,
                          on_assign=assigned.extend, max_wait_ms=50) as c:
