@@ -701,8 +701,7 @@ class AsyncConsumer(ConsumerCore):
 
     async def committed(self, partitions: Iterable[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
         """As ``Consumer.committed``."""
-        got = await self._group(self._member().committed(None if partitions is None else sorted({t for t, _p in partitions})))
-        return got if partitions is None else {tp: got[tp] for tp in partitions if tp in got}
+        return await self._group(self._member().committed(None if partitions is None else list(partitions)))
 
     async def poll_raw(self, timeout_ms: int = 1000) -> list:
         """Fetch replies with data, as (partition state, start offset, reply, body buffer)."""

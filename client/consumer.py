@@ -392,8 +392,7 @@ class Consumer(ConsumerCore):
 
     def committed(self, partitions: Iterable[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
         """The group's committed offsets (of ``partitions``, or all it has)."""
-        got = self._group(self._member().committed(None if partitions is None else sorted({t for t, _p in partitions})))
-        return got if partitions is None else {tp: got[tp] for tp in partitions if tp in got}
+        return self._group(self._member().committed(None if partitions is None else list(partitions)))
 
     def poll_raw(self, timeout_ms: int = 1000) -> list[tuple[_Assigned, int, P.FetchReply, object]]:
         """Fetch replies with data, as (partition state, start offset, reply, body buffer)."""

@@ -125,7 +125,7 @@ class Membership:
 
     def _add(self, tps: list[TP]) -> Generator:
         topics = sorted({t for t, _p in tps})
-        committed = yield from self.committed(topics)
+        committed = yield from self.committed(tps)
         for t in topics:
             r = yield (P.Op.LIST_OFFSETS, t, P.EMPTY_MAP)
             offsets = P.decoder(P.ListOffsetsReply).decode(r.header).partitions
@@ -136,9 +136,12 @@ class Membership:
         if self.on_assign is not None:
             self.on_assign(tps)
 
-    def committed(self, topics: list[str] | None = None) -> Generator:
+    def committed(self, partitions: list[TP] | None = None) -> Generator:
+        """The group's committed offsets, of ``partitions`` or of all it has."""
+        topics = None if partitions is None else sorted({t for t, _p in partitions})
         r = yield (P.Op.OFFSET_FETCH, self.group, P.encode(P.OffsetFetchRequest(topics)))
-        return {(t, p): o for t, p, o in P.decoder(P.CommittedOffsets).decode(r.header).offsets}
+        got = {(t, p): o for t, p, o in P.decoder(P.CommittedOffsets).decode(r.header).offsets}
+        return got if partitions is None else {tp: got[tp] for tp in partitions if tp in got}
 
     def commit_positions(self, tps: list[TP] | None) -> Generator:
         """Commit the positions of ``tps`` (None: every held partition whose position moved)."""
