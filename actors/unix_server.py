@@ -75,6 +75,7 @@ class UnixServer:
         # bytes per call, an mmap + page faults + munmap per message at this size.
         self._rbuf = bytearray(RECV_BYTES)
         self._rmv = memoryview(self._rbuf)
+        self.on_close = None  # called with a connection's identity when it closes (its WATCH ends)
 
     def fileno(self) -> int:
         return self.ep.fileno()
@@ -227,6 +228,8 @@ class UnixServer:
         if self.conns.pop(fd, None) is None:
             return
         self.by_ident.pop(c.ident, None)
+        if self.on_close is not None:
+            self.on_close(c.ident)
         self.total_backlog -= c.out_bytes
         c.out.clear()
         c.out_bytes = 0

@@ -53,7 +53,7 @@ from tailrace.persistence.recovery import data_dir_id
 
 from . import partition as partition_mod
 from .partition import DiskRead, Fenced, FetchResult, PartitionActor, read_disk
-from .unix_server import PortMux, UnixServer
+from .unix_server import PortMux, UnixIdent, UnixServer
 
 log = logging.getLogger("tailrace.worker")
 
@@ -148,7 +148,9 @@ _fetch_dec = P.decoder(P.FetchRequest)
 _list_offsets_dec = P.decoder(P.ListOffsetsRequest)
 # op -> request frames (routing header included) of the ops a worker serves; the router's
 # metadata ops are UNKNOWN_OP here (PROTOCOL.md, 3).
-SERVED_FRAMES = {op: P.REQUEST_FRAMES[op] for op in (P.Op.PRODUCE, P.Op.FETCH, P.Op.LIST_OFFSETS, P.Op.PING, P.Op.ADOPT)}
+SERVED_FRAMES = {op: P.REQUEST_FRAMES[op] for op in (P.Op.PRODUCE, P.Op.FETCH, P.Op.LIST_OFFSETS, P.Op.WATCH, P.Op.PING,
+                                                     P.Op.ADOPT)}
+_watch_dec = msgspec.msgpack.Decoder(P.WatchRequest)
 
 
 def _op_name(op: int) -> str:
@@ -196,6 +198,9 @@ class Worker:
         self.held: list = []  # heap of (due ns, seq, reply frames): replies held back by a quota
         self._held_seq = 0
         self.shared_rings: SharedRings | None = None  # read-only ring views for seek by time (offset_for_time)
+        # same-host ring readers' doorbells (WATCH): Unix connection identity -> (abstract address,
+        # slots, rung after syncs too); rung by ring_watchers after a turn that appended
+        self.watchers: dict[bytes, tuple[bytes, frozenset[int], bool]] = {}
 
     # --- dispatch ------------------------------------------------------------------------
     def count(self, op: int, code: int) -> None:
@@ -266,6 +271,8 @@ class Worker:
                 self.fetch(ident, assign, topic, partition, rest, reply)
             elif op == P.Op.LIST_OFFSETS:
                 self.list_offsets(topic, rest[1], reply)
+            elif op == P.Op.WATCH:
+                self.watch(ident, rest[1], reply)
             elif op == P.Op.PING:
                 held = {slot: len(a.parked) + len(a.durable_waiters) for slot, a in self.actors.items()
                         if a.parked or a.durable_waiters}
@@ -285,6 +292,43 @@ class Worker:
         except Exception as exc:  # a bug must not take the worker down with it
             log.exception("request op=%s failed", op)
             reply(P.ErrorCode.INTERNAL, P.ErrorReply(f"internal error: {type(exc).__name__}: {exc}"))
+
+    def watch(self, ident: list, header: bytes, reply) -> None:
+        """WATCH (docs/PROTOCOL.md 8d): ring this connection's doorbell after turns that append to
+        the slots it names. Only on the Unix socket: the bell is a local address, and the
+        connection's end is the watch's end (``unwatch``)."""
+        if len(ident) != 1 or type(ident[0]) is not UnixIdent:
+            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
+                "WATCH is served on a worker's Unix socket only (same host: docs/PROTOCOL.md 8d)"))
+        req = _watch_dec.decode(header)
+        bell = req.bell
+        if not bell.startswith(P.WATCH_BELL_PREFIX) or len(bell) > P.WATCH_BELL_MAX or "\x00" in bell:
+            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
+                f"bell {bell[:P.WATCH_BELL_MAX]!r}: an abstract socket name starting with {P.WATCH_BELL_PREFIX!r}, "
+                f"at most {P.WATCH_BELL_MAX} characters"))
+        rows = len(self.table.rows)
+        if len(req.slots) > P.WATCH_SLOTS_MAX or any(not 0 <= s < rows for s in req.slots):
+            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"slots: at most {P.WATCH_SLOTS_MAX}, each 0..{rows - 1}"))
+        if req.isolation not in ("memory", "durable"):
+            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"isolation {req.isolation!r}: memory or durable"))
+        if req.slots:
+            self.watchers[ident[0]] = (b"\x00" + bell.encode(), frozenset(req.slots), req.isolation == "durable")
+        else:
+            self.watchers.pop(ident[0], None)
+        reply(P.ErrorCode.OK)
+
+    def unwatch(self, ident: bytes) -> None:
+        """A Unix connection closed: its watch ends with it."""
+        self.watchers.pop(ident, None)
+
+    def ring_watchers(self, ringer: Ringer, synced: bool) -> None:
+        """One byte to each watcher whose slots this turn appended to (or, for a durable reader,
+        after a sync); a bell nobody holds any more ends its watch."""
+        appended = self.appended
+        for ident, (bell, slots, durable) in list(self.watchers.items()):
+            if (synced and durable) or (not durable and not slots.isdisjoint(appended)):
+                if not ringer.ring(bell, b"w"):
+                    del self.watchers[ident]
 
     def actor_for(self, assign: bytes | None, topic: bytes, partition: int, reply):
         """The actor for this request, adopting the partition if the router says we own it."""
@@ -697,6 +741,7 @@ class WorkerProcess:
         try:  # the same-host socket is an extra: a worker serves ZeroMQ without it
             self.unix = UnixServer(unixwire.path_of(s.worker_unix_endpoint(worker_id)), log, f"worker {worker_id}",
                                    max_message=s.max_frame_bytes, allowed_uids=s.allowed_uids())
+            self.unix.on_close = worker.unwatch
         except OSError as exc:
             log.warning("no Unix socket for same-host clients (%s); ZeroMQ only", exc)
             self.unix = None
@@ -739,6 +784,8 @@ class WorkerProcess:
         synced = self.bell.fileno() in events
         if synced:
             self.bell.drain()
+        if worker.watchers and (worker.appended or synced):
+            worker.ring_watchers(self.ringer, synced)  # same-host readers on an event loop (WATCH)
         now = time.monotonic()
         self.kicks.after_turn(worker, now)
         if worker.waiting_slots:

@@ -67,11 +67,13 @@ def _ratio(ours: dict | None, theirs: dict | None) -> str:
 TAILRACE_ONLY = ("/same-host", "/round_robin", "/sticky", "/async")  # case parts a peer's case has not
 
 
-def peer_case(case: str) -> str:
+def peer_case(case: str, keep: tuple[str, ...] = ()) -> str:
     """The peer's case a tailrace case is set against: its tailrace-only parts (the async client,
-    a partitioner, the same-host transport) taken out; a peer has one client and one way."""
+    a partitioner, the same-host transport) taken out, but for those in ``keep`` (a peer run
+    with its asyncio client too names its cases /async)."""
     for part in TAILRACE_ONLY:
-        case = case.replace(part, "")
+        if part not in keep:
+            case = case.replace(part, "")
     return case
 
 
@@ -79,7 +81,7 @@ def comparison_table(rows: list[dict], systems: list[str]) -> str:
     by = {(r["system"], r["case"]): r for r in rows}
     cases = list(dict.fromkeys(r["case"] for r in rows))
     # a peer's plain case already shown against a tailrace row gets no line of its own
-    shown = {peer_case(c) for s, c in by if s == "tailrace"}
+    shown = {peer_case(c, keep) for s, c in by if s == "tailrace" for keep in ((), ("/async",))}
     cases = [c for c in cases if ("tailrace", c) in by or c not in shown]
     peers = [s for s in systems if s != "tailrace"]
     headers = ["case", "tailrace"] + [h for p in peers for h in (p, f"tailrace/{p}")]
@@ -88,7 +90,7 @@ def comparison_table(rows: list[dict], systems: list[str]) -> str:
         ours = by.get(("tailrace", case))
         line = [case, _figure(ours)]
         for p in peers:
-            theirs = by.get((p, case)) or by.get((p, peer_case(case)))
+            theirs = by.get((p, case)) or by.get((p, peer_case(case, ("/async",)))) or by.get((p, peer_case(case)))
             line += [_figure(theirs), _ratio(ours, theirs)]
         body.append(line)
     return report.table(headers, body)
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         if importlib.util.find_spec(module) is None:
             print(f"Python module {module!r} missing: run bench/setup_peers.sh", file=sys.stderr)
             return EXIT_USAGE
-        systems.append(cls(data_root=opts.data_root))
+        systems.append(cls(data_root=opts.data_root, client=opts.client) if name == "redis" else cls(data_root=opts.data_root))
     started = time.time()
     raw = []
     for system in systems:

@@ -3,7 +3,9 @@
 A partition is one stream key, ``<topic>:<partition>``; a record is one stream entry with a
 single field ``v``. Batched produce is a redis-py pipeline (transaction=False) of XADD, one
 pipeline per batch; single-message producers are redis.asyncio clients, one connection each,
-awaiting each XADD; consumers page with XRANGE from an exclusive start id.
+awaiting each XADD; consumers page with XRANGE from an exclusive start id. The e2e producer and
+consumer are redis-py's blocking clients, or with ``--client async`` (``spec["client"]``)
+redis.asyncio ones, as tailrace's own e2e generators are then (gen_aio.py).
 
 What an acknowledgement means depends on the server's ``appendfsync`` (peers.py): with
 ``always`` Redis writes and fsyncs the AOF before it sends the replies of an event-loop turn,
@@ -62,12 +64,16 @@ def produce(spec: dict, ctx) -> dict:
     return {"sent": sent, "acked": acked, "errors": errors, "requests": i, "by_partition": dict(by_partition)}
 
 
-def single(spec: dict, ctx) -> dict:
+def _run(spec: dict, coro):
     if spec.get("uvloop"):  # --uvloop: the same loop as the asyncio tailrace client's generator
         import uvloop
 
-        return uvloop.run(_single(spec, ctx))
-    return asyncio.run(_single(spec, ctx))
+        return uvloop.run(coro)
+    return asyncio.run(coro)
+
+
+def single(spec: dict, ctx) -> dict:
+    return _run(spec, _single(spec, ctx))
 
 
 async def _single(spec: dict, ctx) -> dict:
@@ -128,6 +134,8 @@ def consume(spec: dict, ctx) -> dict:
 
 
 def e2e_produce(spec: dict, ctx) -> dict:
+    if spec.get("client") == "async":
+        return _run(spec, _e2e_produce_async(spec, ctx))
     r = _client(spec["endpoint"])
     keys = [_key(spec["topic"], p) for p in range(spec["partitions"])]
     rate, total = spec["rate"], spec["messages"]
@@ -153,6 +161,8 @@ def e2e_produce(spec: dict, ctx) -> dict:
 
 
 def e2e_consume(spec: dict, ctx) -> dict:
+    if spec.get("client") == "async":
+        return _run(spec, _e2e_consume_async(spec, ctx))
     r = _client(spec["endpoint"])
     streams = {_key(spec["topic"], p): "0-0" for p in range(spec["partitions"])}
     r.ping()
@@ -167,4 +177,54 @@ def e2e_consume(spec: dict, ctx) -> dict:
                 lat.append(now - stamp_of(fields[FIELD]))
             streams[key.decode()] = entries[-1][0]
     r.close()
+    return {"consumed": len(lat), "latency_ns": np.asarray(lat, dtype=np.int64)}
+
+
+def _aclient(endpoint: str) -> aredis.Redis:
+    host, port = endpoint.rsplit(":", 1)
+    return aredis.Redis(host=host, port=int(port), single_connection_client=True)
+
+
+async def _e2e_produce_async(spec: dict, ctx) -> dict:
+    """``e2e_produce`` on redis.asyncio: the same pacing, each XADD awaited in turn."""
+    r = _aclient(spec["endpoint"])
+    keys = [_key(spec["topic"], p) for p in range(spec["partitions"])]
+    rate, total = spec["rate"], spec["messages"]
+    buf = bytearray(max(spec["size"], STAMP.size))
+    await r.ping()
+    ctx.ready()
+    t0 = time.monotonic()
+    sent = errors = 0
+    while sent < total and time.monotonic() - t0 < spec["max_seconds"]:
+        wait = t0 + sent / rate - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        STAMP.pack_into(buf, 0, time.monotonic_ns())
+        try:
+            await r.xadd(keys[sent % len(keys)], {FIELD: bytes(buf)})
+        except redis.RedisError:
+            errors += 1
+        sent += 1
+        ctx.add(1)
+    rate_achieved = sent / max(time.monotonic() - t0, 1e-9)
+    await r.aclose()
+    return {"sent": sent, "acked": sent - errors, "errors": errors, "rate_achieved": rate_achieved}
+
+
+async def _e2e_consume_async(spec: dict, ctx) -> dict:
+    """``e2e_consume`` on redis.asyncio: XREAD BLOCK over every stream key."""
+    r = _aclient(spec["endpoint"])
+    streams = {_key(spec["topic"], p): "0-0" for p in range(spec["partitions"])}
+    await r.ping()
+    lat: list[int] = []
+    ctx.ready()
+    deadline = ctx.t_start + spec["max_seconds"]
+    while len(lat) < spec["expected"] and time.monotonic() < deadline:
+        reply = await r.xread(streams, count=1000, block=spec["max_wait_ms"])
+        now = time.monotonic_ns()
+        for key, entries in reply or []:
+            for _entry_id, fields in entries:
+                lat.append(now - stamp_of(fields[FIELD]))
+            streams[key.decode()] = entries[-1][0]
+    await r.aclose()
     return {"consumed": len(lat), "latency_ns": np.asarray(lat, dtype=np.int64)}

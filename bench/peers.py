@@ -110,6 +110,13 @@ class RedisSystem(_ServerSystem):
     name = "redis"
     gen = "tailrace.bench.gen_redis"
 
+    def __init__(self, data_root: str | None = None, client: str = "blocking"):
+        super().__init__(data_root)
+        # client="async" (compare --client async): the e2e generators use redis.asyncio as
+        # tailrace's use its asyncio client, and the cases end in /async like tailrace's
+        # (durable-single's producers are redis.asyncio either way)
+        self.case_suffix = "" if client == "blocking" else f"/{client}"
+
     @property
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.port}"

@@ -326,7 +326,7 @@ def _e2e_case(system, o, transport: str) -> dict:
     total = int(o.rate * o.duration)
     common = {"endpoint": system.endpoint, "direct": not o.via_router, "same_host": transport == "same-host", "topic": topic,
               "partitions": o.partitions, "size": max(o.size, 8), "max_seconds": o.duration * 3 + 10,
-              "uvloop": getattr(o, "uvloop", False)}
+              "uvloop": getattr(o, "uvloop", False), "client": getattr(o, "client", "blocking")}
     jobs = [Job(f"{system.gen}:e2e_consume", {**common, "expected": total, "max_wait_ms": o.max_wait_ms}),
             Job(f"{system.gen}:e2e_produce", {**common, "rate": o.rate, "messages": total, "acks": "memory"})]
     run = run_jobs(jobs, label=f"{system.name} {case}", total=total, timeout_s=o.duration * 3 + 130,

@@ -32,7 +32,7 @@ OPERATIONS = ("produce", "consume", "create", "delete", "alter", "describe", "gr
 ALL_TOPICS = "*"
 
 # op -> the operation it needs (LIST_TOPICS is filtered by describe instead)
-OP_NEEDS = {P.Op.PRODUCE: "produce", P.Op.FETCH: "consume", P.Op.CREATE_TOPIC: "create",
+OP_NEEDS = {P.Op.PRODUCE: "produce", P.Op.FETCH: "consume", P.Op.WATCH: "consume", P.Op.CREATE_TOPIC: "create",
             P.Op.DESCRIBE_TOPIC: "describe", P.Op.LIST_OFFSETS: "describe",
             P.Op.CREATE_PARTITIONS: "alter", P.Op.ALTER_CONFIGS: "alter", P.Op.DELETE_TOPIC: "delete",
             P.Op.GROUP_HEARTBEAT: "group", P.Op.OFFSET_COMMIT: "group", P.Op.OFFSET_FETCH: "group", P.Op.DESCRIBE_GROUP: "group",

@@ -24,15 +24,20 @@ is (its other records belong to other coroutines) and the cancelled record is st
 producer's state never depends on who is still waiting.
 
 Consuming: ``AsyncConsumer`` fetches with long polls, like ``Consumer``. With ``same_host=True``
-it fetches over the workers' Unix sockets; it does not map the shared-memory rings (waiting on
-the rings' futex would need a thread), so it reads what a fetch reads, one hop later.
+it reads the shared-memory rings as ``Consumer`` does (ring_reader.py; what is below a ring is
+fetched over the workers' Unix sockets). The futex a blocking reader sleeps on cannot be polled
+by an event loop, so it sleeps on a doorbell instead: an abstract Unix datagram socket
+(``_Bell``), read with ``add_reader``, that every worker owning a partition it reads rings
+after a loop turn that appended to it (WATCH, docs/PROTOCOL.md 8d).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import socket
+import time
 from collections import deque
 from typing import Iterable, Sequence
 
@@ -46,7 +51,8 @@ from .admin import AdminCalls, Call
 from .connection import (CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, HANDSHAKE_EVENTS, Reply, handshake_refused, parse_bootstrap,
                          parse_reply, request_frames)
 from .security import CurveKeys, curve_keys
-from .consumer import EARLIEST, ConsumerCore, OffsetAndTimestamp, Record, found_times, times_by_topic
+from .consumer import (EARLIEST, RING_WAIT_S, ConsumerCore, OffsetAndTimestamp, Record, found_times,
+                       times_by_topic)
 from .errors import BootstrapError, BrokerUnavailableError, TimeoutError_
 from .producer import TIMEOUT_SCAN_S, Ack, ProducerCore
 from .records import Columns
@@ -260,6 +266,45 @@ class _UnixLink:
             self.sock.close()
 
 
+class _Bell:
+    """An AsyncConsumer's doorbell for same-host ring reads: an abstract Unix datagram socket
+    (no file, gone with the process) the workers ring with one byte (WATCH). ``on_ring`` runs in
+    the loop when one comes; ``drain`` empties it before the rings are looked at, so a ring that
+    comes after the look is never lost."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_ring):
+        self.loop = loop
+        self.name = f"{P.WATCH_BELL_PREFIX}{os.getpid()}-{os.urandom(8).hex()}"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            self.sock.bind(b"\x00" + self.name.encode())
+        except OSError:
+            self.sock.close()
+            raise
+        self.sock.setblocking(False)
+        self.on_ring = on_ring
+        self.rings = 0  # rings taken (a diagnostic: a reader that never hears one sleeps on its timer)
+        loop.add_reader(self.sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        self.drain()
+        self.on_ring()
+
+    def drain(self) -> None:
+        recv = self.sock.recv
+        try:
+            while True:
+                recv(64)
+                self.rings += 1
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    def close(self) -> None:
+        if self.sock.fileno() >= 0:
+            self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+
+
 class AsyncPool:
     """The router link plus one link per worker endpoint, sharing one request-id space (the
     asyncio twin of connection.Pool). Replies to ``request`` go to their awaiting coroutine;
@@ -334,15 +379,15 @@ class AsyncPool:
         self._connected = True
 
     async def request(self, op: int, topic="", partition: int = -1, header: bytes = P.EMPTY_MAP, body=None,
-                      timeout_ms: int = 10_000) -> Reply:
-        """One round trip through the router; raises the reply's error."""
+                      timeout_ms: int = 10_000, endpoint: str | None = None) -> Reply:
+        """One round trip through the router (or to ``endpoint``); raises the reply's error."""
         await self.connected()
-        rid = self.send(None, op, topic, partition, header, body)
+        rid = self.send(endpoint, op, topic, partition, header, body)
         f = self._waiting[rid] = asyncio.get_running_loop().create_future()
         try:
             r = await asyncio.wait_for(f, timeout_ms / 1000)
         except asyncio.TimeoutError:
-            raise TimeoutError_(f"no reply from {self.router_endpoint} within {timeout_ms} ms") from None
+            raise TimeoutError_(f"no reply from {endpoint or self.router_endpoint} within {timeout_ms} ms") from None
         finally:
             self._waiting.pop(rid, None)
         r.raise_for_code()
@@ -646,15 +691,34 @@ class AsyncConsumer(ConsumerCore):
         self.routes = AsyncRoutes(self.pool, direct, same_host)
         self.same_host = same_host
         self._replies: deque[Reply] = deque()
-        self._arrived: asyncio.Event | None = None
+        self._waiter: asyncio.Future | None = None  # what a poll sleeps on (see _sleep)
+        # same_host: the doorbell the workers ring (WATCH), and each ring-read topic's owners
+        self._bell: _Bell | None = None
+        self._owners: dict[str, set[str]] = {}  # topic -> its owners' Unix endpoints
 
     def _route(self, topic: str, partition: int) -> str | None:
         return self.routes.endpoint(topic, partition)
 
     def _reply(self, r: Reply) -> None:
         self._replies.append(r)
-        if self._arrived is not None:
-            self._arrived.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def _sleep(self, seconds: float) -> None:
+        """Until a reply comes or the bell rings, at most ``seconds`` (one future and one timer,
+        not a task per wait)."""
+        loop = asyncio.get_running_loop()
+        w = self._waiter = loop.create_future()
+        timer = loop.call_later(seconds, _resolve, w)
+        try:
+            await w
+        finally:
+            timer.cancel()
+            self._waiter = None
 
     async def list_offsets(self, topic: str, timestamp_ms: int | None = None) -> list[P.PartitionOffsets]:
         c = AdminCalls.list_offsets(topic, timestamp_ms)
@@ -675,11 +739,7 @@ class AsyncConsumer(ConsumerCore):
 
     async def assign(self, topic: str, partitions: Iterable[int] | None = None, start: str | int = EARLIEST) -> None:
         self._assign_from(topic, await self.list_offsets(topic), partitions, start)
-        if self.routes.due(topic):  # where the owners are, before the first fetch (as Consumer)
-            try:
-                await self.routes.describe(topic)
-            except Exception:  # noqa: BLE001 - the router path works meanwhile
-                self.routes.failed(topic)
+        await self._group_assigned(topic)
 
     # --- consumer groups (client/group.py) -----------------------------------------------------
     async def _group(self, gen):
@@ -688,11 +748,72 @@ class AsyncConsumer(ConsumerCore):
             gen, lambda op, topic, header: self.pool.request(op, topic, header=header, timeout_ms=timeout), self._group_assigned)
 
     async def _group_assigned(self, topic: str) -> None:
-        if self.routes.due(topic):  # where the owners are (as assign)
+        """Partitions of ``topic`` were assigned: learn where their owners are before the first
+        fetch (as Consumer), and on the same host map and watch their rings."""
+        if self.same_host:
+            await self._attach_rings(topic)
+        elif self.routes.due(topic):
             try:
                 await self.routes.describe(topic)
             except Exception:  # noqa: BLE001 - the router path works meanwhile
                 self.routes.failed(topic)
+
+    # --- same-host ring reads (same_host=True; ConsumerCore does the reading) -----------------------
+    async def _attach_rings(self, topic: str) -> None:
+        """Describe ``topic``, map its rings and ask every owner to ring the bell (WATCH); on any
+        failure the topic is read with fetches (over the Unix sockets where they work)."""
+        try:
+            r = await self.pool.request(P.Op.DESCRIBE_TOPIC, topic)
+            d = P.decoder(P.DescribeReply).decode(r.header)
+            self.routes.learn(topic, d)
+            self._map_rings(topic, d)
+            self._owners[topic] = {pi.local_endpoint for pi in d.partitions if pi.local_endpoint}
+            if len(self._owners[topic]) < len({pi.worker for pi in d.partitions}):
+                raise ConnectionError("a partition's owner has no Unix socket to WATCH on")
+            await self._watch(topic)
+        except Exception as exc:  # noqa: BLE001 - any reason to not read the rings is a reason to fetch
+            self.routes.failed(topic)
+            self._rings_failed(topic, exc)
+        self._rings_mapped()
+
+    async def _watch(self, topic: str) -> None:
+        """WATCH every ring-read slot at every owner seen (a slot rings only where it is
+        appended, so a partition that moves between them is still heard)."""
+        if self._bell is None:
+            self._bell = _Bell(asyncio.get_running_loop(), self._wake)
+        slots = sorted({a.tail.slot for a in self.assigned.values() if a.tail is not None})
+        header = P.encode(P.WatchRequest(self._bell.name, slots, self.isolation))
+        endpoints = sorted(set().union(*self._owners.values()))
+        timeout = int(self.request_timeout_s * 1000)
+        got = await asyncio.gather(*(self.pool.request(P.Op.WATCH, topic, header=header, endpoint=ep, timeout_ms=timeout)
+                                     for ep in endpoints), return_exceptions=True)
+        for r in got:
+            if isinstance(r, BaseException):
+                raise r
+
+    async def _poll_rings(self, timeout_ms: int) -> list:
+        """``Consumer._poll_rings`` on the event loop: read the rings, fetch what is below them;
+        with nothing to read, sleep until the bell rings or a reply comes (at most ``RING_WAIT_S``
+        at a time: a lost ring costs that much latency, never data)."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            out: list = []
+            for topic in self._rings_due(every_topic=True):  # follows moves, reconnects, a new memory
+                await self._attach_rings(topic)
+            if self._bell is not None:
+                self._bell.drain()  # before looking: a ring after the look wakes the sleep below
+            self._read_rings(out)
+            if self._fetching:
+                self._send_fetches(self.max_wait_ms, fetch_only=True)
+            while self._replies:
+                if not self._take_or_defer(self._replies.popleft(), out):
+                    return out
+            if out:
+                return out
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return out
+            await self._sleep(min(left, RING_WAIT_S))
 
     async def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> dict[tuple[str, int], int]:
         """As ``Consumer.commit``."""
@@ -708,10 +829,9 @@ class AsyncConsumer(ConsumerCore):
         self._raise_deferred()
         if self.membership is not None and self.membership.due():
             await self._group(self.membership.step())
-        if self._arrived is None:
-            self._arrived = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_ms / 1000
+        if self.same_host:
+            return await self._poll_rings(timeout_ms)
+        deadline = time.monotonic() + timeout_ms / 1000
         out: list = []
         while True:
             self._send_fetches(self.max_wait_ms)
@@ -720,14 +840,10 @@ class AsyncConsumer(ConsumerCore):
                     return out
             if out:
                 return out
-            left = deadline - loop.time()
+            left = deadline - time.monotonic()
             if left <= 0:
                 return out
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), left)
-            except asyncio.TimeoutError:
-                pass
+            await self._sleep(left)
 
     async def poll_columns(self, timeout_ms: int = 1000) -> list[tuple[str, int, Columns]]:
         """Fetched records as columns, per partition (numpy only: no object per message)."""
@@ -739,6 +855,10 @@ class AsyncConsumer(ConsumerCore):
     async def close(self) -> None:
         if self.membership is not None:
             await self._group(self.membership.leave())
+        self._drop_rings()
+        if self._bell is not None:
+            self._bell.close()
+            self._bell = None
         self.routes.close()
         self.pool.close()
 
@@ -747,6 +867,11 @@ class AsyncConsumer(ConsumerCore):
 
     async def __aexit__(self, *exc):
         await self.close()
+
+
+def _resolve(f: asyncio.Future) -> None:
+    if not f.done():
+        f.set_result(None)
 
 
 class AsyncAdmin:

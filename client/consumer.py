@@ -283,6 +283,90 @@ class ConsumerCore:
         if a.tail is not None:
             self._index_tails()
 
+    # --- same-host ring reads: what Consumer and AsyncConsumer share (client/ring_reader.py) -----
+    _rings: SharedRings | None = None
+    _tails_at = 0.0  # when the mappings were last checked
+    _ring_error = ""  # the last reason ring reads could not be set up (logged once)
+
+    def _map_rings(self, topic: str, d: P.DescribeReply) -> None:
+        """Map the broker's control table (once) and ``topic``'s rings from its DESCRIBE answer,
+        for the assigned partitions; raises when they cannot be mapped here (another host, user
+        or build), and the old mapping stays."""
+        if self._rings is None or self._rings.instance != d.instance or not self._rings.is_current():
+            fresh = SharedRings(d.instance, d.data_id)
+            self._drop_rings()
+            self._rings = fresh
+        for pi in d.partitions:
+            a = self.assigned.get((topic, pi.partition))
+            if a is not None and pi.slot >= 0:
+                a.tail = self._rings.partition(pi.slot, d.topic.topic_id, pi.partition)
+
+    def _rings_failed(self, topic: str, exc: BaseException) -> None:
+        """``topic``'s rings could not be mapped (or watched): its partitions are fetched."""
+        why = f"{type(exc).__name__}: {exc}"
+        if why != self._ring_error:  # retried every second: say it once, not each time
+            log.info("same-host ring reads unavailable for %s (%s); fetching", topic, why)
+            self._ring_error = why
+        for a in self.assigned.values():
+            if a.topic == topic:
+                a.tail = None
+
+    def _rings_mapped(self) -> None:
+        self._tails_at = time.monotonic()
+        self._index_tails()
+
+    def _rings_due(self, every_topic: bool = False) -> list[str]:
+        """Once every ``RING_RECHECK_S``: the topics to map again (a partition lost its ring, or
+        the broker re-made its memory; ``every_topic``: all of them)."""
+        if time.monotonic() - self._tails_at < RING_RECHECK_S:
+            return []
+        self._tails_at = time.monotonic()
+        stale = every_topic or self._rings is None or not self._rings.is_current()
+        return sorted({a.topic for a in self.assigned.values() if stale or a.tail is None})
+
+    def _read_rings(self, out: list) -> None:
+        """Read every ring-read partition whose watermark moved (one numpy gather finds them)."""
+        rings = self._rings
+        if rings is None or not self._tailed:
+            return
+        wm = rings.watermarks(self._tail_slots, self.isolation)
+        ready = [(i, self._tailed[i]) for i in np.flatnonzero(wm != self._tail_pos).tolist()]
+        moved = False  # a partition left the ring path: re-index once, after the loop
+        for i, a in ready:
+            moved |= self._read_ring(a, i, out)
+        if moved:
+            self._index_tails()
+
+    def _read_ring(self, a: _Assigned, i: int, out: list) -> bool:
+        """Read partition ``a`` (index ``i`` in the tail arrays) from its ring; True when it left
+        the ring path (below its ring, or the ring is gone) and the arrays need re-indexing."""
+        if a.inflight or a.below or a.tail is None:
+            return False
+        got = a.tail.read(a.position, self.max_bytes, self.max_records, self.isolation)
+        if got.status == TailStatus.DATA:
+            info = P.FetchReply(got.high_watermark, got.durable_watermark, got.log_start_offset, got.next_offset, "shm")
+            self.last_reply[(a.topic, a.partition)] = info
+            out.append((a, a.position, info, got.body))
+            a.position = self._tail_pos[i] = got.next_offset
+            return False
+        if got.status == TailStatus.EMPTY:
+            self._tail_pos[i] = a.position
+            return False
+        if got.status == TailStatus.BELOW:
+            a.below = True  # a fetch reads it (the journal, or the broker's error)
+        else:
+            a.tail = None  # GONE: fetched until the next recheck maps it again
+        return True
+
+    def _drop_rings(self) -> None:
+        """Unmap every ring (each partition is fetched until mapped again)."""
+        for a in self.assigned.values():
+            a.tail = None
+        self._index_tails()
+        if self._rings is not None:
+            self._rings.close()
+            self._rings = None
+
     def _index_tails(self) -> None:
         """Arrays of the ring-read partitions' slots and positions, for the one-gather idle check."""
         tails = [a for a in self.assigned.values() if a.tail is not None]
@@ -339,9 +423,6 @@ class Consumer(ConsumerCore):
         # and fetch what is below them over the workers' Unix sockets; falls back to ordinary
         # fetches wherever the rings cannot be mapped (another host or user)
         self.same_host = same_host
-        self._rings = None  # ring_reader.SharedRings once mapped
-        self._tails_at = 0.0
-        self._ring_error = ""  # the last reason ring reads could not be set up (logged once)
 
     def _route(self, topic: str, partition: int) -> str | None:
         return self.routes.endpoint(topic, partition)
@@ -424,31 +505,16 @@ class Consumer(ConsumerCore):
     def poll(self, timeout_ms: int = 1000) -> list[Record]:
         return self._to_records(self.poll_columns(timeout_ms))
 
-    # --- same-host ring reads (same_host=True) ----------------------------------------------------
+    # --- same-host ring reads (same_host=True; ConsumerCore does the reading) -----------------------
     def _attach_rings(self, topic: str) -> None:
         """Map the broker's control table and this topic's rings read-only; on any failure (not
         the broker's host or user, another build) the topic is read with fetches."""
         try:
             r = self.conn.request(P.Op.DESCRIBE_TOPIC, topic)
-            d = P.decoder(P.DescribeReply).decode(r.header)
-            if self._rings is None or self._rings.instance != d.instance or not self._rings.is_current():
-                fresh = SharedRings(d.instance, d.data_id)  # may raise: then the old mapping stays
-                self._drop_rings()
-                self._rings = fresh
-            for pi in d.partitions:
-                a = self.assigned.get((topic, pi.partition))
-                if a is not None and pi.slot >= 0:
-                    a.tail = self._rings.partition(pi.slot, d.topic.topic_id, pi.partition)
+            self._map_rings(topic, P.decoder(P.DescribeReply).decode(r.header))
         except Exception as exc:  # noqa: BLE001 - any reason to not map is a reason to fetch
-            why = f"{type(exc).__name__}: {exc}"
-            if why != self._ring_error:  # retried every second: say it once, not each time
-                log.info("same-host ring reads unavailable for %s (%s); fetching", topic, why)
-                self._ring_error = why
-            for a in self.assigned.values():
-                if a.topic == topic:
-                    a.tail = None
-        self._tails_at = time.monotonic()
-        self._index_tails()
+            self._rings_failed(topic, exc)
+        self._rings_mapped()
 
     def _poll_rings(self, timeout_ms: int) -> list:
         """Read partitions from the rings; a partition below its ring (or not mapped) goes
@@ -457,18 +523,11 @@ class Consumer(ConsumerCore):
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             out = []
-            if time.monotonic() - self._tails_at >= RING_RECHECK_S:
-                self._recheck_rings()
+            for topic in self._rings_due():
+                self._attach_rings(topic)
             rings = self._rings
             mark = rings.table.wake_mark() if rings is not None else 0
-            if rings is not None and self._tailed:
-                wm = rings.watermarks(self._tail_slots, self.isolation)
-                ready = [(i, self._tailed[i]) for i in np.flatnonzero(wm != self._tail_pos).tolist()]
-                moved = False  # a partition left the ring path: re-index once, after the loop
-                for i, a in ready:
-                    moved |= self._read_ring(a, i, out)
-                if moved:
-                    self._index_tails()
+            self._read_rings(out)
             if self._fetching:
                 self._send_fetches(self.max_wait_ms, fetch_only=True)
             if self._by_rid:
@@ -489,43 +548,6 @@ class Consumer(ConsumerCore):
                 rings.table.wait_wake(mark, min(left, RING_WAIT_S))
             else:
                 time.sleep(min(left, RING_WAIT_S))
-
-    def _read_ring(self, a: _Assigned, i: int, out: list) -> bool:
-        """Read partition ``a`` (index ``i`` in the tail arrays) from its ring; True when it left
-        the ring path (below its ring, or the ring is gone) and the arrays need re-indexing."""
-        if a.inflight or a.below or a.tail is None:
-            return False
-        got = a.tail.read(a.position, self.max_bytes, self.max_records, self.isolation)
-        if got.status == TailStatus.DATA:
-            info = P.FetchReply(got.high_watermark, got.durable_watermark, got.log_start_offset, got.next_offset, "shm")
-            self.last_reply[(a.topic, a.partition)] = info
-            out.append((a, a.position, info, got.body))
-            a.position = self._tail_pos[i] = got.next_offset
-            return False
-        if got.status == TailStatus.EMPTY:
-            self._tail_pos[i] = a.position
-            return False
-        if got.status == TailStatus.BELOW:
-            a.below = True  # a fetch reads it (the journal, or the broker's error)
-        else:
-            a.tail = None  # GONE: fetched until the next recheck maps it again
-        return True
-
-    def _recheck_rings(self) -> None:
-        """Once a second: re-map when a partition lost its ring or the broker re-made its memory."""
-        stale = self._rings is None or not self._rings.is_current()
-        for topic in sorted({a.topic for a in self.assigned.values() if stale or a.tail is None}):
-            self._attach_rings(topic)
-        self._tails_at = time.monotonic()
-
-    def _drop_rings(self) -> None:
-        """Unmap every ring (each partition is fetched until mapped again)."""
-        for a in self.assigned.values():
-            a.tail = None
-        self._index_tails()
-        if self._rings is not None:
-            self._rings.close()
-            self._rings = None
 
     def close(self) -> None:
         if self.membership is not None:

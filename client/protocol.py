@@ -52,6 +52,7 @@ class Op(enum.IntEnum):
     PRODUCE = 1
     FETCH = 2
     LIST_OFFSETS = 3
+    WATCH = 4  # same host only: ring a client's doorbell when partitions it reads from the rings move (section 8d)
     CREATE_TOPIC = 10
     LIST_TOPICS = 11
     DESCRIBE_TOPIC = 12
@@ -138,7 +139,7 @@ class AlterConfigsRequest(msgspec.Struct):
 # Frames in a request of each op, the routing header included (PROTOCOL.md section 2): routing
 # header, header map, and for PRODUCE one record batch. Any other count is MALFORMED, except that
 # the router also takes the ops in HEADER_OPTIONAL, whose header it never reads, without frame 1.
-REQUEST_FRAMES = {Op.PRODUCE: 3, Op.FETCH: 2, Op.LIST_OFFSETS: 2, Op.CREATE_TOPIC: 2, Op.LIST_TOPICS: 2,
+REQUEST_FRAMES = {Op.PRODUCE: 3, Op.FETCH: 2, Op.LIST_OFFSETS: 2, Op.WATCH: 2, Op.CREATE_TOPIC: 2, Op.LIST_TOPICS: 2,
                   Op.DESCRIBE_TOPIC: 2, Op.STATUS: 2, Op.SET_WORKERS: 2, Op.CREATE_PARTITIONS: 2, Op.ALTER_CONFIGS: 2, Op.DELETE_TOPIC: 2, Op.GROUP_HEARTBEAT: 2, Op.OFFSET_COMMIT: 2,
                   Op.OFFSET_FETCH: 2, Op.LIST_GROUPS: 2, Op.DESCRIBE_GROUP: 2, Op.DELETE_GROUP: 2, Op.PING: 2,
                   Op.ADOPT: 2}
@@ -236,6 +237,22 @@ class FetchReply(msgspec.Struct):
 
 class ListOffsetsRequest(msgspec.Struct, omit_defaults=True):
     timestamp_ms: int = -1  # >= 0: also find each partition's first offset appended at or after it
+
+
+WATCH_BELL_PREFIX = "tailrace-bell-"  # a WATCH's doorbell: an abstract Unix datagram socket named so
+WATCH_BELL_MAX = 100  # characters of its name (sockaddr_un holds 107 after the leading NUL)
+WATCH_SLOTS_MAX = 4096  # ring slots one WATCH may name (the control table's rows)
+
+
+class WatchRequest(msgspec.Struct, omit_defaults=True):
+    """Same host only (a worker's Unix socket, docs/PROTOCOL.md 8d): after every loop turn that
+    appends to one of ``slots`` (and, with isolation "durable", after every sync) the worker sends
+    one byte to the abstract Unix datagram socket ``bell`` (its name without the leading NUL,
+    starting with ``WATCH_BELL_PREFIX``). One watch per connection: a new one replaces it, an
+    empty ``slots`` ends it, and so does closing the connection."""
+    bell: str
+    slots: list[int] = []
+    isolation: str = "memory"
 
 
 class PartitionOffsets(msgspec.Struct):

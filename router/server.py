@@ -60,7 +60,7 @@ _list_offsets_dec = P.decoder(P.ListOffsetsReply)
 # op -> the request frame counts the router takes (routing header included, client identity
 # not): the ops it serves, PING and ADOPT being internal (PROTOCOL.md, 2 and 3).
 ACCEPTED_FRAMES = {op: (n, 1) if op in P.HEADER_OPTIONAL else (n,)
-                   for op, n in P.REQUEST_FRAMES.items() if op not in (P.Op.PING, P.Op.ADOPT)}
+                   for op, n in P.REQUEST_FRAMES.items() if op not in (P.Op.PING, P.Op.ADOPT, P.Op.WATCH)}
 
 
 GROUP_OPS = frozenset({P.Op.GROUP_HEARTBEAT, P.Op.OFFSET_COMMIT, P.Op.OFFSET_FETCH, P.Op.LIST_GROUPS,
@@ -160,6 +160,9 @@ class Router(WorkerLiveness):
             return reply(P.ErrorCode.UNSUPPORTED_VERSION, P.ErrorReply(f"protocol version {version} unsupported; this broker speaks {P.PROTOCOL_VERSION}"))
         accepted = ACCEPTED_FRAMES.get(op)
         if accepted is None:
+            if op == P.Op.WATCH:
+                return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
+                    "WATCH is served on a worker's Unix socket only (same host: docs/PROTOCOL.md 8d)"))
             return reply(P.ErrorCode.UNKNOWN_OP, P.ErrorReply(f"unknown op {op}"))
         if len(frames) - 1 not in accepted:  # before forwarding; a worker checks again for direct clients
             return reply(P.ErrorCode.MALFORMED, P.ErrorReply(P.frame_count_message(op, len(frames) - 1, len(accepted) > 1)))

@@ -5,7 +5,9 @@ below them over the same sockets (client/unixwire.py, actors/unix_server.py, cli
 from __future__ import annotations
 
 import os
+import select
 import signal
+import socket
 import threading
 import time
 from collections import Counter
@@ -14,6 +16,9 @@ import numpy as np
 import pytest
 
 from tailrace import Admin, Consumer, Producer
+from tailrace.client import protocol as P
+from tailrace.client.connection import Connection
+from tailrace.client.errors import InvalidRequestError
 from tailrace.client.records import batches_to_columns, iter_batches
 from tailrace.client.unixwire import SCHEME
 from tests.helpers import MSG_BYTES, partition_payload
@@ -78,7 +83,7 @@ def _owners(b, topic: str) -> dict[int, int]:
 
 
 @pytest.mark.parametrize("acks", ["memory", "durable"])
-def test_same_host_producer_and_consumer_through_many_ring_laps_read_back_everything(make_broker, acks):
+def test_same_host_producer_and_consumer_through_many_ring_laps_read_back_everything(make_broker, acks, client):
     b = make_broker(workers=2, max_batch_bytes=MAX_BATCH)
     partitions, per_partition, batch = 2, 40_000, 1500  # 4 MB of 100-byte values per partition
     with Admin(b.bootstrap) as a:
@@ -107,7 +112,7 @@ def test_same_host_producer_and_consumer_through_many_ring_laps_read_back_everyt
 
     reader = None
     # replies of at most 128 KiB: most of the log is below the ring (fetched), its end is in it
-    with Consumer(b.bootstrap, same_host=True, max_wait_ms=200, max_bytes=128 << 10) as cons:
+    with client.Consumer(b.bootstrap, same_host=True, max_wait_ms=200, max_bytes=128 << 10) as cons:
         cons.assign("laps", start="earliest")
         assert cons._rings is not None, "the same-host consumer did not map the rings"
         reader = Reader(cons, dict.fromkeys(range(partitions), 0))
@@ -120,7 +125,7 @@ def test_same_host_producer_and_consumer_through_many_ring_laps_read_back_everyt
         assert np.array_equal(offsets, np.arange(per_partition)), f"partition {p}: offsets not dense and in order"
         expected, _ = partition_payload(p, 0, per_partition)
         assert np.array_equal(values, expected), f"partition {p}: bytes differ"
-    print(f"\nsame-host acks={acks}: {partitions} x {per_partition} records ({laps:.1f} laps of a {RING >> 10} KiB ring "
+    print(f"\nsame-host acks={acks}, {client.name} consumer: {partitions} x {per_partition} records ({laps:.1f} laps of a {RING >> 10} KiB ring "
           f"per partition) acked {sum(acked.values())}, {forwarded} via the router; read back "
           f"{sum(reader.count(p) for p in range(partitions))} in order, byte-identical; replies by source "
           f"{dict(reader.sources)}; producer endpoints {sorted(prod_endpoints)}, consumer fetch endpoints "
@@ -131,7 +136,7 @@ def test_same_host_producer_and_consumer_through_many_ring_laps_read_back_everyt
     assert cons_endpoints <= unix
 
 
-def test_a_tailing_same_host_consumer_sees_every_message_once_in_order(make_broker):
+def test_a_tailing_same_host_consumer_sees_every_message_once_in_order(make_broker, client):
     b = make_broker(workers=2)
     partitions, before, per_partition = 2, 1000, 20_000
     with Admin(b.bootstrap) as a:
@@ -159,7 +164,7 @@ def test_a_tailing_same_host_consumer_sees_every_message_once_in_order(make_brok
         except Exception as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
 
-    with Consumer(b.bootstrap, same_host=True, max_wait_ms=200) as cons:
+    with client.Consumer(b.bootstrap, same_host=True, max_wait_ms=200) as cons:
         cons.assign("tail", start="latest")
         starts = {p: cons.position("tail", p) for p in range(partitions)}
         assert starts == dict.fromkeys(range(partitions), before), starts
@@ -175,6 +180,7 @@ def test_a_tailing_same_host_consumer_sees_every_message_once_in_order(make_brok
             extra = reader.poll(300)  # nothing more comes
         finally:
             th.join(60)
+        rings = cons._bell.rings if client.name == "async" else None  # the doorbell it slept on (WATCH)
     assert not errors, errors
     assert not extra, f"records past the end: {[(p, s) for p, s, _i, _c in extra]}"
     for p in range(partitions):
@@ -183,13 +189,15 @@ def test_a_tailing_same_host_consumer_sees_every_message_once_in_order(make_brok
             f"partition {p}: {len(offsets)} offsets, first {offsets[:3]}, dense/in order: no"
         expected, _ = partition_payload(p, before, per_partition)
         assert np.array_equal(reader.values(p), expected), f"partition {p}: bytes differ"
-    print(f"\ntailing same-host consumer from 'latest' ({before} per partition before): read "
+    print(f"\ntailing same-host {client.name} consumer from 'latest' ({before} per partition before): read "
           f"{sum(reader.count(p) - before for p in range(partitions))} of {partitions * per_partition} produced while "
-          f"tailing, each once, in order; replies by source {dict(reader.sources)}")
+          f"tailing, each once, in order; replies by source {dict(reader.sources)}; doorbell rings {rings}")
     assert reader.sources["shm"] > 0, reader.sources
+    if client.name == "async":  # woken by the workers' rings, not only by its timer
+        assert rings > 0, "the asyncio consumer's doorbell never rang"
 
 
-def test_a_durable_isolation_same_host_consumer_never_reads_past_the_durable_watermark(make_broker):
+def test_a_durable_isolation_same_host_consumer_never_reads_past_the_durable_watermark(make_broker, client):
     b = make_broker(workers=1)
     with Admin(b.bootstrap) as a:
         a.create_topic("dur", 1)
@@ -197,8 +205,8 @@ def test_a_durable_isolation_same_host_consumer_never_reads_past_the_durable_wat
     with Producer(b.bootstrap, acks="durable", same_host=True) as prod:
         values, offsets = partition_payload(0, 0, first)
         prod.send_buffers("dur", values, offsets, partition=0)
-    durable_cons = Consumer(b.bootstrap, same_host=True, isolation="durable", max_wait_ms=100)
-    memory_cons = Consumer(b.bootstrap, same_host=True, isolation="memory", max_wait_ms=100)
+    durable_cons = client.Consumer(b.bootstrap, same_host=True, isolation="durable", max_wait_ms=100)
+    memory_cons = client.Consumer(b.bootstrap, same_host=True, isolation="memory", max_wait_ms=100)
     admin = Admin(b.bootstrap)
     flusher = b.pids()["flusher"]
     violations = []
@@ -243,7 +251,7 @@ def test_a_durable_isolation_same_host_consumer_never_reads_past_the_durable_wat
         durable_cons.close()
         memory_cons.close()
         admin.close()
-    print(f"\nisolation=durable same-host consumer: read {first} durable records ({dict(dreader.sources)} replies by "
+    print(f"\nisolation=durable same-host {client.name} consumer: read {first} durable records ({dict(dreader.sources)} replies by "
           f"source); flusher stopped with high watermark {first + more}, durable {first}: durable reader at "
           f"{stalled_durable}, memory reader at {stalled_memory}; after it resumed the durable reader reached "
           f"{dreader.count(0)} (durable watermark {final.durable_watermark}); {len(violations)} reads past the watermark")
@@ -448,3 +456,73 @@ def test_an_error_after_ring_records_in_one_poll_is_raised_next_time_and_no_reco
     assert raised >= 1
     print(f"\nerror after ring records: {len(seen)} records of partition 0 in order, none skipped; "
           f"OffsetOutOfRangeError raised {raised}x")
+
+
+def test_watch_rings_a_readers_bell_after_appends_to_its_slots_only_and_ends_with_its_connection(make_broker):
+    """WATCH (docs/PROTOCOL.md 8d), the wake-up an event-loop reader of the rings sleeps on:
+    refused off the Unix socket and for bad fields, then one ring per loop turn that appended
+    to a watched slot, none for other slots, none once the watching connection is closed."""
+    b = make_broker(workers=1)
+    with Admin(b.bootstrap) as a:
+        a.create_topic("bells", 2)
+    with Producer(b.bootstrap, acks="memory") as prod:  # adopted before anyone watches
+        for p in range(2):
+            prod.send("bells", b"adopt", partition=p)
+        prod.flush()
+    with Admin(b.bootstrap) as a:
+        d = a.describe_topic("bells")
+    slot = {pi.partition: pi.slot for pi in d.partitions}
+    name = f"{P.WATCH_BELL_PREFIX}test-{os.getpid()}-{os.urandom(4).hex()}"
+    bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    bell.bind(b"\x00" + name.encode())
+    bell.setblocking(False)
+
+    def rings(timeout_s: float) -> int:
+        if not select.select([bell], [], [], timeout_s)[0]:
+            return 0
+        n = 0
+        try:
+            while True:
+                bell.recv(64)
+                n += 1
+        except BlockingIOError:
+            return n
+
+    def watch(conn: Connection, **fields):
+        return conn.request(P.Op.WATCH, "bells", header=P.encode(P.WatchRequest(**fields)))
+
+    unix = Connection(d.partitions[0].local_endpoint)
+    refused = {}
+    for what, fields in {"a name without the prefix": dict(bell="someone-else", slots=[slot[0]]),
+                         "a slot past the table": dict(bell=name, slots=[1 << 20]),
+                         "an unknown isolation": dict(bell=name, slots=[slot[0]], isolation="eventual")}.items():
+        with pytest.raises(InvalidRequestError) as e:
+            watch(unix, **fields)
+        refused[what] = str(e.value)
+    for endpoint in (b.bootstrap, d.partitions[0].endpoint):  # the router, the worker's ZeroMQ socket
+        conn = Connection(endpoint)
+        try:
+            with pytest.raises(InvalidRequestError, match="Unix socket only"):
+                watch(conn, bell=name, slots=[slot[0]])
+        finally:
+            conn.close()
+    watch(unix, bell=name, slots=[slot[0]])
+    pid = b.pids()["worker-0"]
+    with Producer(b.bootstrap, acks="memory", same_host=True) as prod:
+        prod.send("bells", b"unwatched", partition=1)
+        prod.flush()
+        unwatched = rings(0.3)
+        prod.send("bells", b"watched", partition=0)
+        prod.flush()
+        watched = rings(5.0)
+        unix.close()  # the watch ends with its connection
+        time.sleep(0.2)
+        prod.send("bells", b"after", partition=0)
+        acked_after = prod.flush()
+        after = rings(0.3)
+    bell.close()
+    print(f"\nWATCH: refused {refused}; rings after a produce to an unwatched slot {unwatched}, to the watched "
+          f"slot {watched}, after the watcher's connection closed {after}")
+    assert watched >= 1, "the worker did not ring the watched bell"
+    assert unwatched == 0 and after == 0
+    assert acked_after == 3 and b.pids()["worker-0"] == pid  # every send acked: the worker went on serving
