@@ -199,8 +199,10 @@ class Worker:
         self._held_seq = 0
         self.shared_rings: SharedRings | None = None  # read-only ring views for seek by time (offset_for_time)
         # same-host ring readers' doorbells (WATCH): Unix connection identity -> (abstract address,
-        # slots, rung after syncs too); rung by ring_watchers after a turn that appended
+        # slots, a durable reader: rung after syncs instead); rung at appends (produce, wake_late)
         self.watchers: dict[bytes, tuple[bytes, frozenset[int], bool]] = {}
+        self.late: set[int] = set()  # slots appended to in this loop turn after its first append
+        self.ringer: Ringer | None = None  # rings the watchers' bells (and the flusher's: WorkerProcess)
 
     # --- dispatch ------------------------------------------------------------------------
     def count(self, op: int, code: int) -> None:
@@ -321,14 +323,25 @@ class Worker:
         """A Unix connection closed: its watch ends with it."""
         self.watchers.pop(ident, None)
 
-    def ring_watchers(self, ringer: Ringer, synced: bool) -> None:
-        """One byte to each watcher whose slots this turn appended to (or, for a durable reader,
-        after a sync); a bell nobody holds any more ends its watch."""
-        appended = self.appended
+    def ring_watchers(self, appended=(), synced: bool = False) -> None:
+        """One byte to each memory reader watching a slot in ``appended`` (with ``synced``: to
+        each durable reader); a bell nobody holds any more ends its watch."""
         for ident, (bell, slots, durable) in list(self.watchers.items()):
             if (synced and durable) or (not durable and not slots.isdisjoint(appended)):
-                if not ringer.ring(bell, b"w"):
+                if not self.ringer.ring(bell, b"w"):
                     del self.watchers[ident]
+
+    def wake_late(self, synced: bool) -> None:
+        """End of a loop turn: wake the ring readers for what was appended after the turn's
+        first append. That one woke them at once, ahead of its ack and of anything else the
+        turn does (the ack can wake the producer onto this CPU first, and the reader would
+        wait behind both); a reader woken then may have looked before the rest was published,
+        so it is woken again for the rest."""
+        if self.late:
+            self.table.wake_readers(self.worker_id % layout.WAKE_FLUSHER)
+        if self.watchers and (self.late or synced):
+            self.ring_watchers(self.late, synced)
+        self.late.clear()
 
     def actor_for(self, assign: bytes | None, topic: bytes, partition: int, reply):
         """The actor for this request, adopting the partition if the router says we own it."""
@@ -393,6 +406,12 @@ class Worker:
             if code == P.ErrorCode.BACKPRESSURE:
                 self.unkicked_bytes = KICK_MIN_BYTES  # a full ring: have the flusher drain it now
             return reply(code, P.ErrorReply(message))
+        if self.appended:
+            self.late.add(actor.slot)  # readers are woken for it at the end of the turn
+        else:  # the turn's first append wakes the readers now, before its ack goes (see wake_late)
+            self.table.wake_readers(self.worker_id % layout.WAKE_FLUSHER)
+            if self.watchers:
+                self.ring_watchers((actor.slot,))
         self.appended.add(actor.slot)
         self.appended_bytes[actor.slot] = self.appended_bytes.get(actor.slot, 0) + len(rest[2])
         self.totals[0] += count
@@ -732,6 +751,7 @@ class WorkerProcess:
         sock.bind(s.worker_endpoint(worker_id))
         self.bell = Doorbell(s.worker_bell_path(worker_id))  # the flusher rings it after every sync
         self.ringer, self.flusher_bell = Ringer(), s.flusher_bell_path()  # ... and we ring its bell to kick it
+        worker.ringer = self.ringer
         worker.sock = sock
         self.reads = ctx.socket(zmq.PULL)
         self.reads.bind(READS_ENDPOINT)
@@ -776,16 +796,13 @@ class WorkerProcess:
                 guard.drain(self.sock, self.handle_as, self.refuse, DRAIN_MAX)
         if self.unix_fd in events:
             self.unix.service(worker.handle if guard is None else self.handle_local)
-        if worker.appended:
-            self.table.wake_readers(self.worker_id % layout.WAKE_FLUSHER)  # same-host ring readers (client/ring_reader.py)
         if self.reads in events:
             P.drain(self.reads, _ignore, DRAIN_MAX)
             worker.reader.finish()
         synced = self.bell.fileno() in events
         if synced:
             self.bell.drain()
-        if worker.watchers and (worker.appended or synced):
-            worker.ring_watchers(self.ringer, synced)  # same-host readers on an event loop (WATCH)
+        worker.wake_late(synced)
         now = time.monotonic()
         self.kicks.after_turn(worker, now)
         if worker.waiting_slots:

@@ -9,9 +9,8 @@ redis-py cannot share one between concurrent commands. The loop is asyncio's own
 ``--uvloop`` (``spec["uvloop"]``), which gen_redis.py follows too, so both asyncio generators
 always run on the same kind of loop.
 
-With ``same_host`` the producer sends over the workers' Unix sockets; AsyncConsumer has no ring
-reader (client/aio.py), so the e2e consumer fetches over those sockets: its ``.../same-host/async``
-row is not the blocking client's ring-tailing figure.
+With ``same_host`` the producer sends over the workers' Unix sockets and the e2e consumer reads
+the rings, woken by its doorbell (WATCH, client/aio.py) where the blocking one sleeps on the futex.
 """
 
 from __future__ import annotations

@@ -269,8 +269,9 @@ class _UnixLink:
 class _Bell:
     """An AsyncConsumer's doorbell for same-host ring reads: an abstract Unix datagram socket
     (no file, gone with the process) the workers ring with one byte (WATCH). ``on_ring`` runs in
-    the loop when one comes; ``drain`` empties it before the rings are looked at, so a ring that
-    comes after the look is never lost."""
+    the loop when one comes. Rings are taken out only when the loop hands them over (all that
+    wait: a busy reader finds several), never before a look at the rings: one that comes after
+    the look is still in the socket and wakes the next sleep."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_ring):
         self.loop = loop
@@ -287,17 +288,16 @@ class _Bell:
         loop.add_reader(self.sock.fileno(), self._readable)
 
     def _readable(self) -> None:
-        self.drain()
-        self.on_ring()
-
-    def drain(self) -> None:
-        recv = self.sock.recv
+        recv, n = self.sock.recv, 0
         try:
             while True:
                 recv(64)
-                self.rings += 1
+                n += 1
         except (BlockingIOError, InterruptedError):
             pass
+        if n:
+            self.rings += n
+            self.on_ring()
 
     def close(self) -> None:
         if self.sock.fileno() >= 0:
@@ -800,9 +800,7 @@ class AsyncConsumer(ConsumerCore):
             out: list = []
             for topic in self._rings_due(every_topic=True):  # follows moves, reconnects, a new memory
                 await self._attach_rings(topic)
-            if self._bell is not None:
-                self._bell.drain()  # before looking: a ring after the look wakes the sleep below
-            self._read_rings(out)
+            self._read_rings(out)  # a ring that comes after this look wakes the sleep below (_Bell)
             if self._fetching:
                 self._send_fetches(self.max_wait_ms, fetch_only=True)
             while self._replies:

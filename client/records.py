@@ -139,6 +139,8 @@ def encode_batch(
 ) -> bytes:
     """Encode a list of values (and optional keys of the same length) as one padded batch frame."""
     n = len(values)
+    if n == 1 and keys is None:  # a single-message send: the same bytes without numpy
+        return _encode_one(values[0], create_time_us, producer_id, base_sequence)
     value_lengths = np.fromiter(map(len, values), dtype=np.int64, count=n)
     value_bytes = b"".join(values)
     key_lengths = key_bytes = None
@@ -192,17 +194,7 @@ def encode_batch_buffers(
         parts_len += 4 * (n + 1) + keys_mv.nbytes
     length = parts_len
     buf = bytearray(align8(length))
-    header = np.frombuffer(buf, dtype=HEADER_DTYPE, count=1)[0]
-    header["length"] = length
-    header["magic"] = MAGIC
-    header["version"] = VERSION
-    header["attributes"] = HAS_KEYS if has_keys else 0
-    header["base_offset"] = -1
-    header["partition"] = -1
-    header["record_count"] = n
-    header["producer_id"] = producer_id
-    header["base_sequence"] = base_sequence
-    header["create_time_us"] = now_us() if create_time_us is None else create_time_us
+    _pack_header(buf, length, HAS_KEYS if has_keys else 0, n, create_time_us, producer_id, base_sequence)
     pos = HEADER_BYTES
     buf[pos : pos + 4 * (n + 1)] = value_offsets.tobytes()
     pos += 4 * (n + 1)
@@ -213,7 +205,27 @@ def encode_batch_buffers(
     pos += values_mv.nbytes
     if has_keys:
         buf[pos : pos + keys_mv.nbytes] = keys_mv
-    header["crc"] = crc32c(memoryview(buf)[CRC_START:length])
+    CRC.pack_into(buf, CRC_AT, crc32c(memoryview(buf)[CRC_START:length]))
+    return bytes(buf)
+
+
+def _pack_header(buf: bytearray, length: int, attributes: int, n: int, create_time_us: int | None, producer_id: int,
+                 base_sequence: int) -> None:
+    """A new batch's header into ``buf`` (one struct pack): base offset and partition -1 until
+    the broker stamps them, append time and topic id 0, CRC 0 until computed."""
+    HEADER_STRUCT.pack_into(buf, 0, length, MAGIC, VERSION, attributes, -1, 0, -1, 0, 0, n, producer_id, base_sequence, 0,
+                            now_us() if create_time_us is None else create_time_us)
+
+
+def _encode_one(value: bytes, create_time_us: int | None, producer_id: int, base_sequence: int) -> bytes:
+    """``encode_batch([value])`` in plain Python: header, the offsets [0, len], the value, CRC."""
+    size = len(value)
+    length = HEADER_BYTES + 8 + size
+    buf = bytearray(align8(length))
+    _pack_header(buf, length, 0, 1, create_time_us, producer_id, base_sequence)
+    _TWO_OFFSETS.pack_into(buf, HEADER_BYTES, 0, size)
+    buf[HEADER_BYTES + 8 : length] = value
+    CRC.pack_into(buf, CRC_AT, crc32c(memoryview(buf)[CRC_START:length]))
     return bytes(buf)
 
 

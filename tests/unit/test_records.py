@@ -37,6 +37,19 @@ def test_round_trip_with_keys_and_buffers_path_is_identical():
     assert [v.key(i) for i in range(3)] == keys
 
 
+@given(st.binary(max_size=300), st.integers(0, 1 << 60), st.integers(-1, 1 << 40), st.integers(-1, (1 << 31) - 1))
+def test_a_one_record_batch_is_the_same_bytes_without_numpy(value, t, producer_id, seq):
+    """encode_batch([value]) takes a plain-Python path (the single-message send); it must give
+    the bytes the numpy path gives, and pass the broker's validation."""
+    one = encode_batch([value], create_time_us=t, producer_id=producer_id, base_sequence=seq)
+    general = encode_batch_buffers(value, np.array([0, len(value)], dtype=np.int32), create_time_us=t,
+                                   producer_id=producer_id, base_sequence=seq)
+    assert one == general
+    assert validate_frame(one, 0, len(one), 1 << 20) == (len(one), 1)
+    (v,) = iter_batches(one)
+    assert v.value(0) == value and v.create_time_us == t and v.base_offset == -1
+
+
 def test_broker_stamped_fields_are_outside_the_crc():
     frame = bytearray(encode_batch([b"x"] * 5))
     struct.pack_into("<qqiI", frame, 8, 1000, 2000, 3, 4)  # what the broker stamps
