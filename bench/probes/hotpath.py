@@ -10,6 +10,8 @@ single-message produce costs the worker, and what a tailing read costs the consu
   ``Consumer.poll_columns`` does per read);
 - ``columns-3``: the same for a read of the three newest batches (a tailing consumer a little
   behind);
+- ``encode-one``: ``encode_batch`` of one 100 B record (what a producer's single-message send
+  seals: the client side of ``handle``);
 - ``flush-cycle``: the flusher's ``do_work`` when each of 8 partitions holds two new one-record
   batches (what a cycle finds under durable-single/64), CPU time per cycle (``process_time``:
   the journal's O_DIRECT write is real, its wait is not counted; no fdatasync).
@@ -131,7 +133,13 @@ def main(argv=None) -> int:
                     for _ in range(n):
                         batches_to_columns(iter_batches(body3), newest - 2)
 
-                results = {"handle": handle, "tail-read": _rounds(read, args.calls, args.rounds),
+                def encode_one(n: int) -> None:
+                    value = bytes(100)
+                    for _ in range(n):
+                        encode_batch([value])
+
+                results = {"handle": handle, "encode-one": _rounds(encode_one, args.calls, args.rounds),
+                           "tail-read": _rounds(read, args.calls, args.rounds),
                            "columns": _rounds(columns, args.calls, args.rounds),
                            "columns-3": _rounds(columns3, args.calls, args.rounds)}
             finally:
