@@ -695,6 +695,7 @@ class AsyncConsumer(ConsumerCore):
         # same_host: the doorbell the workers ring (WATCH), and each ring-read topic's owners
         self._bell: _Bell | None = None
         self._owners: dict[str, set[str]] = {}  # topic -> its owners' Unix endpoints
+        self._recheck: asyncio.Future | None = None  # the once-a-second describe and WATCH (_poll_rings)
 
     def _route(self, topic: str, partition: int) -> str | None:
         return self.routes.endpoint(topic, partition)
@@ -759,6 +760,10 @@ class AsyncConsumer(ConsumerCore):
                 self.routes.failed(topic)
 
     # --- same-host ring reads (same_host=True; ConsumerCore does the reading) -----------------------
+    async def _attach_all(self, topics: list[str]) -> None:
+        for topic in topics:
+            await self._attach_rings(topic)
+
     async def _attach_rings(self, topic: str) -> None:
         """Describe ``topic``, map its rings and ask every owner to ring the bell (WATCH); on any
         failure the topic is read with fetches (over the Unix sockets where they work)."""
@@ -798,8 +803,11 @@ class AsyncConsumer(ConsumerCore):
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             out: list = []
-            for topic in self._rings_due(every_topic=True):  # follows moves, reconnects, a new memory
-                await self._attach_rings(topic)
+            due = self._rings_due(every_topic=True)  # follows moves, reconnects, a new memory
+            if due and (self._recheck is None or self._recheck.done()):
+                # in a task: the rings go on being read meanwhile (awaited here, its round trips
+                # held up every record that came in the while, once a second)
+                self._recheck = asyncio.ensure_future(self._attach_all(due))
             self._read_rings(out)  # a ring that comes after this look wakes the sleep below (_Bell)
             if self._fetching:
                 self._send_fetches(self.max_wait_ms, fetch_only=True)
@@ -853,6 +861,8 @@ class AsyncConsumer(ConsumerCore):
     async def close(self) -> None:
         if self.membership is not None:
             await self._group(self.membership.leave())
+        if self._recheck is not None:
+            self._recheck.cancel()
         self._drop_rings()
         if self._bell is not None:
             self._bell.close()
