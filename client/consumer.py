@@ -29,13 +29,14 @@ from .security import curve_keys
 from .routes import BlockingRoutes
 from .errors import InvalidRequestError, OffsetOutOfRangeError, UnknownPartitionError
 from .records import Columns, batches_to_columns, iter_batches
-from .ring_reader import SharedRings, TailStatus
+from .ring_reader import WATERMARK_COLUMN, SharedRings, TailStatus
 
 EARLIEST, LATEST = "earliest", "latest"
 AUTO_OFFSET_RESETS = ("earliest", "latest", "error")
 log = logging.getLogger("tailrace.consumer")
 RING_WAIT_S = 0.1  # longest futex sleep of a ring-reading consumer with nothing to read
 RING_RECHECK_S = 1.0  # how often a ring reader checks that its mappings are current
+FEW_TAILS = 16  # ring-read partitions up to which the watermarks are looked at one by one
 
 
 class OffsetAndTimestamp(NamedTuple):
@@ -325,12 +326,17 @@ class ConsumerCore:
         return sorted({a.topic for a in self.assigned.values() if stale or a.tail is None})
 
     def _read_rings(self, out: list) -> None:
-        """Read every ring-read partition whose watermark moved (one numpy gather finds them)."""
-        rings = self._rings
-        if rings is None or not self._tailed:
+        """Read every ring-read partition whose watermark moved: a few partitions looked at one by
+        one (a word load each), many with one numpy gather."""
+        rings, tailed = self._rings, self._tailed
+        if rings is None or not tailed:
             return
-        wm = rings.watermarks(self._tail_slots, self.isolation)
-        ready = [(i, self._tailed[i]) for i in np.flatnonzero(wm != self._tail_pos).tolist()]
+        if len(tailed) <= FEW_TAILS:
+            col = WATERMARK_COLUMN[self.isolation]
+            ready = [(i, a) for i, a in enumerate(tailed) if a.tail.row.cells[col] != a.position]
+        else:
+            wm = rings.watermarks(self._tail_slots, self.isolation)
+            ready = [(i, tailed[i]) for i in np.flatnonzero(wm != self._tail_pos).tolist()]
         moved = False  # a partition left the ring path: re-index once, after the loop
         for i, a in ready:
             moved |= self._read_ring(a, i, out)

@@ -391,16 +391,19 @@ def _one_batch_columns(v: BatchView, lo: int, hi: int) -> Columns:
     if keyed:
         ko = v.key_offsets[lo : hi + 1]
         key_offsets, keys = ko - ko[0], np.frombuffer(v.keys, dtype=np.uint8)[ko[0] : ko[-1]].copy()
+        key_valid = np.ones(n, dtype=bool)
     else:
-        key_offsets, keys = np.zeros(n + 1, dtype=OFFSETS_DTYPE), np.zeros(0, np.uint8)
+        key_offsets, keys, key_valid = np.zeros(n + 1, dtype=OFFSETS_DTYPE), np.zeros(0, np.uint8), np.zeros(n, dtype=bool)
+    timestamps = np.empty(n, dtype=np.int64)
+    timestamps.fill(v.create_time_us)  # np.full is a Python function around the same two calls
     return Columns(
         offsets=np.arange(v.base_offset + lo, v.base_offset + hi, dtype=np.int64),
-        timestamps_us=np.full(n, v.create_time_us, dtype=np.int64),
+        timestamps_us=timestamps,
         value_offsets=vo - vo[0],
         values=np.frombuffer(v.values, dtype=np.uint8)[vo[0] : vo[-1]].copy(),
         key_offsets=key_offsets,
         keys=keys,
-        key_valid=np.full(n, keyed, dtype=bool),
+        key_valid=key_valid,
     )
 
 

@@ -44,7 +44,7 @@ from .records import STAMP, STAMP_AT, align8
 
 NEAR_HEAD = 16  # newest descriptors walked in plain Python before a numpy search
 ATTEMPTS = 3  # copies thrown away before a read falls back to a fetch
-_WATERMARK = {"memory": C_NEXT_OFFSET, "durable": C_DURABLE_OFFSET}  # row column per isolation
+WATERMARK_COLUMN = _WATERMARK = {"memory": C_NEXT_OFFSET, "durable": C_DURABLE_OFFSET}  # row column per isolation
 
 
 class TailStatus(enum.IntEnum):
