@@ -28,7 +28,7 @@ it reads the shared-memory rings as ``Consumer`` does (ring_reader.py; what is b
 fetched over the workers' Unix sockets). The futex a blocking reader sleeps on cannot be polled
 by an event loop, so it sleeps on a doorbell instead: an abstract Unix datagram socket
 (``_Bell``), read with ``add_reader``, that every worker owning a partition it reads rings
-after a loop turn that appended to it (WATCH, docs/PROTOCOL.md 8d).
+when it appends to it (WATCH, docs/PROTOCOL.md 8d).
 """
 
 from __future__ import annotations

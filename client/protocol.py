@@ -245,8 +245,8 @@ WATCH_SLOTS_MAX = 4096  # ring slots one WATCH may name (the control table's row
 
 
 class WatchRequest(msgspec.Struct, omit_defaults=True):
-    """Same host only (a worker's Unix socket, docs/PROTOCOL.md 8d): after every loop turn that
-    appends to one of ``slots`` (and, with isolation "durable", after every sync) the worker sends
+    """Same host only (a worker's Unix socket, docs/PROTOCOL.md 8d): when it appends to one of
+    ``slots`` (at most twice per loop turn; with isolation "durable", after every sync) the worker sends
     one byte to the abstract Unix datagram socket ``bell`` (its name without the leading NUL,
     starting with ``WATCH_BELL_PREFIX``). One watch per connection: a new one replaces it, an
     empty ``slots`` ends it, and so does closing the connection."""

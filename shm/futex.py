@@ -1,7 +1,7 @@
 """Wake-ups through a futex word in shared memory (Linux, x86-64), for same-host ring readers.
 
-Writers (the workers after a loop turn that appended, the flusher after a sync) store a new value
-into the control table's ``wake`` word and call FUTEX_WAKE on it; a reader that found nothing to
+Writers (a worker at the first append of a loop turn and, for what came after, at its end; the
+flusher after a sync) store a new value into the control table's ``wake`` word and call FUTEX_WAKE on it; a reader that found nothing to
 read calls FUTEX_WAIT with the value it loaded *before* it looked. The kernel compares and queues
 atomically, so a store between the reader's look and its wait makes the wait return at once: no
 wake-up is lost, and an idle reader costs nothing. The word is process-shared (no
@@ -38,7 +38,7 @@ _WAKE_ALL, _ZERO = ctypes.c_long(WAKE_ALL), ctypes.c_long(0)
 
 def wake(addr: ctypes.c_void_p) -> int:
     """Wake every process waiting on the word at ``addr``; returns how many were woken.
-    (Argument objects built once: a worker calls this after every loop turn that appended.)"""
+    (Argument objects built once: a worker calls this once or twice in a loop turn that appended.)"""
     return _syscall(_SYS_FUTEX, addr, _WAKE, _WAKE_ALL, None, None, _ZERO)
 
 

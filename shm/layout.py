@@ -62,7 +62,7 @@ TABLE_HEADER_DTYPE = np.dtype(
         ("flusher_heartbeat_ns", "<i8"),
         ("data_id", "<i8"),  # the data directory's random id (data_dir/instance.json)
         # futex word (low 4 bytes) that same-host ring readers sleep on: workers store a new value
-        # after a loop turn that appended, the flusher after a sync (shm/futex.py)
+        # when a loop turn appends (shm/futex.py), the flusher after a sync
         ("wake", "<i8"),
         ("reserved", "<i8", (7,)),
     ]
