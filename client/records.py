@@ -219,6 +219,8 @@ def _pack_header(buf: bytearray, length: int, attributes: int, n: int, create_ti
 
 def _encode_one(value: bytes, create_time_us: int | None, producer_id: int, base_sequence: int) -> bytes:
     """``encode_batch([value])`` in plain Python: header, the offsets [0, len], the value, CRC."""
+    if type(value) is not bytes:  # any bytes-like: its length in bytes, whatever its item size
+        value = memoryview(value).cast("B")
     size = len(value)
     length = HEADER_BYTES + 8 + size
     buf = bytearray(align8(length))

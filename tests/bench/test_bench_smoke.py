@@ -51,6 +51,18 @@ def test_bench_durable_single_and_e2e_latency_report_every_message():
     assert e2e["latency"]["count"] == 500
 
 
+def test_bench_e2e_latency_through_the_asyncio_client_reports_every_message_on_both_transports():
+    """``--client async``: gen_aio's producer and AsyncConsumer, over ZeroMQ and on the same host
+    (ring reads woken by the WATCH doorbell)."""
+    doc = run_bench("e2e-latency", "--client", "async", "--rate", "500", "--duration", "1", "--partitions", "2",
+                    "--transports", "zmq,same-host")
+    rows = by_case(doc)
+    for case in ("e2e/500/async", "e2e/500/same-host/async"):
+        counts = rows[case]["counts"]
+        assert counts["sent"] == counts["acked"] == counts["consumed"] == 500, (case, counts)
+        assert counts["errors"] == 0 and rows[case]["latency"]["count"] == 500
+
+
 def test_bench_hop_reports_every_round_trip_of_both_transports():
     proc = subprocess.run([sys.executable, "-m", "tailrace.bench.probes.hop", "--round-trips", "300", "--in-flight", "1,8", "--json"],
                           cwd=str(ROOT), capture_output=True, text=True, timeout=120)
