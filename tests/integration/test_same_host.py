@@ -4,6 +4,7 @@ below them over the same sockets (client/unixwire.py, actors/unix_server.py, cli
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import signal
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from tailrace import Admin, Consumer, Producer
+from tailrace.aio import AsyncConsumer
 from tailrace.client import protocol as P
 from tailrace.client.connection import Connection
 from tailrace.client.errors import InvalidRequestError
@@ -526,3 +528,57 @@ def test_watch_rings_a_readers_bell_after_appends_to_its_slots_only_and_ends_wit
     assert watched >= 1, "the worker did not ring the watched bell"
     assert unwatched == 0 and after == 0
     assert acked_after == 3 and b.pids()["worker-0"] == pid  # every send acked: the worker went on serving
+
+
+def test_an_asyncio_ring_reader_watches_again_after_its_worker_is_killed(make_broker):
+    """A WATCH lives on a Unix connection, and kill -9 of the worker ends it: the asyncio
+    consumer describes and watches again (once a second), so the restarted worker rings its bell
+    too, and every record produced before and after is read once, in order."""
+    b = make_broker(workers=1)
+    with Admin(b.bootstrap) as a:
+        a.create_topic("rewatch", 1)
+    prod = Producer(b.bootstrap, acks="memory", same_host=True, request_timeout_ms=1500, retry_backoff_ms=20)
+    prod.send("rewatch", b"adopt", partition=0)
+    prod.flush()
+
+    def send(value: bytes) -> None:  # blocks the loop while the broker answers: the bell keeps its rings
+        prod.send("rewatch", value, partition=0)
+        prod.flush(30_000)
+
+    async def run() -> tuple[list[bytes], list[int]]:
+        got: list[bytes] = []
+        rings: list[int] = []
+        async with AsyncConsumer(b.bootstrap, same_host=True, max_wait_ms=100) as c:
+            await c.assign("rewatch", start="latest")
+
+            async def read(n: int) -> None:
+                deadline = time.monotonic() + 30
+                while len(got) < n and time.monotonic() < deadline:
+                    got.extend(r.value for r in await c.poll(200))
+                got.extend(r.value for r in await c.poll(300))  # the loop runs: rings waiting are taken
+
+            send(b"before")
+            await read(1)
+            rings.append(c._bell.rings)
+            old = b.pids()
+            os.kill(old["worker-0"], signal.SIGKILL)
+            wait_restarted(b, old, ["worker-0"])
+            send(b"after")
+            await read(2)
+            deadline = time.monotonic() + 3  # polls meanwhile: the recheck describes and watches again
+            while time.monotonic() < deadline:
+                got.extend(r.value for r in await c.poll(100))
+            rings.append(c._bell.rings)
+            send(b"watched again")
+            await read(3)
+            rings.append(c._bell.rings)
+        return got, rings
+
+    try:
+        got, rings = asyncio.run(run())
+    finally:
+        prod.close()
+    print(f"\nasyncio ring reader across a worker's kill -9: read {got}; bell rings taken {rings}")
+    assert got == [b"before", b"after", b"watched again"]
+    assert rings[0] >= 1, "the first worker never rang"
+    assert rings[2] > rings[1], "the restarted worker did not ring: the consumer did not watch again"
