@@ -170,14 +170,19 @@ def e2e_consume(spec: dict, ctx) -> dict:
     ctx.ready()
     deadline = ctx.t_start + spec["max_seconds"]
     while len(lat) < spec["expected"] and time.monotonic() < deadline:
-        reply = r.xread(streams, count=1000, block=spec["max_wait_ms"])
-        now = time.monotonic_ns()
-        for key, entries in reply or []:
-            for entry_id, fields in entries:
-                lat.append(now - stamp_of(fields[FIELD]))
-            streams[key.decode()] = entries[-1][0]
+        _take_xread(r.xread(streams, count=1000, block=spec["max_wait_ms"]), streams, lat)
     r.close()
     return {"consumed": len(lat), "latency_ns": np.asarray(lat, dtype=np.int64)}
+
+
+def _take_xread(reply, streams: dict, lat: list) -> None:
+    """An XREAD reply: each entry's latency (now - its stamp) into ``lat``, and each stream's
+    last id into ``streams`` (where the next XREAD starts)."""
+    now = time.monotonic_ns()
+    for key, entries in reply or []:
+        for _entry_id, fields in entries:
+            lat.append(now - stamp_of(fields[FIELD]))
+        streams[key.decode()] = entries[-1][0]
 
 
 def _aclient(endpoint: str) -> aredis.Redis:
@@ -220,11 +225,6 @@ async def _e2e_consume_async(spec: dict, ctx) -> dict:
     ctx.ready()
     deadline = ctx.t_start + spec["max_seconds"]
     while len(lat) < spec["expected"] and time.monotonic() < deadline:
-        reply = await r.xread(streams, count=1000, block=spec["max_wait_ms"])
-        now = time.monotonic_ns()
-        for key, entries in reply or []:
-            for _entry_id, fields in entries:
-                lat.append(now - stamp_of(fields[FIELD]))
-            streams[key.decode()] = entries[-1][0]
+        _take_xread(await r.xread(streams, count=1000, block=spec["max_wait_ms"]), streams, lat)
     await r.aclose()
     return {"consumed": len(lat), "latency_ns": np.asarray(lat, dtype=np.int64)}

@@ -695,7 +695,7 @@ class AsyncConsumer(ConsumerCore):
         # same_host: the doorbell the workers ring (WATCH), and each ring-read topic's owners
         self._bell: _Bell | None = None
         self._owners: dict[str, set[str]] = {}  # topic -> its owners' Unix endpoints
-        self._recheck: asyncio.Future | None = None  # the once-a-second describe and WATCH (_poll_rings)
+        self._recheck: asyncio.Future | None = None  # the once-a-second describe and WATCH (_read_rings_now)
 
     def _route(self, topic: str, partition: int) -> str | None:
         return self.routes.endpoint(topic, partition)
@@ -796,30 +796,15 @@ class AsyncConsumer(ConsumerCore):
             if isinstance(r, BaseException):
                 raise r
 
-    async def _poll_rings(self, timeout_ms: int) -> list:
-        """``Consumer._poll_rings`` on the event loop: read the rings, fetch what is below them;
-        with nothing to read, sleep until the bell rings or a reply comes (at most ``RING_WAIT_S``
-        at a time: a lost ring costs that much latency, never data)."""
-        deadline = time.monotonic() + timeout_ms / 1000
-        while True:
-            out: list = []
-            due = self._rings_due(every_topic=True)  # follows moves, reconnects, a new memory
-            if due and (self._recheck is None or self._recheck.done()):
-                # in a task: the rings go on being read meanwhile (awaited here, its round trips
-                # held up every record that came in the while, once a second)
-                self._recheck = asyncio.ensure_future(self._attach_all(due))
-            self._read_rings(out)  # a ring that comes after this look wakes the sleep below (_Bell)
-            if self._fetching:
-                self._send_fetches(self.max_wait_ms, fetch_only=True)
-            while self._replies:
-                if not self._take_or_defer(self._replies.popleft(), out):
-                    return out
-            if out:
-                return out
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return out
-            await self._sleep(min(left, RING_WAIT_S))
+    def _read_rings_now(self, out: list) -> None:
+        """One look at the rings (same_host): the once-a-second describe and WATCH go in a task
+        (awaited here, their round trips held up every record that came in the while), then
+        every moved partition is read. A ring that comes after the look wakes the poll's sleep
+        (_Bell)."""
+        due = self._rings_due(every_topic=True)  # follows moves, reconnects, a new memory
+        if due and (self._recheck is None or self._recheck.done()):
+            self._recheck = asyncio.ensure_future(self._attach_all(due))
+        self._read_rings(out)
 
     async def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> dict[tuple[str, int], int]:
         """As ``Consumer.commit``."""
@@ -835,12 +820,15 @@ class AsyncConsumer(ConsumerCore):
         self._raise_deferred()
         if self.membership is not None and self.membership.due():
             await self._group(self.membership.step())
-        if self.same_host:
-            return await self._poll_rings(timeout_ms)
         deadline = time.monotonic() + timeout_ms / 1000
         out: list = []
         while True:
-            self._send_fetches(self.max_wait_ms)
+            if self.same_host:  # the rings first; fetches only for what is not read from them
+                self._read_rings_now(out)
+                if self._fetching:
+                    self._send_fetches(self.max_wait_ms, fetch_only=True)
+            else:
+                self._send_fetches(self.max_wait_ms)
             while self._replies:
                 if not self._take_or_defer(self._replies.popleft(), out):
                     return out
@@ -849,7 +837,9 @@ class AsyncConsumer(ConsumerCore):
             left = deadline - time.monotonic()
             if left <= 0:
                 return out
-            await self._sleep(left)
+            # until a reply or a ring; a ring reader looks every RING_WAIT_S anyway (a lost ring
+            # costs that much latency, never data)
+            await self._sleep(min(left, RING_WAIT_S) if self.same_host else left)
 
     async def poll_columns(self, timeout_ms: int = 1000) -> list[tuple[str, int, Columns]]:
         """Fetched records as columns, per partition (numpy only: no object per message)."""

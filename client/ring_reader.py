@@ -44,7 +44,7 @@ from .records import STAMP, STAMP_AT, align8
 
 NEAR_HEAD = 16  # newest descriptors walked in plain Python before a numpy search
 ATTEMPTS = 3  # copies thrown away before a read falls back to a fetch
-WATERMARK_COLUMN = _WATERMARK = {"memory": C_NEXT_OFFSET, "durable": C_DURABLE_OFFSET}  # row column per isolation
+WATERMARK_COLUMN = {"memory": C_NEXT_OFFSET, "durable": C_DURABLE_OFFSET}  # row column per isolation
 
 
 class TailStatus(enum.IntEnum):
@@ -95,7 +95,7 @@ class SharedRings:
 
     def watermarks(self, slots: np.ndarray, isolation: str) -> np.ndarray:
         """The watermark of every slot given, in one numpy gather (the idle check of a consumer)."""
-        return self.rows[slots, _WATERMARK[isolation]]
+        return self.rows[slots, WATERMARK_COLUMN[isolation]]
 
     def close(self) -> None:
         for ring in self.rings.values():
@@ -152,7 +152,7 @@ class PartitionTail:
 
     def read(self, offset: int, max_bytes: int, max_records: int, isolation: str = "memory") -> TailRead:
         for _ in range(ATTEMPTS):
-            got = self._try(offset, max_bytes, max_records, _WATERMARK[isolation])
+            got = self._try(offset, max_bytes, max_records, WATERMARK_COLUMN[isolation])
             if got is not None:
                 return got
             self.torn += 1
