@@ -742,8 +742,8 @@ class WorkerProcess:
     those checks for every socket on every call: two passes of poll plus a getpid and a poll per
     socket, about ten system calls per wait, in a loop that waits once per message at low rates.
 
-    What this means for us: one epoll over the ZMQ_FDs, the Unix server and the doorbell, one
-    system call per wait. A ZeroMQ socket is drained to EAGAIN when its fd fires (``*_due`` keeps
+    What this means for us: one epoll over the ZMQ_FDs, the doorbell and the Unix server's
+    listener and connections, one system call per wait. A ZeroMQ socket is drained to EAGAIN when its fd fires (``*_due`` keeps
     one that stopped at DRAIN_MAX ready for the next turn), and the reply socket is asked
     ZMQ_EVENTS at the start of a turn only if something was sent on it since the last look
     (``ReplyPort.touched``): a same-host turn makes no ZeroMQ call at all."""
@@ -774,26 +774,25 @@ class WorkerProcess:
         partition_mod.READ_DELAY_S = s.debug_read_delay_ms / 1000
         worker.reader = DiskReader(ctx, s.data_dir, s.segment_bytes)
         worker.reader.start()
+        # One epoll over everything the loop waits on (see "Waiting on ZeroMQ sockets" in the
+        # class docstring): the ZeroMQ sockets by their ZMQ_FD, the doorbell, and the Unix
+        # server's listener and connections, which it registers here itself.
+        self.ep = select.epoll()
         try:  # the same-host socket is an extra: a worker serves ZeroMQ without it
             self.unix = UnixServer(unixwire.path_of(s.worker_unix_endpoint(worker_id)), log, f"worker {worker_id}",
-                                   max_message=s.max_frame_bytes, allowed_uids=s.allowed_uids())
+                                   max_message=s.max_frame_bytes, allowed_uids=s.allowed_uids(), ep=self.ep)
             self.unix.on_close = worker.unwatch
         except OSError as exc:
             log.warning("no Unix socket for same-host clients (%s); ZeroMQ only", exc)
             self.unix = None
         worker.port = PortMux(ReplyPort(sock, log, f"worker {worker_id}"), self.unix)
-        # One epoll over everything the loop waits on (see "Waiting on ZeroMQ sockets" in the
-        # class docstring): the ZeroMQ sockets by their ZMQ_FD, the Unix server's own epoll, the
-        # doorbell. Shape: fd -> nothing; the fds are compared one by one after each wait.
-        self.ep = select.epoll()
         self.sock_fd = sock.getsockopt(zmq.FD)
         self.reads_fd = self.reads.getsockopt(zmq.FD)
         self.bell_fd = self.bell.fileno()
-        self.unix_fd = self.unix.fileno() if self.unix is not None else -1
         self.zap_fd = self.guard.zap.zap_socket.getsockopt(zmq.FD) if self.guard is not None else -1
-        for fd in (self.sock_fd, self.reads_fd, self.bell_fd, self.unix_fd, self.zap_fd):
-            if fd >= 0:
-                self.ep.register(fd, select.EPOLLIN)
+        self.own_fds = frozenset(fd for fd in (self.sock_fd, self.reads_fd, self.bell_fd, self.zap_fd) if fd >= 0)
+        for fd in self.own_fds:
+            self.ep.register(fd, select.EPOLLIN)
         # ZeroMQ sockets to look at next turn without a signal from their FD (a drain that
         # stopped at DRAIN_MAX, or messages found waiting after a send): the wait does not block
         self.sock_due = self.reads_due = True
@@ -825,8 +824,11 @@ class WorkerProcess:
             else:
                 n = guard.drain(self.sock, self.handle_as, self.refuse, DRAIN_MAX)
             self.sock_due = n == DRAIN_MAX  # else it stopped at EAGAIN: the next arrival signals
-        if self.unix_fd in fds:
-            self.unix.service(worker.handle if guard is None else self.handle_local)
+        if self.unix is not None and ready:  # the Unix server's fds, after ZeroMQ's requests
+            own, handle = self.own_fds, worker.handle if guard is None else self.handle_local
+            for fd, ev in ready:
+                if fd not in own:
+                    self.unix.on_event(fd, ev, handle)
         if self.reads_due or self.reads_fd in fds:
             self.reads_due = P.drain(self.reads, _ignore, DRAIN_MAX) == DRAIN_MAX
             worker.reader.finish()

@@ -594,7 +594,8 @@ class AsyncProducer(ProducerCore):
     # --- driving -------------------------------------------------------------------------
     def _reply(self, r: Reply) -> None:
         self._on_reply(r)
-        self._kick()
+        if self._lingering or self._ready or self._retry or self._flushers:
+            self._kick()  # else a step would find nothing to do: an ack costs no loop turn more
 
     def _kick(self) -> None:
         """Run ``_step`` once, after what is ready to run now: coroutines woken by acks send
@@ -696,6 +697,7 @@ class AsyncConsumer(ConsumerCore):
         self._bell: _Bell | None = None
         self._owners: dict[str, set[str]] = {}  # topic -> its owners' Unix endpoints
         self._recheck: asyncio.Future | None = None  # the once-a-second describe and WATCH (_read_rings_now)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop its polls run on (the first one's)
 
     def _route(self, topic: str, partition: int) -> str | None:
         return self.routes.endpoint(topic, partition)
@@ -712,7 +714,9 @@ class AsyncConsumer(ConsumerCore):
     async def _sleep(self, seconds: float) -> None:
         """Until a reply comes or the bell rings, at most ``seconds`` (one future and one timer,
         not a task per wait)."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:  # asked once: get_running_loop makes a getpid system call each time
+            loop = self._loop = asyncio.get_running_loop()
         w = self._waiter = loop.create_future()
         timer = loop.call_later(seconds, _resolve, w)
         try:

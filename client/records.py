@@ -345,9 +345,11 @@ def iter_batches(buf) -> list[BatchView]:
     return views
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Columns:
-    """Records of many batches as flat columns: what Arrow's binary arrays are made of."""
+    """Records of many batches as flat columns: what Arrow's binary arrays are made of. (Not
+    frozen: a frozen dataclass's __init__ is one object.__setattr__ per field, paid per partition
+    in every poll of a tailing consumer.)"""
 
     offsets: np.ndarray  # int64[n]: record offsets
     timestamps_us: np.ndarray  # int64[n]: producer create time of each record's batch
