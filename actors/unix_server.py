@@ -82,9 +82,6 @@ class UnixServer:
         self._rmv = memoryview(self._rbuf)
         self.on_close = None  # called with a connection's identity when it closes (its WATCH ends)
 
-    def fileno(self) -> int:
-        return self.ep.fileno()
-
     @property
     def backlog(self) -> bool:
         """Work for ``flush`` (the worker calls it, and polls at 2 ms, while this is true)."""

@@ -743,10 +743,10 @@ class WorkerProcess:
     socket, about ten system calls per wait, in a loop that waits once per message at low rates.
 
     What this means for us: one epoll over the ZMQ_FDs, the doorbell and the Unix server's
-    listener and connections, one system call per wait. A ZeroMQ socket is drained to EAGAIN when its fd fires (``*_due`` keeps
-    one that stopped at DRAIN_MAX ready for the next turn), and the reply socket is asked
-    ZMQ_EVENTS at the start of a turn only if something was sent on it since the last look
-    (``ReplyPort.touched``): a same-host turn makes no ZeroMQ call at all."""
+    listener and connections, one system call per wait. A ZeroMQ socket is drained to EAGAIN
+    when its fd fires (``*_due`` keeps one that stopped at DRAIN_MAX ready for the next turn),
+    and the reply socket is asked ZMQ_EVENTS at the start of a turn only if something was sent
+    on it since the last look (``ReplyPort.touched``): a same-host turn makes no ZeroMQ call."""
 
     def __init__(self, s: settings_mod.Settings, worker_id: int, table: ControlTable):
         self.s, self.worker_id, self.table = s, worker_id, table
