@@ -594,8 +594,7 @@ class AsyncProducer(ProducerCore):
     # --- driving -------------------------------------------------------------------------
     def _reply(self, r: Reply) -> None:
         self._on_reply(r)
-        if self._lingering or self._ready or self._retry or self._flushers:
-            self._kick()  # else a step would find nothing to do: an ack costs no loop turn more
+        self._kick()
 
     def _kick(self) -> None:
         """Run ``_step`` once, after what is ready to run now: coroutines woken by acks send
