@@ -73,10 +73,11 @@ class Catalog:
         self.by_slot: dict[int, tuple[TopicEntry, int]] = {}
         self.reload()
 
-    def reload(self) -> bool:
-        """Re-read the file if it changed; return True if it did."""
-        sig = file_signature(self.path)  # mtime, size and inode: two writes in one clock tick differ
-        if sig is None or sig == self._seen:
+    def reload(self, force: bool = False) -> bool:
+        """Re-read the file if it changed (``force``: whatever its signature says); return True
+        if it was read."""
+        sig = file_signature(self.path)  # mtime, size and inode (datadir.file_signature)
+        if sig is None or (sig == self._seen and not force):
             return False
         self.data = msgspec.json.decode(self.path.read_bytes(), type=CatalogData)
         self._seen = sig

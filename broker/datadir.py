@@ -161,13 +161,29 @@ def journal_usage(data_dir) -> tuple[int, int]:
 
 
 def file_signature(path) -> tuple[int, int, int] | None:
-    """What changes when a file is rewritten (``write_atomic`` makes a new inode), or None if
-    there is no file: processes re-read a rules file only when this changes."""
+    """What changes when a file is rewritten by ``write_atomic``, or None if there is no file:
+    processes re-read a rules file (the catalog, ACLs, quotas) only when this changes.
+
+    The inode alone does not do it: a rewrite's temp file may get the inode number the version
+    before last had (ext4 hands a freed one out again at once), and the file system's clock moves
+    only every few milliseconds, so versions 1 and 3 of three quick writes of the same size would
+    look the same and a reader that saw 1 would miss 3. ``write_atomic`` therefore gives every
+    version an mtime past the one it replaces (``_next_mtime_ns``)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return None
     return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _next_mtime_ns(path) -> int:
+    """An mtime for the next version of ``path``: now to the nanosecond (the file system's own
+    stamp is its coarse clock), and past the present version's whatever the clock did."""
+    try:
+        prev = os.stat(path).st_mtime_ns
+    except FileNotFoundError:
+        prev = 0
+    return max(time.time_ns(), prev + 1)
 
 
 def write_atomic(path, data: bytes, sync: bool = True) -> None:
@@ -179,6 +195,8 @@ def write_atomic(path, data: bytes, sync: bool = True) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     try:
         os.write(fd, data)
+        t = _next_mtime_ns(path)
+        os.utime(fd, ns=(t, t))  # every version's signature differs from every earlier one's
         if sync:
             os.fsync(fd)
     finally:

@@ -31,6 +31,14 @@ from tailrace.shm.ring import ControlTable, LayoutMismatch
 from .journal import BLOCK
 from .recovery import data_dir_id, recover
 
+class RingGone(Exception):
+    """An active row's ring region does not exist (``Flusher.ring_gone``)."""
+
+    def __init__(self, slot: int):
+        super().__init__(f"slot {slot}: ring region gone")
+        self.slot = slot
+
+
 log = logging.getLogger("tailrace.flusher")
 
 
@@ -119,7 +127,11 @@ def _reconcile(f, next_offsets: dict[int, int]) -> None:
         if not r[COL["active"]]:
             continue
         if int(r[COL["flushed_offset"]]) < journal_next:
-            ring = f._ring(slot)
+            try:
+                ring = f._ring(slot)
+            except RingGone:
+                f.ring_gone(slot)
+                continue
             first, head = int(r[COL["flushed_desc"]]), int(r[COL["desc_head"]])
             descs = ring.descriptors(first, head)
             k = int(np.searchsorted(descs["base_offset"], journal_next, side="left"))

@@ -41,6 +41,7 @@ from tailrace.shm.layout import COL
 from tailrace.shm.ring import ControlTable, Ring
 
 from . import boot as boot_mod
+from .boot import RingGone
 from .index import ENTRY, IndexFile, entries_for
 from .journal import BLOCK, Journal, StorageError
 from .recovery import write_checkpoint
@@ -107,11 +108,14 @@ class Flusher:
         self.next_first_slot = 0  # where the next cycle starts staging (round robin over the dirty slots)
         self.retention = Retention(self)  # log starts and segment deletion (persistence/retention.py)
         self.retirer = Retirer(self)  # deleted topics' slots (persistence/retire.py)
+        self.gone: set[int] = set()  # active slots whose ring region is gone, until a rescan (ring_gone)
+        self.gone_logged: set[int] = set()
 
     def rescan(self) -> None:
         """Find the active rows again (a full scan of the control table), and the workers' bells."""
         self.slots = np.flatnonzero(self.table.rows[:, COL["active"]] == 1)
         self.rescanned_ns = time.monotonic_ns()
+        self.gone.clear()  # a ring made again since is staged again (ring_gone)
         if self.ringer is not None:
             try:
                 names = os.listdir(self.s.ipc_path())
@@ -140,8 +144,25 @@ class Flusher:
     def _ring(self, slot: int) -> Ring:
         ring = self.rings.get(slot)
         if ring is None:
-            ring = self.rings[slot] = Ring.attach(self.s.instance, slot, int(self.table.rows[slot, COL["ring_bytes"]]))
+            try:
+                ring = Ring.attach(self.s.instance, slot, int(self.table.rows[slot, COL["ring_bytes"]]))
+            except Exception as exc:  # posix_ipc.ExistentialError: the region is gone
+                if type(exc).__name__ != "ExistentialError":
+                    raise
+                raise RingGone(slot) from exc
+            self.rings[slot] = ring
         return ring
+
+    def ring_gone(self, slot: int) -> None:
+        """An active row whose ring region is gone: nothing of it can be staged. The slot is
+        passed over (and said once in the log) until the next rescan, instead of the flusher
+        exiting here at every restart with every other partition's flushing stopped with it.
+        Nothing is acknowledged for it that was not: its durable waiters never see it synced."""
+        self.gone.add(slot)
+        if slot not in self.gone_logged:
+            self.gone_logged.add(slot)
+            log.error("slot %d: an active row with batches to stage, and its ring region is gone; passed over; row %s",
+                      slot, self.table.rows[slot].tolist())
 
     def _index(self, slot: int) -> IndexFile:
         idx = self.indexes.get(slot)
@@ -169,7 +190,13 @@ class Flusher:
             order = order[k:] + order[:k]
         try:
             for slot in order:
-                staged += self._stage_slot(slot, int(rows[slot, COL["desc_head"]]))
+                if slot in self.gone:
+                    continue
+                try:
+                    staged += self._stage_slot(slot, int(rows[slot, COL["desc_head"]]))
+                except RingGone:
+                    self.ring_gone(slot)
+                    continue
                 if self.rolled:  # one new segment per cycle: the retention pass runs between them
                     self.next_first_slot = slot + 1
                     break
@@ -388,9 +415,12 @@ class Flusher:
             log.warning("shared memory kept: workers alive or data not flushed (next boot reuses it)")
 
     def _all_flushed(self) -> bool:
+        """Every active row staged to its head, a row whose ring region is gone apart (nothing
+        of it is in shared memory to keep for the next boot: ``ring_gone``)."""
         rows = self.table.rows
-        active = rows[:, COL["active"]] == 1
-        return bool(np.all(rows[active, COL["desc_head"]] == rows[active, COL["flushed_desc"]]))
+        active = np.flatnonzero(rows[:, COL["active"]] == 1)
+        behind = active[rows[active, COL["desc_head"]] != rows[active, COL["flushed_desc"]]]
+        return all(not region.exists(region.ring_name(self.s.instance, int(slot))) for slot in behind)
 
 
 def _workers_alive(s: settings_mod.Settings) -> bool:

@@ -8,6 +8,8 @@ done again:
 1. **wait for the owners to let go.** Each slot's lock file (``slot-N.lock``, the owner's flock:
    shm/fence.py) is taken by the flusher; an actor still holding it (its worker has not seen
    the new catalog yet: it looks every ``CATALOG_CHECK_S``) makes the slot wait for the next pass.
+   With the locks held the catalog is read again, whatever its signature says, and a slot that
+   is not retired any more is let go: cleared in an earlier pass, a new topic has taken it since.
 2. **clear the row and the ring.** ``active`` goes to 0 first (the flusher's cycle and checkpoint
    skip the row from then on; a same-host ring reader that sees it answers ``GONE`` and asks the
    router again, which says ``UNKNOWN_TOPIC``), then the whole row is zeroed (with the lock held
@@ -88,7 +90,16 @@ class Retirer:
                     lock.close()  # an actor still owns it: next pass
             if not locks:
                 return 0
-            slots = [slot for slot, _ in locks]
+            # Read the catalog again, now that the locks are held: a slot cleared in an earlier
+            # pass may have been given to a new topic since (the router takes a cleared slot, writes
+            # the catalog, then makes its index file), and clearing it again would zero a live row
+            # and unlink the ring its new owner appends to. A slot still retired now cannot be
+            # taken meanwhile: it is not clear (``cleared``) until this pass removes its index file.
+            self.f.catalog.reload(force=True)
+            retired = set(self.f.catalog.data.retired)
+            slots = [slot for slot, _ in locks if slot in retired]
+            if not slots:
+                return 0
             self._clear_rows(slots)
             self._crash_point("rows_cleared")
             self.f.checkpoint()  # names only active rows: these are not any more

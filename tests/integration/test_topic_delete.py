@@ -204,3 +204,40 @@ def test_a_kill_in_the_middle_of_a_delete_leaves_recovery_consistent(make_broker
     b.start()
     assert [r.value for r in _read_all(b, "gone", 1)] == [b"anew"]
     assert len(_read_all(b, "kept", 2001)) == 2001
+
+
+def test_a_flusher_that_finds_an_active_ring_gone_passes_it_over_and_keeps_flushing_the_others(make_broker):
+    """An active row with batches to stage whose ring region is gone (a slot's ring unlinked
+    under its owner: what clearing a slot twice once did) cannot be staged. The flusher says so
+    in its log once and goes on with every other partition: it does not exit at every restart
+    with durable produce stopped everywhere."""
+    import os
+    import signal
+
+    b = make_broker()
+    with Admin(b.bootstrap) as a:
+        a.create_topic("lost", 1)
+        a.create_topic("kept", 1)
+    with Producer(b.bootstrap, acks="durable", linger_ms=0) as p:
+        p.send("lost", b"before")
+        p.send("kept", b"before")
+        assert p.flush(10_000) == 2
+    slot = _catalog(b)["topics"]["lost"]["slots"][0]
+    pids = b.pids()
+    os.kill(pids["flusher"], signal.SIGKILL)
+    assert region.unlink(region.ring_name(b.settings.instance, slot))
+    with Producer(b.bootstrap, acks="memory", linger_ms=0) as p:  # its owner still appends to the ring it holds
+        for i in range(20):
+            p.send("lost", b"after-%d" % i)
+        assert p.flush(10_000) == 20
+    pids = wait_restarted(b, pids, ["flusher"])
+    with Producer(b.bootstrap, acks="durable", linger_ms=0) as p:
+        for i in range(100):
+            p.send("kept", b"k-%d" % i)
+        assert p.flush(15_000) == 100, p.errors
+    time.sleep(1.0)  # several cycles and a rescan: still the same flusher
+    assert b.pids()["flusher"] == pids["flusher"]
+    log = (b.data_dir / "logs" / "flusher.log").read_text()
+    assert f"slot {slot}: an active row with batches to stage, and its ring region is gone" in log
+    assert "Traceback" not in log
+    assert [r.value for r in _read_all(b, "kept", 101)] == [b"before"] + [b"k-%d" % i for i in range(100)]

@@ -63,3 +63,30 @@ def test_the_worker_count_is_stored_and_a_damaged_file_reads_as_unset(tmp_path):
     assert stored_worker_count(tmp_path) is None
     (tmp_path / WORKERS_FILE).write_text('{"workers": 0}')
     assert stored_worker_count(tmp_path) is None
+
+
+def test_a_reader_sees_every_rewrite_however_quick_and_whatever_inode_it_gets(tmp_path):
+    """Three rewrites in one tick of the file system's clock: the third one's temp file may get
+    the first one's inode number back (ext4 does), with the same size. A reader that saw the
+    first must still see the third as a change (a retirer or worker that did not would act on a
+    deleted topic's slots that a new topic has since taken)."""
+    from tailrace.broker.datadir import file_signature, write_atomic
+
+    path = tmp_path / "rules.json"
+    seen, mtimes, inodes = set(), [], set()
+    for i in range(300):
+        write_atomic(path, b"x" * (100 + i % 2), sync=False)
+        sig = file_signature(path)
+        assert sig not in seen, f"version {i} looks like an earlier one: {sig}"
+        seen.add(sig)
+        mtimes.append(sig[0])
+        inodes.add(sig[2])
+    assert all(b > a for a, b in zip(mtimes, mtimes[1:]))  # one clock tick holds many of these writes
+    reader_sig = file_signature(path)
+    writer, reader = Catalog(tmp_path), Catalog(tmp_path)
+    writer.add_topic("a", 1, 1 << 20)
+    assert reader.reload() and reader.get("a") is not None
+    writer.delete_topic("a")
+    writer.add_topic("b", 1, 1 << 20, free=[0])  # a's slot, cleared, taken again
+    assert reader.reload() and reader.get("b").slots == [0] and reader.data.retired == []
+    assert reader_sig == file_signature(path)
