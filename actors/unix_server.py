@@ -1,7 +1,9 @@
 """A worker's Unix-socket listener: same-host clients without ZeroMQ (client/unixwire.py).
 
-Connections are non-blocking and watched by one epoll object whose fd sits in the worker's
-zmq.Poller beside its ZeroMQ sockets, so the loop stays single-threaded. A request becomes the
+Connections are non-blocking and watched by an epoll object: the worker's own, given as ``ep``,
+beside its ZeroMQ sockets' fds (its loop hands each ready fd it does not own to ``on_event``), so
+the loop stays single-threaded and one ``epoll_wait`` covers everything; without ``ep`` the
+server keeps one of its own, served by ``service``. A request becomes the
 same frame list a ZeroMQ client's would, with an identity frame of its own type (``UnixIdent``:
 ``UNIX_IDENT`` + the connection number) in front: ``Worker.handle`` cannot tell the transports apart, and every reply
 (immediate, parked fetch, durable ack) comes back through ``PortMux.send``, which routes it by
@@ -55,14 +57,17 @@ class _Conn:
 
 
 class UnixServer:
-    def __init__(self, path: str, log, what: str, max_message: int, allowed_uids: frozenset[int] | None = None):
+    def __init__(self, path: str, log, what: str, max_message: int, allowed_uids: frozenset[int] | None = None,
+                 ep: select.epoll | None = None):
         self.path = path
         self.allowed_uids = allowed_uids  # SO_PEERCRED: the user ids served (None: any that reach the socket)
         self.refused = 0
         self.log, self.what = log, what
         self.listener = listen(path)
-        self.ep = select.epoll()
-        self.ep.register(self.listener.fileno(), select.EPOLLIN)
+        self._own_ep = ep is None
+        self.ep = select.epoll() if ep is None else ep
+        self.listener_fd = self.listener.fileno()
+        self.ep.register(self.listener_fd, select.EPOLLIN)
         self.conns: dict[int, _Conn] = {}  # fd -> connection
         self.by_ident: dict[bytes, _Conn] = {}
         self.max_message = max_message
@@ -77,9 +82,6 @@ class UnixServer:
         self._rmv = memoryview(self._rbuf)
         self.on_close = None  # called with a connection's identity when it closes (its WATCH ends)
 
-    def fileno(self) -> int:
-        return self.ep.fileno()
-
     @property
     def backlog(self) -> bool:
         """Work for ``flush`` (the worker calls it, and polls at 2 ms, while this is true)."""
@@ -87,18 +89,23 @@ class UnixServer:
 
     # --- reading ---------------------------------------------------------------------------
     def service(self, handle) -> None:
-        """Accept, read and hand every complete request to ``handle`` (frames with identity)."""
+        """With an epoll of its own: accept, read and hand every complete request to ``handle``
+        (frames with identity)."""
         for fd, ev in self.ep.poll(0):
-            if fd == self.listener.fileno():
-                self._accept()
-                continue
-            c = self.conns.get(fd)
-            if c is None:
-                continue
-            if ev & select.EPOLLOUT:
-                self._write(c)
-            if ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
-                self._read(c, handle)
+            self.on_event(fd, ev, handle)
+
+    def on_event(self, fd: int, ev: int, handle) -> None:
+        """One ready fd of this server's (the listener or a connection; any other is ignored)."""
+        if fd == self.listener_fd:
+            self._accept()
+            return
+        c = self.conns.get(fd)
+        if c is None:
+            return
+        if ev & select.EPOLLOUT:
+            self._write(c)
+        if ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
+            self._read(c, handle)
 
     def _accept(self) -> None:
         for _ in range(ACCEPT_MAX):
@@ -109,7 +116,7 @@ class UnixServer:
             except OSError as exc:  # out of fds (EMFILE/ENFILE) or buffers: stop accepting a while
                 self.log.warning("%s: cannot accept Unix-socket clients (%s); pausing for %.1f s",
                                  self.what, exc, ACCEPT_PAUSE_S)
-                self.ep.unregister(self.listener.fileno())  # level-triggered: it would spin
+                self.ep.unregister(self.listener_fd)  # level-triggered: it would spin
                 self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
                 return
             _pid, uid, _gid = _PEERCRED.unpack(s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
@@ -218,7 +225,7 @@ class UnixServer:
         now = time.monotonic()
         if self.accept_paused_until and now >= self.accept_paused_until:
             self.accept_paused_until = 0.0
-            self.ep.register(self.listener.fileno(), select.EPOLLIN)
+            self.ep.register(self.listener_fd, select.EPOLLIN)
         for c in [c for c in self.conns.values() if c.out and now - c.moved_at > BACKLOG_STALL_S]:
             self._drop(f"not reading for {BACKLOG_STALL_S:.0f} s")
             self._close(c)
@@ -250,7 +257,10 @@ class UnixServer:
     def close(self) -> None:
         for c in list(self.conns.values()):
             self._close(c)
-        self.ep.close()
+        if self._own_ep:
+            self.ep.close()
+        elif not self.accept_paused_until:
+            self.ep.unregister(self.listener_fd)
         self.listener.close()
         try:
             os.unlink(self.path)

@@ -23,6 +23,7 @@ import heapq
 import logging
 import os
 import queue
+import select
 import signal
 import struct
 import threading
@@ -730,7 +731,22 @@ def wait_for_table(s: settings_mod.Settings, timeout_s: float, stop: list) -> Co
 
 class WorkerProcess:
     """The worker's sockets and its loop: ``do_work`` is one turn (returns the events served),
-    ``stop`` answers what is parked, gives durable waiters a last chance and closes in reverse."""
+    ``stop`` answers what is parked, gives durable waiters a last chance and closes in reverse.
+
+    Waiting on ZeroMQ sockets. Some facts about ZMQ_FD (libzmq's socket_base, zmq_getsockopt(3)):
+    the fd is the socket's command mailbox, readable while commands wait, such as "a pipe that was
+    empty has messages again"; any recv, send or ZMQ_EVENTS call on the socket processes those
+    commands and so clears the fd. A pipe that still holds unread messages sends no new command.
+    So the fd signals edges: after it fires, receive until EAGAIN, and after any send on the socket,
+    ask ZMQ_EVENTS, or an arrival whose command the send took in is never seen. ``zmq_poll`` does
+    those checks for every socket on every call: two passes of poll plus a getpid and a poll per
+    socket, about ten system calls per wait, in a loop that waits once per message at low rates.
+
+    What this means for us: one epoll over the ZMQ_FDs, the doorbell and the Unix server's
+    listener and connections, one system call per wait. A ZeroMQ socket is drained to EAGAIN
+    when its fd fires (``*_due`` keeps one that stopped at DRAIN_MAX ready for the next turn),
+    and the reply socket is asked ZMQ_EVENTS at the start of a turn only if something was sent
+    on it since the last look (``ReplyPort.touched``): a same-host turn makes no ZeroMQ call."""
 
     def __init__(self, s: settings_mod.Settings, worker_id: int, table: ControlTable):
         self.s, self.worker_id, self.table = s, worker_id, table
@@ -758,23 +774,29 @@ class WorkerProcess:
         partition_mod.READ_DELAY_S = s.debug_read_delay_ms / 1000
         worker.reader = DiskReader(ctx, s.data_dir, s.segment_bytes)
         worker.reader.start()
+        # One epoll over everything the loop waits on (see "Waiting on ZeroMQ sockets" in the
+        # class docstring): the ZeroMQ sockets by their ZMQ_FD, the doorbell, and the Unix
+        # server's listener and connections, which it registers here itself.
+        self.ep = select.epoll()
         try:  # the same-host socket is an extra: a worker serves ZeroMQ without it
             self.unix = UnixServer(unixwire.path_of(s.worker_unix_endpoint(worker_id)), log, f"worker {worker_id}",
-                                   max_message=s.max_frame_bytes, allowed_uids=s.allowed_uids())
+                                   max_message=s.max_frame_bytes, allowed_uids=s.allowed_uids(), ep=self.ep)
             self.unix.on_close = worker.unwatch
         except OSError as exc:
             log.warning("no Unix socket for same-host clients (%s); ZeroMQ only", exc)
             self.unix = None
         worker.port = PortMux(ReplyPort(sock, log, f"worker {worker_id}"), self.unix)
-        self.poller = zmq.Poller()
-        self.poller.register(sock, zmq.POLLIN)
-        self.unix_fd = self.unix.fileno() if self.unix is not None else -1
-        if self.unix is not None:
-            self.poller.register(self.unix_fd, zmq.POLLIN)
-        self.poller.register(self.bell.fileno(), zmq.POLLIN)
-        self.poller.register(self.reads, zmq.POLLIN)
-        if self.guard is not None:
-            self.poller.register(self.guard.zap.zap_socket, zmq.POLLIN)
+        self.sock_fd = sock.getsockopt(zmq.FD)
+        self.reads_fd = self.reads.getsockopt(zmq.FD)
+        self.bell_fd = self.bell.fileno()
+        self.zap_fd = self.guard.zap.zap_socket.getsockopt(zmq.FD) if self.guard is not None else -1
+        self.own_fds = frozenset(fd for fd in (self.sock_fd, self.reads_fd, self.bell_fd, self.zap_fd) if fd >= 0)
+        for fd in self.own_fds:
+            self.ep.register(fd, select.EPOLLIN)
+        # ZeroMQ sockets to look at next turn without a signal from their FD (a drain that
+        # stopped at DRAIN_MAX, or messages found waiting after a send): the wait does not block
+        self.sock_due = self.reads_due = True
+        self.zap_due = self.guard is not None
         self.last_allow_check = 0.0
         self.kicks = KickPolicy(self.ringer, self.flusher_bell)
         self.timeout_ms = 100
@@ -785,21 +807,32 @@ class WorkerProcess:
     def do_work(self) -> int:
         """One turn: serve requests, wake ring readers, kick the flusher, release and answer."""
         worker = self.worker
-        events = dict(self.poller.poll(self.timeout_ms))
+        zport = worker.port.zmq
+        if zport.touched:  # a send since the last look may have taken in an arrival's signal: ask the socket
+            zport.touched = False
+            self.sock_due = self.sock_due or bool(P.socket_events(self.sock) & zmq.POLLIN)
+        due = self.sock_due or self.reads_due or self.zap_due
+        ready = self.ep.poll(0 if due else self.timeout_ms / 1000)
+        fds = [fd for fd, _ev in ready]
         guard = self.guard
-        if guard is not None and guard.zap.zap_socket in events:
-            guard.zap.service()
-        if self.sock in events:
+        if guard is not None and (self.zap_due or self.zap_fd in fds):
+            guard.zap.service()  # it replies on the same socket: look again after
+            self.zap_due = bool(P.socket_events(guard.zap.zap_socket) & zmq.POLLIN)
+        if self.sock_due or self.sock_fd in fds:
             if guard is None:
-                P.drain(self.sock, worker.handle, DRAIN_MAX)
+                n = P.drain(self.sock, worker.handle, DRAIN_MAX)
             else:
-                guard.drain(self.sock, self.handle_as, self.refuse, DRAIN_MAX)
-        if self.unix_fd in events:
-            self.unix.service(worker.handle if guard is None else self.handle_local)
-        if self.reads in events:
-            P.drain(self.reads, _ignore, DRAIN_MAX)
+                n = guard.drain(self.sock, self.handle_as, self.refuse, DRAIN_MAX)
+            self.sock_due = n == DRAIN_MAX  # else it stopped at EAGAIN: the next arrival signals
+        if self.unix is not None and ready:  # the Unix server's fds, after ZeroMQ's requests
+            own, handle = self.own_fds, worker.handle if guard is None else self.handle_local
+            for fd, ev in ready:
+                if fd not in own:
+                    self.unix.on_event(fd, ev, handle)
+        if self.reads_due or self.reads_fd in fds:
+            self.reads_due = P.drain(self.reads, _ignore, DRAIN_MAX) == DRAIN_MAX
             worker.reader.finish()
-        synced = self.bell.fileno() in events
+        synced = self.bell_fd in fds
         if synced:
             self.bell.drain()
         worker.wake_late(synced)
@@ -836,7 +869,7 @@ class WorkerProcess:
         if next_ms >= 0:
             timeout = min(timeout, max(next_ms, 1))
         self.timeout_ms = timeout
-        return len(events)
+        return len(fds)
 
     def handle_as(self, frames: list[bytes], principal: str) -> None:
         """A message from an authenticated connection: only the router's key may speak as the
@@ -906,6 +939,7 @@ class WorkerProcess:
             self.unix.close()
         for sock in (self.sock, self.reads):
             sock.close(0)
+        self.ep.close()
         self.bell.close()
         self.ringer.close()
         if self.guard is not None:

@@ -42,6 +42,7 @@ class ReplyPort:
         self.moved_at: dict[bytes, float] = {}  # peer -> when its backlog last moved
         self._logged_at = float("-inf")
         self._logged_count = 0
+        self.touched = False  # sent on the socket since the owner last looked (its loop's ZMQ_FD rule)
 
     @staticmethod
     def configure(sock) -> None:
@@ -51,6 +52,7 @@ class ReplyPort:
     def send(self, frames) -> bool:
         """Send or queue a reply; False if it was dropped."""
         peer = bytes(frames[0])
+        self.touched = True
         if peer not in self.backlog:
             try:
                 send_frames(self.sock, frames, NOBLOCK)  # MANDATORY fails on the first frame or not at all
@@ -76,6 +78,7 @@ class ReplyPort:
     def flush(self) -> None:
         """Move backlogged replies on as their peers' queues drain (call once per loop turn)."""
         now = _monotonic()
+        self.touched = True
         for peer in list(self.backlog):
             q = self.backlog[peer]
             if now - self.moved_at[peer] > BACKLOG_STALL_S:  # not reading at all: let it go
