@@ -7,6 +7,7 @@ numpy and C (crc32c, memcpy) run no traced lines.
 
 from __future__ import annotations
 
+import gc
 import sys
 
 from tailrace.client.records import encode_batch
@@ -15,6 +16,9 @@ from tailrace.bench.inprocess import make_storage
 
 
 def _lines(fn) -> int:
+    """Lines ``fn`` runs, with the cycle collector held off: a collection that falls inside the
+    call may run finalizers of whatever an earlier test left, lines that are not the path's own
+    (a full run once counted 93 lines for 10 records and 102 for 5,000 on the disk read)."""
     n = 0
 
     def tracer(frame, event, arg):
@@ -23,11 +27,14 @@ def _lines(fn) -> int:
             n += 1
         return tracer
 
+    gc.collect()
+    gc.disable()
     sys.settrace(tracer)
     try:
         fn()
     finally:
         sys.settrace(None)
+        gc.enable()
     return n
 
 
