@@ -31,6 +31,7 @@ from tailrace.shm.ring import ControlTable, LayoutMismatch
 from .journal import BLOCK
 from .recovery import data_dir_id, recover
 
+
 class RingGone(Exception):
     """An active row's ring region does not exist (``Flusher.ring_gone``)."""
 
