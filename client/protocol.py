@@ -188,6 +188,8 @@ class ErrorCode(enum.IntEnum):
     FENCED_MEMBER_EPOCH = 21  # the member does not own what it commits (its partitions moved): nothing stored
     GROUP_NOT_EMPTY = 22  # the group has members: it cannot be deleted or have its offsets reset
     UNKNOWN_GROUP = 23
+    OUT_OF_ORDER_SEQUENCE = 24  # an idempotent batch's base sequence is not the next one the partition expects: nothing stored
+    INTERNAL_TOPIC = 25  # the topic is the broker's own (__consumer_offsets): topic admin may not create, alter or delete it
 
 
 RETRIABLE = frozenset({ErrorCode.NOT_OWNER, ErrorCode.BACKPRESSURE, ErrorCode.NOT_READY, ErrorCode.TIMEOUT})
@@ -315,6 +317,10 @@ class DescribeReply(msgspec.Struct):
     partitions: list[PartitionInfo]
     instance: str = ""  # shared-memory instance name of the broker (same-host ring reads)
     data_id: int = 0  # the data directory's identity, as the control table carries it
+
+
+class ListTopicsRequest(msgspec.Struct, omit_defaults=True):
+    internal: bool = False  # also the broker's own topics (__consumer_offsets), hidden otherwise
 
 
 class ListTopicsReply(msgspec.Struct):
