@@ -47,6 +47,9 @@ GroupNotEmptyError = _make(ErrorCode.GROUP_NOT_EMPTY, "Raised when deleting or r
 UnknownGroupError = _make(ErrorCode.UNKNOWN_GROUP, "Raised when the group does not exist.")
 AuthenticationFailedError = _make(ErrorCode.AUTHENTICATION_FAILED,
                                   "Raised when the broker refused the CURVE handshake: no key, a wrong key or one not allowed.")
+OutOfOrderSequenceError = _make(ErrorCode.OUT_OF_ORDER_SEQUENCE,
+                                "Raised when an idempotent batch's base sequence skips ahead of, or falls behind, what the partition expects.")
+InternalTopicError = _make(ErrorCode.INTERNAL_TOPIC, "Raised when topic admin names one of the broker's own topics (__consumer_offsets).")
 
 
 
@@ -69,7 +72,7 @@ BY_CODE: dict[int, type[TailraceError]] = {
         CorruptBatchError, BatchTooLargeError, OffsetOutOfRangeError, NotOwnerError, BackpressureError,
         StorageUnavailableError, TopicExistsError, ShmBudgetExceededError, InvalidRequestError, TimeoutError_,
         NotReadyError, InternalError, NotAuthorizedError, AuthenticationFailedError, UnknownMemberIdError,
-        FencedMemberEpochError, GroupNotEmptyError, UnknownGroupError,
+        FencedMemberEpochError, GroupNotEmptyError, UnknownGroupError, OutOfOrderSequenceError, InternalTopicError,
     )
 }
 
