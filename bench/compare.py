@@ -23,7 +23,7 @@ import time
 from . import report
 from .peers import NatsSystem, RedisSystem
 from .procstat import machine_info
-from .runner import EXIT_OK, EXIT_USAGE, _jsonable, add_workload_options, load_plotter, run_all, save_plot, selected
+from .runner import EXIT_OK, EXIT_USAGE, _count, _jsonable, add_workload_options, load_plotter, run_all, save_plot, selected
 from .systems import TailraceSystem
 
 PEERS = {"redis": (RedisSystem, "redis"), "nats": (NatsSystem, "nats")}  # name -> (class, Python module)
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_workload_options(ap)
     ap.add_argument("--peers", default="redis,nats", help="comma list of peers")
-    ap.add_argument("--workers", type=int, default=2, help="tailrace worker processes")
+    ap.add_argument("--workers", type=_count, default=2, help="tailrace worker processes")
     ap.add_argument("--data-root", default=None, help="where the temporary data directories go")
     ap.add_argument("--no-tailrace", action="store_true", help="run the peers only")
     ap.set_defaults(profile=None, profile_seconds=60.0)

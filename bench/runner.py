@@ -29,8 +29,35 @@ MiB = 1 << 20
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
+INT64_MAX = (1 << 63) - 1
+SECONDS_MAX = 365 * 86400.0
+
+
+def _count(text: str) -> int:
+    """An argparse type: a whole number from 0 to 2**63 - 1, else a usage error (not an
+    OverflowError from an encoder later)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, not {text!r}") from None
+    if not 0 <= n <= INT64_MAX:
+        raise argparse.ArgumentTypeError(f"must be 0 to {INT64_MAX:,}, not {text}")
+    return n
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: finite seconds, 0 to a year."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
+    if not 0 <= x <= SECONDS_MAX:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be 0 to {SECONDS_MAX:.0f} seconds, not {text}")
+    return x
+
+
 def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
+    return [_count(x) for x in text.split(",") if x]
 
 
 def _kinds(text: str) -> list[str]:
@@ -42,33 +69,30 @@ def _kinds(text: str) -> list[str]:
 
 
 def _seconds_or_never(text: str) -> float:
-    x = float(text)
-    if not x >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 (never) or more, not {text}")
-    return x
+    return _seconds(text)  # 0: never
 
 
 def add_workload_options(ap: argparse.ArgumentParser) -> None:
     """Options shared with compare.py: sizes and shapes of every workload."""
     ap.add_argument("workloads", nargs="*", default=[], metavar="WORKLOAD",
                     help=f"any of: {', '.join(WORKLOADS)}, or all")
-    ap.add_argument("--messages", type=int, default=5_000_000, help="messages per batched/consume run (default %(default)s)")
-    ap.add_argument("--partitions", type=int, default=8, help="partitions of each workload's topic")
-    ap.add_argument("--size", type=int, default=100, help="value bytes (default %(default)s)")
-    ap.add_argument("--batch", type=int, default=4000, help="records per produce request (default %(default)s)")
-    ap.add_argument("--producers", type=int, default=2, help="producer processes for batched produce")
-    ap.add_argument("--in-flight", type=int, default=4, help="requests in flight per partition per producer")
-    ap.add_argument("--outstanding", type=int, default=32, help="requests in flight per producer process, at most")
-    ap.add_argument("--consumers", type=int, default=2, help="consumer processes")
-    ap.add_argument("--fetch-bytes", type=int, default=4 * MiB, help="max bytes per fetch")
-    ap.add_argument("--ring-bytes", type=int, default=32 * MiB, help="ring per partition for produce topics")
-    ap.add_argument("--hot-ring-bytes", type=int, default=128 * MiB, help="ring per partition for consume-hot")
-    ap.add_argument("--cold-ring-bytes", type=int, default=4 * MiB, help="ring per partition for consume-cold")
-    ap.add_argument("--many-partitions", type=int, default=1000, help="partitions in the partitions workload")
-    ap.add_argument("--many-ring-bytes", type=int, default=1 * MiB, help="ring per partition in the partitions workload")
-    ap.add_argument("--many-batch", type=int, default=1000, help="records per request in the partitions workload")
+    ap.add_argument("--messages", type=_count, default=5_000_000, help="messages per batched/consume run (default %(default)s)")
+    ap.add_argument("--partitions", type=_count, default=8, help="partitions of each workload's topic")
+    ap.add_argument("--size", type=_count, default=100, help="value bytes (default %(default)s)")
+    ap.add_argument("--batch", type=_count, default=4000, help="records per produce request (default %(default)s)")
+    ap.add_argument("--producers", type=_count, default=2, help="producer processes for batched produce")
+    ap.add_argument("--in-flight", type=_count, default=4, help="requests in flight per partition per producer")
+    ap.add_argument("--outstanding", type=_count, default=32, help="requests in flight per producer process, at most")
+    ap.add_argument("--consumers", type=_count, default=2, help="consumer processes")
+    ap.add_argument("--fetch-bytes", type=_count, default=4 * MiB, help="max bytes per fetch")
+    ap.add_argument("--ring-bytes", type=_count, default=32 * MiB, help="ring per partition for produce topics")
+    ap.add_argument("--hot-ring-bytes", type=_count, default=128 * MiB, help="ring per partition for consume-hot")
+    ap.add_argument("--cold-ring-bytes", type=_count, default=4 * MiB, help="ring per partition for consume-cold")
+    ap.add_argument("--many-partitions", type=_count, default=1000, help="partitions in the partitions workload")
+    ap.add_argument("--many-ring-bytes", type=_count, default=1 * MiB, help="ring per partition in the partitions workload")
+    ap.add_argument("--many-batch", type=_count, default=1000, help="records per request in the partitions workload")
     ap.add_argument("--single-producers", type=_ints, default=[1, 16, 64], help="durable-single concurrency, comma list")
-    ap.add_argument("--single-procs", type=int, default=2, help="processes the single-message producers are spread over")
+    ap.add_argument("--single-procs", type=_count, default=2, help="processes the single-message producers are spread over")
     ap.add_argument("--client", choices=["blocking", "async"], default="blocking",
                     help="tailrace's client in durable-single and e2e-latency: the blocking one (raw requests "
                          "over its Connection) or the asyncio one (tailrace.aio, one AsyncProducer shared by "
@@ -80,19 +104,19 @@ def add_workload_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--uvloop", action="store_true",
                     help="asyncio load generators (tailrace's --client async, Redis durable-single) run on "
                          "uvloop instead of asyncio's own loop (needs uvloop installed)")
-    ap.add_argument("--single-messages", type=int, default=1_000_000, help="upper bound per durable-single case")
-    ap.add_argument("--single-seconds", type=float, default=10.0, help="time bound per durable-single case")
-    ap.add_argument("--rate", type=int, default=5000, help="e2e-latency messages per second")
-    ap.add_argument("--duration", type=float, default=10.0, help="e2e-latency seconds")
-    ap.add_argument("--max-wait-ms", type=int, default=500, help="e2e-latency consumer long-poll wait")
+    ap.add_argument("--single-messages", type=_count, default=1_000_000, help="upper bound per durable-single case")
+    ap.add_argument("--single-seconds", type=_seconds, default=10.0, help="time bound per durable-single case")
+    ap.add_argument("--rate", type=_count, default=5000, help="e2e-latency messages per second")
+    ap.add_argument("--duration", type=_seconds, default=10.0, help="e2e-latency seconds")
+    ap.add_argument("--max-wait-ms", type=_count, default=500, help="e2e-latency consumer long-poll wait")
     ap.add_argument("--transports", type=_kinds, default=["zmq", "same-host"],
                     help="client transports of the latency workloads, comma list: zmq (any host), "
                          "same-host (Unix sockets + ring reads; tailrace only)")
     ap.add_argument("--sizes", type=_ints, default=[16, 100, 1024, 16384], help="sizes workload, comma list of bytes")
-    ap.add_argument("--sweep-bytes", type=int, default=1 << 30, help="sizes workload: payload bytes per size, at most")
-    ap.add_argument("--batch-bytes", type=int, default=400_000, help="sizes workload: payload bytes per request")
-    ap.add_argument("--max-seconds", type=float, default=120.0, help="time bound of each measured phase")
-    ap.add_argument("--repeat", type=int, default=1, help="runs per workload; the table shows the median")
+    ap.add_argument("--sweep-bytes", type=_count, default=1 << 30, help="sizes workload: payload bytes per size, at most")
+    ap.add_argument("--batch-bytes", type=_count, default=400_000, help="sizes workload: payload bytes per request")
+    ap.add_argument("--max-seconds", type=_seconds, default=120.0, help="time bound of each measured phase")
+    ap.add_argument("--repeat", type=_count, default=1, help="runs per workload; the table shows the median")
     ap.add_argument("--json", action="store_true", help="print results as JSON on stdout (table goes to stderr)")
     ap.add_argument("--plot", default=None, metavar="FILE.png",
                     help="draw throughput over time and latency CDFs into this PNG (needs matplotlib: tailrace[plot])")
@@ -107,10 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_workload_options(ap)
     ap.add_argument("--bootstrap", default=None, help="use this running broker instead of starting one")
-    ap.add_argument("--workers", type=int, default=2, help="worker processes of the broker started")
+    ap.add_argument("--workers", type=_count, default=2, help="worker processes of the broker started")
     ap.add_argument("--data-root", default=None, help="where the temporary data directories go")
     ap.add_argument("--profile", default=None, metavar="DIR", help="py-spy every broker process into DIR")
-    ap.add_argument("--profile-seconds", type=float, default=60.0, help="longest profile per case")
+    ap.add_argument("--profile-seconds", type=_seconds, default=60.0, help="longest profile per case")
     return ap
 
 

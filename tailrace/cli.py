@@ -1,9 +1,11 @@
 """The ``tailrace`` command: run the broker, manage topics, produce and consume from a shell.
 
-Exit codes: 0 success, 1 an error (one line on stderr, never a traceback), 2 a usage error, 130
-interrupted (Ctrl-C). ``tailrace serve`` adds its own: 3 the data directory belongs to a live
-broker, 4 the run directory is not private, 5 supervisord was killed. ``TAILRACE_DEBUG=1`` prints
-the traceback of an unexpected error.
+Exit codes: 0 success, 1 an error (one line on stderr, never a traceback), 2 a usage error (every
+numeric option is range-checked here), 130 interrupted (Ctrl-C), 143 and 129 stopped by SIGTERM
+and SIGHUP (which stop a command as Ctrl-C does: a group consumer leaves its group). ``tailrace
+serve`` adds its own: 3 the data directory belongs to a live broker, 4 the run directory is not
+private, 5 supervisord was killed. ``TAILRACE_DEBUG=1`` prints the traceback of an unexpected
+error.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ ENV_BOOTSTRAP = "TAILRACE_BOOTSTRAP"
 # A command fails this soon when no broker answers (the interpreter's start comes on top: the
 # whole command is done within 2 s, as redis-cli and nats are).
 CLI_CONNECT_TIMEOUT_MS = 1000
+# Limits the broker enforces, for the help texts and the range checks (test_cli.py ties each to
+# its source: router/server.py's MAX_PARTITIONS, broker/settings.py's max_slots).
+MAX_PARTITIONS = 1024  # per topic
+MAX_SLOTS = _DEFAULTS.max_slots  # partitions of all topics together
+MS_MAX = (1 << 31) - 1  # a timeout in ms: ZeroMQ's and poll's are C ints
 
 
 def _data_dir(args) -> str:
@@ -259,8 +266,10 @@ def cmd_groups(args) -> int:
 
 
 def _reset_to(text: str) -> str:
-    if text in ("earliest", "latest") or (text.isdigit()):
+    if text in ("earliest", "latest"):
         return text
+    if text.isdigit():
+        return str(console.int_at_least(0, "an offset")(text))  # an offset is an int64
     raise argparse.ArgumentTypeError(f"{text!r}: earliest, latest or an offset")
 
 
@@ -414,7 +423,13 @@ def _bootstrap_type(text: str) -> str:
 
 _positive = console.int_at_least(1)
 _natural = console.int_at_least(0)
-_seconds = console.float_above(0.0)
+_seconds = console.float_above(0.0, maximum=365 * 86400.0)
+_partitions = console.int_at_least(1, maximum=MAX_PARTITIONS)
+_partition = console.int_at_least(0, maximum=MAX_PARTITIONS - 1)
+_workers = console.int_at_least(1, maximum=MAX_SLOTS)  # more workers than partition slots would idle
+_timeout_ms = console.int_at_least(1, maximum=MS_MAX)
+_retention = console.int_at_least(-1)
+_ratio = console.float_above(0.0, maximum=1.0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -432,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--bootstrap", type=_bootstrap_type, default=os.environ.get(ENV_BOOTSTRAP, DEFAULT_BOOTSTRAP),
                        metavar="ADDRESS",
                        help=f"the broker: host:port, tcp://host:port or a port on 127.0.0.1 (also ${ENV_BOOTSTRAP})")
-        p.add_argument("--connect-timeout-ms", type=_positive, default=CLI_CONNECT_TIMEOUT_MS, metavar="MS",
+        p.add_argument("--connect-timeout-ms", type=_timeout_ms, default=CLI_CONNECT_TIMEOUT_MS, metavar="MS",
                        help="fail when no broker answers this soon")
         p.add_argument("--key-file", default=os.environ.get("TAILRACE_KEY_FILE") or None, metavar="FILE",
                        help="a broker with --auth curve: this client's secret key file, NAME.key_secret from "
@@ -445,18 +460,18 @@ def build_parser() -> argparse.ArgumentParser:
     sv = command(sub, "serve", "run router, workers and flusher under supervisord (foreground; Ctrl-C stops all)")
     sv.add_argument("--data-dir", default=None, help="data directory (default ./data, or $TAILRACE_DATA_DIR)")
     sv.add_argument("--bind", default=None, help="client endpoint (default tcp://127.0.0.1:7420)")
-    sv.add_argument("--workers", type=_positive, default=None,
+    sv.add_argument("--workers", type=_workers, default=None,
                     help="worker processes (default: the count `workers set` left, else the number of cores)")
     sv.add_argument("--ring-bytes", type=_positive, default=None, help=f"default ring size per partition (default {_bytes(_DEFAULTS.ring_bytes)})")
     sv.add_argument("--shm-budget-bytes", type=_positive, default=None,
                     help=f"shared memory all rings may use together (default half the memory, here "
                          f"{_bytes(settings_mod.default_shm_budget())})")
     sv.add_argument("--segment-bytes", type=_positive, default=None, help=f"journal segment file size (default {_bytes(_DEFAULTS.segment_bytes)})")
-    sv.add_argument("--retention-ms", type=int, default=None, metavar="MS",
+    sv.add_argument("--retention-ms", type=_retention, default=None, metavar="MS",
                     help="how long topics keep records unless they say otherwise (retention.ms); -1 for ever (default 7 days)")
-    sv.add_argument("--retention-bytes", type=int, default=None, metavar="BYTES",
+    sv.add_argument("--retention-bytes", type=_retention, default=None, metavar="BYTES",
                     help="how many bytes each partition keeps unless its topic says otherwise (retention.bytes); -1 no limit (default)")
-    sv.add_argument("--disk-max-used-ratio", type=float, default=None, metavar="RATIO",
+    sv.add_argument("--disk-max-used-ratio", type=_ratio, default=None, metavar="RATIO",
                     help="when the journal's filesystem is fuller than this, its oldest segments go even inside retention "
                          f"(RocketMQ's diskMaxUsedSpaceRatio; default {_DEFAULTS.disk_max_used_ratio}, 1 never)")
     sv.add_argument("--data-mode", default=None,
@@ -486,14 +501,17 @@ def build_parser() -> argparse.ArgumentParser:
     tsub = tp.add_subparsers(dest="topic_cmd", required=True, metavar="SUBCOMMAND")
     c = command(tsub, "create", "create a topic")
     c.add_argument("name", help="topic name: 1-200 letters, digits, '.', '_', '-' (not '.' or '..')")
-    c.add_argument("--partitions", type=_positive, default=1, help="number of partitions")
+    c.add_argument("--partitions", type=_partitions, default=1,
+                   help=f"number of partitions: at most {MAX_PARTITIONS:,} per topic and {MAX_SLOTS:,} in all topics together")
     c.add_argument("--ring-bytes", type=_natural, default=0,
                    help="shared-memory ring per partition in bytes; 0 takes the broker's default")
     c.add_argument("--config", type=_config, action="append", default=[], metavar="NAME=VALUE",
                    help="a topic setting, repeatable: retention.ms (-1: for ever), retention.bytes (per partition), ring.bytes")
     al_ = command(tsub, "alter", "grow a topic to more partitions (only up, as Kafka's --alter --partitions)")
     al_.add_argument("name", help="topic name")
-    al_.add_argument("--partitions", type=_positive, default=None, help="the new number of partitions, more than now")
+    al_.add_argument("--partitions", type=_partitions, default=None,
+                     help=f"the new number of partitions, more than now (at most {MAX_PARTITIONS:,} per topic and "
+                          f"{MAX_SLOTS:,} in all topics together)")
     al_.add_argument("--config", type=_config, action="append", default=[], metavar="NAME=VALUE",
                      help="set a topic setting, repeatable (NAME= resets it to the broker's default): retention.ms, retention.bytes")
     dl = command(tsub, "delete", "delete a topic and all its records (its producers and consumers get UNKNOWN_TOPIC)")
@@ -527,17 +545,17 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--key", default=None, help="the key of every message (then partitions come from the key's hash)")
     pr.add_argument("--key-separator", default=None, metavar="SEP",
                     help="split each line at the first SEP into key and value (Kafka's parse.key); a line without it is an error")
-    pr.add_argument("--partition", type=_natural, default=None,
+    pr.add_argument("--partition", type=_partition, default=None,
                     help="send every message to this partition (default: by key hash, else round robin)")
     pr.add_argument("--acks", default="memory", choices=["none", "memory", "durable"],
                     help="none: no reply; memory: acked once in the broker's memory; durable: once fsynced to disk")
-    pr.add_argument("--linger-ms", type=console.float_above(0.0, or_equal=True), default=5.0,
+    pr.add_argument("--linger-ms", type=console.float_above(0.0, or_equal=True, maximum=60_000.0), default=5.0,
                     help="a line waits at most this long for others to share its batch")
     pr.set_defaults(func=cmd_produce)
 
     co = with_bootstrap(command(sub, "consume", "print messages, one per line (values, or what --print-*, --format or --json ask)"))
     co.add_argument("name", help="topic name")
-    co.add_argument("--partition", type=_natural, default=None, help="read only this partition (default: all)")
+    co.add_argument("--partition", type=_partition, default=None, help="read only this partition (default: all)")
     co.add_argument("--group", default=None, metavar="G",
                     help="consume as a member of group G: partitions shared with its other members, offsets committed as "
                          "messages are printed (--from then says where a partition without a committed offset starts)")
@@ -566,7 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
     wk = command(sub, "workers", "show or change the number of workers of a running broker")
     wsub = wk.add_subparsers(dest="workers_cmd", required=True, metavar="SUBCOMMAND")
     ws = command(wsub, "set", "grow or shrink to N workers (starts or stops them through supervisord)")
-    ws.add_argument("count", type=_positive, help="the number of workers wanted")
+    ws.add_argument("count", type=_workers, help="the number of workers wanted")
     ws.add_argument("--timeout-s", type=_seconds, default=120.0, help="give up if partitions have not settled by then")
     wl = command(wsub, "list", "workers, their partitions and whether they answer")
     for p in (ws, wl):
@@ -606,8 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
     qsub = qu.add_subparsers(dest="quota_cmd", required=True, metavar="SUBCOMMAND")
     qs = command(qsub, "set", "set a principal's rates (* = every principal without its own; 0 = unlimited)")
     qs.add_argument("principal", help="a key's name in the allow-list, unix:USER for same-host clients, or * for the default")
-    qs.add_argument("--producer-byte-rate", type=int, default=None, metavar="BYTES_PER_S", help="produce bytes per second")
-    qs.add_argument("--consumer-byte-rate", type=int, default=None, metavar="BYTES_PER_S", help="fetch bytes per second")
+    qs.add_argument("--producer-byte-rate", type=_natural, default=None, metavar="BYTES_PER_S", help="produce bytes per second")
+    qs.add_argument("--consumer-byte-rate", type=_natural, default=None, metavar="BYTES_PER_S", help="fetch bytes per second")
     qr = command(qsub, "remove", "remove a principal's quota")
     qr.add_argument("principal")
     ql = command(qsub, "list", "the quotas")
@@ -633,6 +651,7 @@ def main(argv=None) -> int:
         if argv[:1] == ["bench"]:  # its own parser: `tailrace bench --help` is the bench's help
             return cmd_bench(argv[1:])
         args = build_parser().parse_args(argv)
+        console.stop_on_signals()  # serve puts its own handlers over these
         return args.func(args)
     except SystemExit as exc:  # argparse: 0 for --help, 2 for a usage error
         if isinstance(exc.code, int):
@@ -640,9 +659,9 @@ def main(argv=None) -> int:
         if exc.code is not None:
             print(exc.code, file=sys.stderr)
         return EXIT_USAGE if exc.code is not None else EXIT_OK
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or console.Stopped (SIGTERM, SIGHUP)
         print("tailrace: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return console.interrupted_code(exc)
     except BootstrapError as exc:
         print(f"tailrace: {exc}", file=sys.stderr)
         return EXIT_USAGE

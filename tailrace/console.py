@@ -3,10 +3,12 @@
 produce streams: a line is sent within ``linger_ms`` of arriving (batches grow under load), so
 ``tail -f app.log | tailrace produce t`` delivers continuously; stdin is read with ``os.read``
 as data comes, never to its end first. Ctrl-C sends what was read, says how many were acked and
-exits 130.
+exits 130; SIGTERM and SIGHUP do the same and exit 143 and 129 (``Stopped``).
 
 consume prints one line per record: the value, or what ``--print-*``, ``--format`` (kcat's
-tokens) or ``--json`` ask for.
+tokens) or ``--json`` ask for. Stopped by Ctrl-C, SIGTERM or SIGHUP, a ``--group`` consumer
+leaves its group before it exits, so its partitions go to the others (and ``groups
+reset-offsets`` is allowed) at once, not after the 45 s session timeout.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import base64
 import json
 import os
 import select
+import signal
 import sys
 import time
 
@@ -26,10 +29,38 @@ from tailrace.client.producer import Producer
 READ_BYTES = 1 << 16
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130  # the command line's exit codes
 FROM_NAMES = {"earliest": EARLIEST, "beginning": EARLIEST, "latest": LATEST, "end": LATEST}
+INT64_MAX = (1 << 63) - 1  # offsets, byte counts and milliseconds travel as int64 (msgspec, numpy)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+class Stopped(KeyboardInterrupt):
+    """Raised in the main thread by SIGTERM or SIGHUP: the command stops as it does for Ctrl-C
+    (produce sends what it read, a group consumer leaves its group at once instead of holding
+    its partitions for the session timeout), then exits 128 + the signal's number."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP raise ``Stopped``; a second one takes the default action (dies at once)."""
+    def raise_stopped(signum, _frame):
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        raise Stopped(signum)
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, raise_stopped)
+
+
+def interrupted_code(exc: KeyboardInterrupt) -> int:
+    """130 for Ctrl-C, 128 + N for signal N (143 for SIGTERM), as a shell reports them."""
+    return 128 + exc.signum if isinstance(exc, Stopped) else EXIT_INTERRUPTED
 
 
 # --- produce -----------------------------------------------------------------------------------
@@ -88,7 +119,7 @@ def produce(args, stdin_fd: int = 0) -> int:
         _pump_stdin(prod, lines, stdin_fd)
         lines.finish()
         acked = prod.flush()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         try:
             lines.finish()
             prod.flush(10_000)
@@ -96,7 +127,7 @@ def produce(args, stdin_fd: int = 0) -> int:
             if isinstance(exc, TailraceError):
                 say(f"tailrace: {exc}")
         say(f"interrupted: produced {prod.acked_records} messages")
-        return EXIT_INTERRUPTED
+        return interrupted_code(stop)
     except BaseException:
         if lines.lines:
             try:
@@ -129,8 +160,10 @@ def _pump_stdin(prod: Producer, lines: LineProducer, fd: int) -> None:
 
 
 # --- consume -----------------------------------------------------------------------------------
-def int_at_least(minimum: int, expected: str = "an integer"):
-    """An argparse type: an integer >= ``minimum``, or a one-line usage error."""
+def int_at_least(minimum: int, expected: str = "an integer", maximum: int = INT64_MAX):
+    """An argparse type: an integer in ``[minimum, maximum]``, or a one-line usage error (every
+    numeric option has both bounds: a number too big for the wire is a usage error here, not an
+    OverflowError from the encoder)."""
     def parse(text: str) -> int:
         try:
             n = int(text)
@@ -138,12 +171,15 @@ def int_at_least(minimum: int, expected: str = "an integer"):
             raise argparse.ArgumentTypeError(f"expected {expected}, not {text!r}") from None
         if n < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {n}")
+        if n > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:,}, not {text}")
         return n
     return parse
 
 
-def float_above(minimum: float, or_equal: bool = False):
-    """An argparse type: a number > ``minimum`` (>= with ``or_equal``), or a one-line usage error."""
+def float_above(minimum: float, or_equal: bool = False, maximum: float = 1e9):
+    """An argparse type: a finite number > ``minimum`` (>= with ``or_equal``) and <= ``maximum``,
+    or a one-line usage error."""
     def parse(text: str) -> float:
         try:
             x = float(text)
@@ -151,6 +187,8 @@ def float_above(minimum: float, or_equal: bool = False):
             raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
         if not (x >= minimum if or_equal else x > minimum) or x != x:
             raise argparse.ArgumentTypeError(f"must be {'at least' if or_equal else 'more than'} {minimum:g}, not {text}")
+        if x > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, not {text}")
         return x
     return parse
 
@@ -171,7 +209,7 @@ def parse_time(text: str) -> int:
 
     t = text.strip()
     if t.isdigit():
-        return int(t)
+        return _offset(t)  # ms since the epoch: an int64 too
     try:
         d = datetime.fromisoformat(t[:-1] + "+00:00" if t.endswith(("Z", "z")) else t)
     except ValueError:
@@ -270,6 +308,9 @@ def consume(args) -> int:
                     key_file=args.key_file, server_key=args.server_key, **extra)
     try:
         if group is not None:
+            # a group that subscribes to no topic is simply given no partitions: ask first, so an
+            # unknown topic is UNKNOWN_TOPIC here as it is without --group
+            cons.list_offsets(args.name)
             cons.subscribe([args.name])
         else:
             cons.assign(args.name, None if args.partition is None else [args.partition], start=start)
@@ -293,9 +334,9 @@ def consume(args) -> int:
                     cons.commit(done)
             elif args.timeout_ms is not None and (time.monotonic() - last_new) * 1000 >= args.timeout_ms:
                 break
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM or SIGHUP: close() below leaves the group
         say(f"interrupted: consumed {seen} messages")
-        return EXIT_INTERRUPTED
+        return interrupted_code(stop)
     finally:
         cons.close()
     return EXIT_OK

@@ -61,6 +61,9 @@ CASES = [
     (["topic", "create", ".."], b"", 1, b"", b"INVALID_REQUEST"),
     (["topic", "create", "x", "--partitions", "0"], b"", 2, b"", b"must be at least 1"),
     (["topic", "create", "x", "--partitions", "many"], b"", 2, b"", b"expected an integer"),
+    (["topic", "create", "x", "--partitions", "99999999999999999999"], b"", 2, b"", b"must be at most 1,024"),
+    (["topic", "create", "x", "--partitions", "1025"], b"", 2, b"", b"must be at most 1,024"),
+    (["topic", "create", "x", "--ring-bytes", "99999999999999999999"], b"", 2, b"", b"must be at most"),
     (["topic", "list"], b"", 0, b"partitions", b""),
     (["topic", "describe", TOPIC], b"", 0, b"durable", b""),
     (["topic", "describe", "nope"], b"", 1, b"", b"UNKNOWN_TOPIC"),
@@ -77,6 +80,9 @@ CASES = [
     (["consume", TOPIC, "--timeout-ms", "300", "--partition", "7"], b"", 1, b"", b"no partition 7"),
     (["consume", TOPIC, "--from", "nope"], b"", 2, b"", b"--from"),
     (["consume", TOPIC, "--from", "-1"], b"", 2, b"", b"must be at least 0"),
+    (["consume", TOPIC, "--from", "99999999999999999999"], b"", 2, b"", b"must be at most"),
+    (["consume", "nosuch", "--group", "gz", "--timeout-ms", "500"], b"", 1, b"", b"UNKNOWN_TOPIC"),
+    (["consume", "nosuch", "--timeout-ms", "500"], b"", 1, b"", b"UNKNOWN_TOPIC"),
     (["consume", TOPIC, "--from", "99999", "--partition", "0", "--timeout-ms", "2000"], b"", 1, b"", b"out of range"),
     (["consume", "nope", "--timeout-ms", "300"], b"", 1, b"", b"UNKNOWN_TOPIC"),
     (["consume", TOPIC, "--format", "%q"], b"", 2, b"", b"unknown token %q"),
@@ -349,3 +355,85 @@ def test_the_readmes_supervisord_recipe_runs_as_written(tmp_path):
         for name in left:
             region.unlink(name)
         assert not left, f"shared memory left after supervisord stopped: {left}"
+
+
+def _numeric_options(parser, path=()):
+    """(command, option, type) of every option and positional of ``parser`` and its subcommands
+    whose type turns "12" into a number."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _numeric_options(sub, (*path, name))
+        elif action.type is not None:
+            try:
+                value = action.type("12")
+            except (argparse.ArgumentTypeError, TypeError, ValueError):
+                continue
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                yield " ".join(path), "/".join(action.option_strings) or action.dest, action.type
+
+
+def test_every_numeric_option_is_range_checked_with_a_usage_error():
+    """A number too big for the wire (or not finite) is refused by argparse, as a usage error
+    naming the bound, never an OverflowError from the encoder; the bench's options too."""
+    import argparse
+
+    from tailrace.bench.runner import build_parser as bench_parser
+    from tailrace.cli import build_parser
+
+    found = [*_numeric_options(build_parser()), *(("bench", o, t) for _c, o, t in _numeric_options(bench_parser()))]
+    assert len(found) > 30, found
+    unchecked = []
+    for command, option, type_ in found:
+        for bad in ("99999999999999999999", "-99999999999999999999", "1e400", "inf", "nan"):
+            try:
+                type_(bad)
+            except (argparse.ArgumentTypeError, TypeError, ValueError):
+                continue
+            unchecked.append((command, option, bad))
+    assert not unchecked, unchecked
+    r = run("topic", "create", "x", "--partitions", "99999999999999999999")
+    assert r.returncode == 2 and b"must be at most 1,024" in r.stderr, r.stderr
+    no_traceback(r)
+
+
+def test_the_help_and_the_limits_agree_with_the_broker():
+    from tailrace.broker.settings import Settings
+    from tailrace.cli import MAX_PARTITIONS, MAX_SLOTS
+    from tailrace.router.server import MAX_PARTITIONS as ROUTER_MAX
+
+    assert (MAX_PARTITIONS, MAX_SLOTS) == (ROUTER_MAX, Settings(data_dir="").max_slots)
+    for argv in (["topic", "create", "--help"], ["topic", "alter", "--help"]):
+        text = " ".join(run(*argv).stdout.decode().split())
+        assert "at most 1,024 per topic and 4,096 in all topics together" in text, text
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_group_consumer_stopped_by_sigterm_or_sighup_leaves_its_group_at_once(broker, sig):
+    """Without it the member stayed for the 45 s session timeout and ``groups reset-offsets``
+    was refused meanwhile."""
+    group = f"leave-{sig.name}"
+    env = {**os.environ, "TAILRACE_BOOTSTRAP": broker.bootstrap}
+    proc = subprocess.Popen([sys.executable, "-m", "tailrace", "consume", TOPIC, "--group", group],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        with Admin(broker.bootstrap) as admin:
+            until = time.monotonic() + 30
+            while not (_group_exists(admin, group) and admin.describe_group(group).members):
+                assert time.monotonic() < until, "the consumer never joined"
+                time.sleep(0.2)
+            proc.send_signal(sig)
+            assert proc.wait(timeout=20) == 128 + sig, proc.stderr.read()
+            assert admin.describe_group(group).members == []
+        r = run("groups", "reset-offsets", group, "--topic", TOPIC, "--to", "earliest", bootstrap=broker.bootstrap)
+        assert r.returncode == 0, r.stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _group_exists(admin, group: str) -> bool:
+    return any(g.group == group for g in admin.list_groups())
