@@ -88,6 +88,21 @@ class DiskReader(threading.Thread):
         self.done: queue.SimpleQueue = queue.SimpleQueue()
         self.pending = 0  # reads handed over and not yet answered (loop thread only)
 
+    def _index(self, slot: int) -> IndexFile:
+        """The slot's index file, opened again if the cached one was unlinked: a deleted topic's
+        index file goes when the flusher clears its slot (persistence/retire.py), and a new topic
+        that takes the slot gets a fresh file. A descriptor cached by slot alone would go on
+        reading the old topic's entries for the new topic (positions in segments retention has
+        since deleted: every fetch answered OFFSET_OUT_OF_RANGE at log start 0). One fstat a
+        disk read."""
+        index = self.indexes.get(slot)
+        if index is not None and os.fstat(index.fd).st_nlink == 0:
+            index.close()
+            index = None
+        if index is None:
+            index = self.indexes[slot] = IndexFile(self.data_dir, slot)
+        return index
+
     def submit(self, job: DiskRead, callback) -> None:
         self.pending += 1
         self.jobs.put((job, callback))
@@ -101,6 +116,8 @@ class DiskReader(threading.Thread):
             while True:
                 if time.monotonic() - swept > UNLINKED_SWEEP_S:  # segments retention deleted: let their blocks go
                     self.journal.drop_unlinked()
+                    for slot in [k for k, i in self.indexes.items() if os.fstat(i.fd).st_nlink == 0]:
+                        self.indexes.pop(slot).close()  # a deleted topic's: let its blocks go
                     swept = time.monotonic()
                 try:
                     item = self.jobs.get(timeout=UNLINKED_SWEEP_S)
@@ -110,9 +127,7 @@ class DiskReader(threading.Thread):
                     return
                 job, callback = item
                 try:
-                    index = self.indexes.get(job.slot)
-                    if index is None:
-                        index = self.indexes[job.slot] = IndexFile(self.data_dir, job.slot)
+                    index = self._index(job.slot)
                     res = read_disk(index, self.journal, job)
                 except FileNotFoundError:  # its segment went with retention since the fetch came in
                     res = FetchResult(P.ErrorCode.OFFSET_OUT_OF_RANGE, [], job.offset, "disk")
@@ -473,6 +488,18 @@ class Worker:
         head = P.pack_routing(op, partition, request_id, topic, res.code)
         self.count(op, res.code)
         row = actor.row
+        if res.code == P.ErrorCode.OFFSET_OUT_OF_RANGE and res.source == "disk" \
+                and int(row[COL["log_start_offset"]]) <= req.offset < actor.watermark(req.isolation):
+            # The journal lost a record its log start still promises (retention deletes a segment
+            # only after moving every log start past it): say so, never "out of range" at a log
+            # start below the offset asked for (a consumer resetting to it would loop, or skip).
+            log.error("slot %d: the journal segment of offset %d is gone, log start %d", actor.slot, req.offset,
+                      int(row[COL["log_start_offset"]]))
+            head = P.pack_routing(op, partition, request_id, topic, P.ErrorCode.INTERNAL)
+            self.port.send([*ident, head, P.encode(P.ErrorReply(
+                f"offset {req.offset}: its journal segment is gone though the log start is "
+                f"{int(row[COL['log_start_offset']])}"))])
+            return
         if res.code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
             body = P.ErrorReply(f"offset {req.offset} out of range [{int(row[COL['log_start_offset']])}, {actor.watermark(req.isolation)}]",
                                 log_start_offset=int(row[COL["log_start_offset"]]), high_watermark=actor.watermark(req.isolation))

@@ -228,3 +228,69 @@ def test_a_byte_limit_keeps_the_journal_bounded_at_full_speed(make_broker):
                 got[(r.partition, r.offset)] = r.value
     assert len(got) == want
     assert all(v == b"%d-%08d" % k + b"." * (size - 10) for k, v in got.items())
+
+
+def _wait_cleared(b, slots, timeout_s: float = 10) -> None:
+    from tailrace.persistence.retire import cleared
+
+    deadline = time.monotonic() + timeout_s
+    while not all(cleared(b.settings, s) for s in slots):
+        assert time.monotonic() < deadline, f"slots {slots} not cleared"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("client", ["blocking", "async"])
+def test_a_topic_made_again_on_a_deleted_topics_slots_reads_back_every_record_round_after_round(make_broker, client):
+    """The benchmark's loop, scaled down (issue item 0): an 8-partition topic written past its rings
+    (so it is read back from the journal), read, deleted; a 1-partition topic made and deleted;
+    again. From the second round on the topic lands on the slots the first one had, and the
+    workers' disk readers had the old index files open by slot: every fetch read the deleted
+    topic's entries, found their segments gone and answered OFFSET_OUT_OF_RANGE at log start 0."""
+    import asyncio
+
+    from tailrace.client.aio import AsyncConsumer
+
+    b = make_broker(workers=2, segment_bytes=1 << 20, ring_bytes=1 << 20, max_batch_bytes=256 << 10,
+                    retention_check_ms=100)
+    parts, per_part, per_batch = 8, 20_000, 2_000  # 2 MB a partition through a 1 MiB ring
+    value = [b"v" * 100] * per_batch
+
+    async def read_async(n):
+        async with AsyncConsumer(b.bootstrap, auto_offset_reset="error", max_wait_ms=100) as c:
+            await c.assign("big", start="earliest")
+            got, deadline = 0, time.monotonic() + 30
+            while got < n and time.monotonic() < deadline:
+                got += sum(len(cols) for _t, _p, cols in await c.poll_columns(200))
+            return got
+
+    def read_blocking(n):
+        with Consumer(b.bootstrap, auto_offset_reset="error", max_wait_ms=100) as c:
+            c.assign("big", start="earliest")
+            got, deadline = 0, time.monotonic() + 30
+            while got < n and time.monotonic() < deadline:
+                got += sum(len(cols) for _t, _p, cols in c.poll_columns(200))
+            return got
+
+    from tailrace.broker.catalog import Catalog
+
+    slots_seen = []
+    for rnd in range(4):
+        with Admin(b.bootstrap) as a:
+            a.create_topic("big", parts)
+        slots_seen.append(Catalog(b.data_dir).get("big").slots)
+        with Producer(b.bootstrap, acks="memory", linger_ms=1) as p:
+            for i in range(parts * per_part // per_batch):
+                p.send_batch("big", value, partition=i % parts)
+            assert p.flush(60_000) == parts * per_part
+        n = parts * per_part
+        got = asyncio.run(read_async(n)) if client == "async" else read_blocking(n)
+        with Admin(b.bootstrap) as a:
+            offs = [(o.log_start_offset, o.high_watermark) for o in a.list_offsets("big")]
+            assert got == n, f"round {rnd}: {got} of {n} records read back; offsets {offs}"
+            a.delete_topic("big")
+            a.create_topic("one", 1)
+            one = Catalog(b.data_dir).get("one").slots
+            a.delete_topic("one")
+        _wait_cleared(b, [*slots_seen[-1], *one])  # so the next round takes the same slots
+    assert slots_seen[1] == slots_seen[0], slots_seen  # the case: a new topic on a deleted one's slots
+    assert "oldest kept record" in (b.data_dir / "logs" / "flusher.log").read_text()  # retention ran
