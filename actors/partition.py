@@ -34,7 +34,7 @@ from tailrace.shm.rows import OwnerRow
 from tailrace.persistence.index import IndexFile
 from tailrace.persistence.journal import JournalReader
 
-from .dedup import ProducerState
+from .dedup import KEEP, ProducerState
 from tailrace.shm.fence import OwnerLock
 
 DEDUP_LOAD_BATCHES = 4096  # batch headers read from the ring at takeover
@@ -153,7 +153,9 @@ class PartitionActor:
         """Validate and append one batch frame. Returns (code, message, base_offset, count, time).
 
         A retried batch (same producer id, base sequence and count as a recent one) is not
-        appended again: the original base offset comes back with code OK."""
+        appended again: the original base offset comes back with code OK. A batch of a known
+        producer that is neither that nor the next in sequence is OUT_OF_ORDER_SEQUENCE
+        (actors/dedup.py)."""
         row = self.owner_row
         if not self.check_ownership():
             if self.writer.fenced:
@@ -175,6 +177,11 @@ class PartitionActor:
             dup = self.producers.find(pid, seq, count)
             if dup is not None:
                 return ErrorCode.OK, "duplicate", dup[2], count, dup[3]
+            expected = self.producers.expected(pid)
+            if expected is not None and seq != expected:
+                return (ErrorCode.OUT_OF_ORDER_SEQUENCE, f"producer_id={pid} base_sequence={seq}: this partition "
+                        f"expects {expected} (the last batch's base sequence + its count) or a retry of one of "
+                        f"its last {KEEP} batches; nothing stored", -1, 0, 0)
         base = row.next_offset
         t = now_us()
         w = self.writer

@@ -1,6 +1,6 @@
 """The idempotent producer's dedup window: a retried batch gets its original offsets back, also
-after the owning worker was killed and after a full restart; a retry older than the window is
-appended again.
+after the owning worker was killed and after a full restart; a retry older than the window, or a
+base sequence that skips ahead, is refused OUT_OF_ORDER_SEQUENCE and nothing is stored.
 
 Batches are sent by hand over a plain connection (through the router), so that a "retry" is
 exactly the same bytes: producer id, base sequence and record count as the first attempt.
@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tailrace import Admin
 from tailrace.client import protocol as P
 from tailrace.client.connection import Connection
-from tailrace.client.errors import TailraceError
+from tailrace.client.errors import OutOfOrderSequenceError, TailraceError
 from tailrace.client.records import encode_batch
 
 from tests.helpers import wait_restarted
@@ -75,11 +77,39 @@ def test_retries_get_original_offsets_within_the_window_across_a_worker_kill_and
         assert [_send(conn, frames[k]) for k in window] == [bases[k] for k in window]
         assert _high_watermark(b) == end
         seen["after a full restart"] = len(window)
-        # Out of the window: the oldest batch is appended a second time.
-        again = _send(conn, frames[0])
-        assert again == end and _high_watermark(b) == end + COUNT
+        # Out of the window: the oldest batch is refused, not appended a second time.
+        with pytest.raises(OutOfOrderSequenceError, match="expects %d" % end):
+            _send(conn, frames[0])
+        assert _high_watermark(b) == end
+        seen["older than the window, refused"] = 1
     finally:
         conn.close()
     print(f"\nidempotence: {BATCHES} batches of {COUNT} from one producer; retries of the last {KEEP} answered with "
-          f"their original offsets {seen}, log end stayed {end}; a retry of batch 0 ({BATCHES} batches back) was "
-          f"appended again at offset {again}")
+          f"their original offsets {seen}, log end stayed {end}")
+
+
+def test_a_base_sequence_that_skips_ahead_is_refused_out_of_order_and_the_next_one_is_taken(make_broker):
+    """Kafka's rule: a known producer's batch must start at the last one's base sequence + count
+    (or be a retry of a recent one). 1000 after a batch ending at 60 is OUT_OF_ORDER_SEQUENCE and
+    stores nothing; 60 is then taken. A producer id the partition never saw may start anywhere."""
+    b = make_broker(workers=1)
+    Admin(b.bootstrap).create_topic("idem", 1)
+    conn = Connection(b.bootstrap)
+    try:
+        def batch(seq, pid=PRODUCER_ID):
+            return encode_batch([b"s%d-%d" % (seq, i) for i in range(COUNT)], producer_id=pid, base_sequence=seq)
+
+        bases = [_send(conn, batch(seq)) for seq in range(0, 60, COUNT)]  # 12 batches: sequences 0..59
+        assert bases == list(range(0, 60, COUNT))
+        with pytest.raises(OutOfOrderSequenceError, match="base_sequence=1000: this partition expects 60"):
+            _send(conn, batch(1000))
+        with pytest.raises(OutOfOrderSequenceError):  # behind the last batch, not a retry of it
+            _send(conn, batch(57))
+        assert _high_watermark(b) == 60
+        assert _send(conn, batch(60)) == 60
+        assert _send(conn, batch(55)) == 55  # a retry of the batch before: its original offsets
+        assert _send(conn, batch(1000, pid=PRODUCER_ID + 1)) == 65  # a new producer: anywhere
+        assert _send(conn, batch(1005, pid=PRODUCER_ID + 1)) == 70
+        assert _high_watermark(b) == 75
+    finally:
+        conn.close()
