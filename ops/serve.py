@@ -43,6 +43,7 @@ EXIT_ERROR = 1  # the client address cannot be listened on
 EXIT_IN_USE = 3  # the data directory belongs to a live broker
 EXIT_UNSAFE = 4  # the run directory is not private
 EXIT_SUPERVISOR_DIED = 5  # supervisord was killed; its programs stopped by themselves
+EXIT_NO_SPACE = 6  # the journal's filesystem cannot hold the segments the flusher needs to start
 AFTER_STOP_WAIT_S = 15.0  # for the programs to exit after supervisord died
 
 
@@ -118,6 +119,26 @@ def print_env(s: settings_mod.Settings, env: dict[str, str], default_run_dir: bo
     return EXIT_OK
 
 
+def check_space(s: settings_mod.Settings) -> str | None:
+    """Why the flusher could not start on this disk, or None. It writes the current segment and
+    pre-writes the next one (persistence/journal.py): a journal with no segment yet needs room
+    for two, one that has segments room for the next. Below that the flusher would fail every
+    boot on ENOSPC while supervisord restarts it, and serve would look up."""
+    journal = os.path.join(s.data_dir, datadir.JOURNAL_DIR)
+    where = journal if os.path.isdir(journal) else s.data_dir
+    try:
+        has_segments = any(n.endswith(".log") for n in os.listdir(journal))
+    except FileNotFoundError:
+        has_segments = False
+    st = os.statvfs(where)
+    free = st.f_bavail * st.f_frsize
+    need = s.segment_bytes * (1 if has_segments else 2)
+    if free >= need:
+        return None
+    return (f"refused: the journal needs {need} bytes free at {where} ({1 if has_segments else 2} segment(s) of "
+            f"segment_bytes={s.segment_bytes}); the filesystem has {free}")
+
+
 def say(msg: str) -> None:
     try:
         print(f"tailrace serve: {msg}", file=sys.stderr, flush=True)
@@ -147,6 +168,11 @@ def run(s: settings_mod.Settings, env: dict[str, str], argv: list[str], default_
         say(why)
         claim.release()
         return EXIT_ERROR
+    why = check_space(s)
+    if why:
+        say(why)
+        claim.release()
+        return EXIT_NO_SPACE
     # Nobody alive uses the directory: what a crashed broker left in the run directory is stale.
     datadir.clear_run_dir(run_dir, remove=False)
     datadir.apply_data_mode(s.data_dir, mode)

@@ -314,3 +314,25 @@ def test_the_disk_guard_deletes_the_oldest_segments_inside_retention_and_durable
     finally:
         b.stop()
         _umount(journal)
+
+
+def test_serve_refuses_to_start_on_a_disk_smaller_than_a_segment_in_one_line_leaving_nothing(make_broker):
+    """Issue item 4: a journal disk that cannot hold one segment. ``serve`` used to print that it
+    was serving while the flusher crash-looped on ENOSPC every few seconds, and a shared-memory
+    region stayed after the stop. Now it refuses at once: one line naming what it needs and where,
+    exit code 6, no shared memory made."""
+    from tailrace.ops.serve import EXIT_NO_SPACE
+
+    b = make_broker(workers=1, start=False, segment_bytes=SEGMENT_BYTES * 4)
+    journal = b.data_dir / "journal"
+    _mount_tmpfs(journal, SEGMENT_BYTES * 2)
+    try:
+        proc = b.spawn()
+        assert proc.wait(30) == EXIT_NO_SPACE
+        out = [line for line in (b.data_dir / "serve.out").read_text().splitlines() if line.strip()]
+        assert len(out) == 1 and "refused: the journal needs" in out[0] and str(journal) in out[0], out
+        assert "Traceback" not in out[0]
+        assert not b.shm_regions()
+        assert not (b.data_dir / "logs" / "flusher.log").exists()
+    finally:
+        _umount(journal)
