@@ -26,7 +26,7 @@ from tailrace.client.connection import DEFAULT_BOOTSTRAP, parse_bootstrap
 from tailrace.client.errors import BootstrapError, TailraceError
 
 from tailrace.console import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from tailrace.ops import scaling, serve
+from tailrace.ops import running, scaling, serve
 
 _DEFAULTS = settings_mod.Settings(data_dir="")  # the settings' defaults, for the help texts
 ENV_BOOTSTRAP = "TAILRACE_BOOTSTRAP"
@@ -151,7 +151,7 @@ def cmd_topic(args) -> int:
             else:
                 print(f"deleted topic {info.name} ({info.partitions} partitions, id {info.topic_id})")
         elif args.topic_cmd == "list":
-            topics = admin.list_topics()
+            topics = admin.list_topics(internal=args.internal)
             if args.json:
                 print_json([_struct(t) for t in topics])
             else:
@@ -274,9 +274,24 @@ def _reset_to(text: str) -> str:
 
 
 # --- workers and status --------------------------------------------------------------------------
+def run_settings(args) -> settings_mod.Settings:
+    """The settings of the broker ``args`` name, for a command that talks to its run directory.
+    The data directory: ``--data-dir``, else ``$TAILRACE_DATA_DIR``, else the one the broker at
+    ``--bootstrap`` reports. The run directory: ``--ipc-dir``, else ``$TAILRACE_IPC_DIR``, else the
+    one the live broker on that data directory was started with (ops/running.py), else the default."""
+    if args.data_dir or os.environ.get("TAILRACE_DATA_DIR"):
+        data_dir = _data_dir(args)
+    else:
+        with _admin(args) as admin:
+            data_dir = admin.status()["data_dir"]
+    live = running.live_settings(data_dir)
+    ipc_dir = args.ipc_dir or os.environ.get("TAILRACE_IPC_DIR") or (live.ipc_path() if live is not None else None)
+    return settings_mod.from_env(data_dir=data_dir, ipc_dir=ipc_dir)
+
+
 def cmd_workers(args) -> int:
-    s = settings_mod.from_env(data_dir=_data_dir(args))
     if args.workers_cmd == "set":
+        s = run_settings(args)
         status = scaling.set_workers(s, args.bootstrap, args.count, args.timeout_s,
                                      log=lambda m: print(m, file=sys.stderr), connect_timeout_ms=args.connect_timeout_ms,
                                      **security(args))
@@ -354,8 +369,19 @@ def cmd_acl(args) -> int:
     changed = (acl_mod.add_rule if args.acl_cmd == "add" else acl_mod.remove_rule)(data_dir, rule)
     what = {"add": ("added", "already there"), "remove": ("removed", "not there")}[args.acl_cmd][0 if changed else 1]
     print(f"{what}: {rule.principal} {','.join(rule.ops)} on {rule.pattern}{'*' if rule.match == 'prefix' and rule.pattern != '*' else ''}"
-          " (the broker applies it within a second)", file=sys.stderr)
+          f" ({acl_enforcement(data_dir)})", file=sys.stderr)
     return EXIT_OK
+
+
+def acl_enforcement(data_dir: str) -> str:
+    """Whether the rules just written are enforced: ACLs name the principals CurveZMQ
+    authenticates, so a broker without ``--auth curve`` stores them and checks nothing."""
+    live = running.live_settings(data_dir)
+    if live is None:
+        return f"stored; enforced only while a broker runs on {data_dir} with --auth curve (none runs there now)"
+    if live.auth != "curve":
+        return "stored; not enforced: the broker runs without --auth curve (ACLs need it)"
+    return "the broker applies it within a second"
 
 
 def cmd_quota(args) -> int:
@@ -517,6 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
     dl = command(tsub, "delete", "delete a topic and all its records (its producers and consumers get UNKNOWN_TOPIC)")
     dl.add_argument("name", help="topic name")
     ls = command(tsub, "list", "list topics (a table; --json for scripts)")
+    ls.add_argument("--internal", action="store_true", help="the broker's own topics too (__consumer_offsets)")
     d = command(tsub, "describe", "partitions of a topic: owner, watermarks, ring use, bytes")
     d.add_argument("name", help="topic name")
     for p in (c, al_, dl, ls, d):
@@ -589,7 +616,11 @@ def build_parser() -> argparse.ArgumentParser:
     wl = command(wsub, "list", "workers, their partitions and whether they answer")
     for p in (ws, wl):
         with_bootstrap(p)
-        p.add_argument("--data-dir", default=None, help="the broker's data directory (default ./data)")
+        p.add_argument("--data-dir", default=None,
+                       help="the broker's data directory (default $TAILRACE_DATA_DIR, else the one the broker reports)")
+        p.add_argument("--ipc-dir", default=None,
+                       help="the broker's run directory, as given to `serve --ipc-dir` (default $TAILRACE_IPC_DIR, else "
+                            "the one the broker on the data directory runs with)")
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     wk.set_defaults(func=cmd_workers)
 

@@ -437,3 +437,36 @@ def test_a_group_consumer_stopped_by_sigterm_or_sighup_leaves_its_group_at_once(
 
 def _group_exists(admin, group: str) -> bool:
     return any(g.group == group for g in admin.list_groups())
+
+
+def _run_clean(*argv: str, bootstrap: str) -> subprocess.CompletedProcess:
+    """``run`` with none of the broker's settings in the environment: what a second terminal has."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TAILRACE_")}
+    env["TAILRACE_BOOTSTRAP"] = bootstrap
+    return subprocess.run([sys.executable, "-m", "tailrace", *argv], capture_output=True, env=env, timeout=120)
+
+
+def test_workers_set_finds_a_run_directory_given_to_serve_from_the_data_directory(make_broker, tmp_path):
+    """``serve --ipc-dir X``: ``workers set`` found no supervisord unless TAILRACE_IPC_DIR was
+    exported; now it takes --ipc-dir, or finds X from the data directory (or the broker's status)."""
+    import tempfile
+
+    run_dir = tempfile.mkdtemp(prefix="tr-run-")  # short: socket paths must fit in 107 bytes
+    os.chmod(run_dir, 0o700)
+    b = make_broker(ipc_dir=run_dir)
+    for extra in (["--data-dir", str(b.data_dir)], [], ["--ipc-dir", run_dir, "--data-dir", str(b.data_dir)]):
+        r = _run_clean("workers", "set", "2", "--timeout-s", "60", *extra, bootstrap=b.bootstrap)
+        assert r.returncode == 0, (extra, r.stderr)
+        assert b"2 workers" in r.stdout, r.stdout
+    r = _run_clean("workers", "set", "2", "--ipc-dir", str(tmp_path), "--data-dir", str(b.data_dir), bootstrap=b.bootstrap)
+    assert r.returncode == 1 and b"no supervisord socket at " + str(tmp_path).encode() in r.stderr, r.stderr
+
+
+def test_acl_add_says_a_rule_is_not_enforced_by_a_broker_without_auth(make_broker, tmp_path):
+    b = make_broker()
+    r = _run_clean("acl", "add", "alice", "--topic", "t", "--ops", "produce", "--data-dir", str(b.data_dir), bootstrap=b.bootstrap)
+    assert r.returncode == 0, r.stderr
+    assert b"stored; not enforced: the broker runs without --auth curve" in r.stderr, r.stderr
+    r = _run_clean("acl", "add", "alice", "--topic", "t", "--ops", "produce", "--data-dir", str(tmp_path / "idle"),
+                   bootstrap=b.bootstrap)
+    assert r.returncode == 0 and b"none runs there now" in r.stderr, r.stderr
