@@ -57,6 +57,21 @@ def store_worker_count(data_dir, n: int) -> None:
     write_atomic(Path(data_dir) / WORKERS_FILE, msgspec.json.encode({"workers": n}))
 
 
+# The broker's own topics (Kafka's internal topics): made by the broker, refused to topic admin
+# (create, alter, delete: INTERNAL_TOPIC) and left out of LIST_TOPICS unless asked for. Deleting
+# __consumer_offsets would take every group's committed offsets with it.
+OFFSETS_TOPIC = "__consumer_offsets"  # committed group offsets (router/groups.py)
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
+
+
+def internal_topic_refusal(name: str, action: str) -> str | None:
+    """Why topic admin may not ``action`` topic ``name`` (None: not internal, it may)."""
+    if name not in INTERNAL_TOPICS:
+        return None
+    return (f"topic {name!r} is internal to the broker (it holds the consumer groups' committed offsets): "
+            f"it cannot be {action} (Kafka's rule for internal topics)")
+
+
 def valid_topic_name(name: str) -> bool:
     """1..MAX_TOPIC_BYTES UTF-8 bytes of letters, digits (``str.isalnum``), '.', '_' and '-', and
     not '.' or '..' (a tool that names a directory or file after a topic would read those as this or

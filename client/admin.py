@@ -37,8 +37,10 @@ class AdminCalls:
                     lambda r: P.decoder(P.TopicInfo).decode(r.header))
 
     @staticmethod
-    def list_topics() -> Call:
-        return Call(P.Op.LIST_TOPICS, "", -1, P.EMPTY_MAP, lambda r: P.decoder(P.ListTopicsReply).decode(r.header).topics)
+    def list_topics(internal: bool = False) -> Call:
+        """``internal``: the broker's own topics (``__consumer_offsets``) too."""
+        header = P.encode(P.ListTopicsRequest(internal=True)) if internal else P.EMPTY_MAP
+        return Call(P.Op.LIST_TOPICS, "", -1, header, lambda r: P.decoder(P.ListTopicsReply).decode(r.header).topics)
 
     @staticmethod
     def describe_topic(name: str) -> Call:
@@ -116,8 +118,10 @@ class Admin:
         Returns the topic with its effective settings."""
         return self._call(AdminCalls.alter_configs(name, config))
 
-    def list_topics(self) -> list[P.TopicInfo]:
-        return self._call(AdminCalls.list_topics())
+    def list_topics(self, internal: bool = False) -> list[P.TopicInfo]:
+        """Every topic this principal may describe; the broker's own (``__consumer_offsets``)
+        only with ``internal=True``."""
+        return self._call(AdminCalls.list_topics(internal))
 
     def describe_topic(self, name: str) -> P.DescribeReply:
         return self._call(AdminCalls.describe_topic(name))

@@ -889,8 +889,8 @@ class AsyncAdmin:
     async def create_topic(self, name: str, partitions: int, ring_bytes: int = 0, config: dict | None = None) -> P.TopicInfo:
         return await self._call(AdminCalls.create_topic(name, partitions, ring_bytes, config))
 
-    async def list_topics(self) -> list[P.TopicInfo]:
-        return await self._call(AdminCalls.list_topics())
+    async def list_topics(self, internal: bool = False) -> list[P.TopicInfo]:
+        return await self._call(AdminCalls.list_topics(internal))
 
     async def describe_topic(self, name: str) -> P.DescribeReply:
         return await self._call(AdminCalls.describe_topic(name))

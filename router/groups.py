@@ -40,6 +40,7 @@ import uuid
 
 import msgspec
 
+from tailrace.broker.catalog import OFFSETS_TOPIC
 from tailrace.client import protocol as P
 from tailrace.client.records import encode_batch, iter_batches
 
@@ -47,7 +48,7 @@ from .assignor import TP, assign
 
 log = logging.getLogger("tailrace.groups")
 
-GROUPS_TOPIC = "__consumer_offsets"
+GROUPS_TOPIC = OFFSETS_TOPIC  # internal: refused to topic admin (broker/catalog.py)
 EMPTY_GROUP_KEEP_S = 7 * 86400  # an empty group's offsets are kept this long (Kafka's offsets.retention.minutes)
 FAST_HEARTBEAT_MS = 100  # while partitions move
 SESSION_MS = (1_000, 1_800_000)  # allowed session timeouts

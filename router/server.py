@@ -31,7 +31,7 @@ from tailrace.broker.datadir import ROUTER_FILE, journal_usage, write_atomic
 from tailrace.broker.stats import StatsFile
 from tailrace.client import protocol as P
 from tailrace.broker import settings as settings_mod
-from tailrace.broker.catalog import Catalog, stored_worker_count, valid_topic_name
+from tailrace.broker.catalog import INTERNAL_TOPICS, Catalog, internal_topic_refusal, stored_worker_count, valid_topic_name
 from tailrace.persistence.recovery import data_dir_id
 from tailrace.persistence.retire import free_slots
 from tailrace.shm.layout import ring_region_bytes
@@ -56,12 +56,16 @@ _set_workers_dec = P.decoder(P.SetWorkersRequest)
 _create_partitions_dec = P.decoder(P.CreatePartitionsRequest)
 _alter_configs_dec = P.decoder(P.AlterConfigsRequest)
 _list_offsets_dec = P.decoder(P.ListOffsetsReply)
+_list_topics_dec = P.decoder(P.ListTopicsRequest)
 
 # op -> the request frame counts the router takes (routing header included, client identity
 # not): the ops it serves, PING and ADOPT being internal (PROTOCOL.md, 2 and 3).
 ACCEPTED_FRAMES = {op: (n, 1) if op in P.HEADER_OPTIONAL else (n,)
                    for op, n in P.REQUEST_FRAMES.items() if op not in (P.Op.PING, P.Op.ADOPT, P.Op.WATCH)}
 
+
+# topic admin refused on the broker's own topics (INTERNAL_TOPIC), with what it would do
+TOPIC_ADMIN = {P.Op.CREATE_TOPIC: "created", P.Op.CREATE_PARTITIONS: "altered", P.Op.ALTER_CONFIGS: "altered", P.Op.DELETE_TOPIC: "deleted"}
 
 GROUP_OPS = frozenset({P.Op.GROUP_HEARTBEAT, P.Op.OFFSET_COMMIT, P.Op.OFFSET_FETCH, P.Op.LIST_GROUPS,
                        P.Op.DESCRIBE_GROUP, P.Op.DELETE_GROUP})
@@ -183,12 +187,15 @@ class Router(WorkerLiveness):
             P.send_frames(self.dealers[worker], [ident, said, *frames[1:]])
             return
         try:
-            if op == P.Op.CREATE_TOPIC:
+            if op in TOPIC_ADMIN and (why := internal_topic_refusal(topic.decode("utf-8", "replace"), TOPIC_ADMIN[op])):
+                reply(P.ErrorCode.INTERNAL_TOPIC, P.ErrorReply(why))
+            elif op == P.Op.CREATE_TOPIC:
                 self.create_topic(topic, frames, reply)
             elif op == P.Op.LIST_TOPICS:
-                topics = self.catalog.data.topics.values()
+                internal = len(frames) > 2 and _list_topics_dec.decode(frames[2]).internal
+                topics = [t for t in self.catalog.data.topics.values() if internal or t.name not in INTERNAL_TOPICS]
                 if self.principal is not None and self.acls is not None and self.acls.enabled:  # what it may describe
-                    topics = [t for t in topics if self.acls.allows(self.principal, "describe", t.name)]
+                    topics = [t for t in topics if self.acls.may_describe(self.principal, t.name)]
                 reply(P.ErrorCode.OK, P.ListTopicsReply([self._info(t) for t in topics]))
             elif op == P.Op.DESCRIBE_TOPIC or op == P.Op.LIST_OFFSETS:
                 header = frames[2] if op == P.Op.LIST_OFFSETS and len(frames) > 2 else P.EMPTY_MAP

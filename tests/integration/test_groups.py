@@ -393,3 +393,31 @@ def _committed_of(a, group):
         return a.committed(group)
     except Exception:  # noqa: BLE001 - NOT_READY while the offsets are read back
         return None
+
+
+def test_the_offsets_topic_is_refused_to_topic_admin_and_listed_only_when_asked(make_broker):
+    """Kafka's rule for internal topics: create, alter and delete of ``__consumer_offsets`` are
+    refused with INTERNAL_TOPIC at the broker, so no admin can take every group's committed
+    offsets away; ``topic list`` leaves it out unless asked (``--internal``)."""
+    from tailrace.client.errors import InternalTopicError
+
+    b = make_broker(workers=1)
+    with Admin(b.bootstrap) as a:
+        with pytest.raises(InternalTopicError, match="internal"):  # not even before the broker made it
+            a.create_topic("__consumer_offsets", 1)
+        a.create_topic("orders", 1)
+        assert a.reset_offsets("billing", {("orders", 0): 0}) == {("orders", 0): 0}  # the broker makes it now
+        for admin_call in (lambda: a.create_topic("__consumer_offsets", 1), lambda: a.delete_topic("__consumer_offsets"),
+                           lambda: a.create_partitions("__consumer_offsets", 2),
+                           lambda: a.alter_configs("__consumer_offsets", {"retention.ms": 1})):
+            with pytest.raises(InternalTopicError, match="'__consumer_offsets' is internal to the broker"):
+                admin_call()
+        assert [t.name for t in a.list_topics()] == ["orders"]
+        assert sorted(t.name for t in a.list_topics(internal=True)) == ["__consumer_offsets", "orders"]
+        assert a.describe_topic("__consumer_offsets").topic.partitions == 1  # unchanged, and readable
+        assert a.committed("billing") == {("orders", 0): 0}
+    bs = ("--bootstrap", b.bootstrap)
+    assert "__consumer_offsets" not in _tailrace("topic", "list", *bs).stdout
+    assert "__consumer_offsets" in _tailrace("topic", "list", "--internal", *bs).stdout
+    out = _tailrace("topic", "delete", "__consumer_offsets", *bs)
+    assert out.returncode != 0 and "internal" in out.stderr
