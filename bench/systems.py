@@ -8,7 +8,9 @@ speak its protocol. The peers (Redis, NATS) implement the same interface in peer
 Broker settings chosen here (tailrace): rings are sized per topic by the workload (create_topic
 ``ring_bytes``), so one broker configuration serves every workload: a 4 GiB shared-memory budget
 (rings are only mapped for topics that exist; 8 x 128 MiB hot rings or 1,000 x 1 MiB rings fit)
-and the default 4,096 partition slots. ``max_batch_bytes`` is 512 KiB (default 1 MiB) because a
+and the default 4,096 partition slots. On a broker given by ``--bootstrap`` (someone's own) every
+topic a workload made is deleted when the workload ends, as a started broker is removed: a full
+run makes rings of 32-128 MiB each, and left behind they held the budget of that broker. ``max_batch_bytes`` is 512 KiB (default 1 MiB) because a
 ring must hold two of the largest batch and the partitions workload uses 1 MiB rings; every
 batch the workloads send is below 420 KB.
 """
@@ -49,6 +51,7 @@ class TailraceSystem:
         self.settings = {**BROKER_SETTINGS, **(settings or {})}
         self.broker = None
         self.data_dir: str | None = None
+        self.made: list[str] = []  # topics made on a --bootstrap broker, deleted at stop()
 
     @property
     def endpoint(self) -> str:
@@ -73,6 +76,8 @@ class TailraceSystem:
             raise
 
     def stop(self) -> None:
+        if self.made:
+            self._delete_made()
         if self.broker is not None:
             try:
                 self.broker.stop()
@@ -89,6 +94,20 @@ class TailraceSystem:
     def create_topic(self, name: str, partitions: int, ring_bytes: int = 0) -> None:
         with Admin(self.endpoint, timeout_ms=60_000) as admin:
             admin.create_topic(name, partitions, ring_bytes)
+        if self.bootstrap:
+            self.made.append(name)
+
+    def _delete_made(self) -> None:
+        """Delete the topics this run made on a --bootstrap broker (one that is gone already: fine)."""
+        from tailrace.client.errors import UnknownTopicError
+
+        with Admin(self.endpoint, timeout_ms=60_000) as admin:
+            while self.made:
+                try:
+                    admin.delete_topic(self.made[-1])
+                except UnknownTopicError:
+                    pass
+                self.made.pop()
 
     def warm(self, topic: str, partitions: int) -> int:
         """One record into every partition (workers adopt partitions on first use); returns count."""

@@ -71,3 +71,21 @@ def test_bench_hop_reports_every_round_trip_of_both_transports():
     assert {(r["transport"], r["in_flight"]) for r in rows} == {("zmq", 1), ("unix", 1), ("zmq", 8), ("unix", 8)}
     for r in rows:
         assert r["round_trips"] == 300 and r["round_trips_per_s"] > 0 and 0 < r["p50_us"] <= r["p99_us"]
+
+
+def test_bench_against_a_running_broker_deletes_the_topics_it_made(make_broker):
+    """``--bootstrap`` is someone's broker: its bench-* topics (32 MiB rings each at full size)
+    once stayed, with their share of the shared-memory budget."""
+    from tailrace import Admin
+
+    b = make_broker()
+    with Admin(b.bootstrap) as admin:
+        admin.create_topic("mine", 1)
+        before = admin.status()["shm_used_bytes"]
+    doc = run_bench("produce", "consume-hot", "--bootstrap", b.bootstrap, "--messages", "4000", "--batch", "500",
+                    "--partitions", "2", "--producers", "1", "--consumers", "1", "--hot-ring-bytes", str(4 << 20),
+                    "--ring-bytes", str(4 << 20))
+    assert by_case(doc)["produce/memory"]["counts"]["acked"] == 4000
+    with Admin(b.bootstrap) as admin:
+        assert [t.name for t in admin.list_topics()] == ["mine"]
+        assert admin.status()["shm_used_bytes"] == before
