@@ -11,6 +11,12 @@ allow-list) some operations on topics named exactly, by prefix, or all (``*``):
     admin    STATUS, SET_WORKERS              alter    CREATE_PARTITIONS, ALTER_CONFIGS
     delete   DELETE_TOPIC                     group    the group ops on the group named (LIST_GROUPS: admin)
 
+As in Kafka, produce, consume, alter and delete on a topic each allow describing it: a producer
+that may write a topic may learn its partitions. A refusal names what the request was for
+(``may not produce to topic 'events'``, ``may not use group 'gg'``). Group rules match the
+group's name, not a topic's: a consumer in group ``orders.billing`` needs ``group`` on a rule
+covering ``orders.billing`` as well as ``consume`` on its topics.
+
 With no rule at all, authorization is off: every authenticated principal may do everything
 (the quick start works; the first ``acl add`` turns it on). With rules, whatever no rule allows
 is refused with ``NOT_AUTHORIZED`` and changes nothing. Without ``--auth`` nothing is checked.
@@ -30,6 +36,14 @@ from . import datadir
 ACL_FILE = "acls.json"
 OPERATIONS = ("produce", "consume", "create", "delete", "alter", "describe", "group", "admin")
 ALL_TOPICS = "*"
+# what a refusal says the principal may not do, per operation: the request's own words
+REFUSALS = {"produce": "produce to topic {name!r}", "consume": "consume from topic {name!r}",
+            "create": "create topic {name!r}", "delete": "delete topic {name!r}", "alter": "alter topic {name!r}",
+            "describe": "describe topic {name!r} (no rule gives it produce, consume, describe, alter or delete there)",
+            "group": "use group {name!r}", "admin": "administer the broker"}
+assert set(REFUSALS) == set(OPERATIONS)
+# Kafka's rule: each of these on a topic allows DESCRIBE on it too (a producer learns where to send)
+IMPLY_DESCRIBE = ("describe", "produce", "consume", "alter", "delete")
 
 # op -> the operation it needs (LIST_TOPICS is filtered by describe instead)
 OP_NEEDS = {P.Op.PRODUCE: "produce", P.Op.FETCH: "consume", P.Op.WATCH: "consume", P.Op.CREATE_TOPIC: "create",
@@ -129,18 +143,24 @@ class Acls:
             return True
         return any(r.principal == principal and operation in r.ops and r.covers(topic) for r in self.rules)
 
+    def may_describe(self, principal: str, topic: str) -> bool:
+        """DESCRIBE on ``topic``, given by any operation that implies it (``IMPLY_DESCRIBE``)."""
+        return any(self.allows(principal, o, topic) for o in IMPLY_DESCRIBE)
+
     def allows_any(self, principal: str, operation: str) -> bool:
         return not self.rules or any(r.principal == principal and operation in r.ops for r in self.rules)
 
     def refusal_for(self, principal: str, op: int, topic: bytes) -> str | None:
-        """Why ``principal`` may not make request ``op`` on ``topic`` (None: it may)."""
+        """Why ``principal`` may not make request ``op`` on ``topic`` (None: it may), in the words
+        of what the request was for (``REFUSALS``)."""
         need = OP_NEEDS.get(op)
         if need is None or not self.rules:
             return None
         name = topic.decode("utf-8", "replace")
         if need == "admin":
             ok = any(r.principal == principal and "admin" in r.ops for r in self.rules)
+        elif need == "describe":  # Kafka's implied DESCRIBE: a client finds what it may use
+            ok = self.may_describe(principal, name)
         else:
             ok = self.allows(principal, need, name)
-        return None if ok else f"principal {principal!r} may not {need} topic {name!r}" if need != "admin" \
-            else f"principal {principal!r} may not administer the broker"
+        return None if ok else f"principal {principal!r} may not " + REFUSALS[need].format(name=name)

@@ -468,3 +468,38 @@ def test_same_host_clients_are_under_the_acls_and_quotas_as_unix_user(secured):
         assert p.throttle_ms > 0  # 100 kB at 100 kB/s: held, over the Unix socket
     with Admin(b.bootstrap, **b.alice) as a:
         assert a.list_offsets("local")[0].high_watermark == 101
+
+
+def test_a_refusal_names_the_operation_the_request_was_for_and_produce_or_consume_implies_describe(secured, tmp_path):
+    """A denied produce says ``may not produce to topic``, a denied group ``may not use group``,
+    a denied fetch ``may not consume from topic``; a principal with produce (or consume) on a
+    topic may describe it, as in Kafka, so its producer is refused at the produce, not before."""
+    b = secured
+    carol = _principal(b, tmp_path, "carol")
+    with Admin(b.bootstrap, **b.alice) as a:
+        a.create_topic("events", 1)
+    _acl(b, "add", "alice", "--topic", "*", "--ops", "create,describe,admin")  # alice: no produce, no group
+    _acl(b, "add", "carol", "--topic", "events", "--ops", "produce")            # carol: produce only
+    time.sleep(1.5)
+    for direct in (False, True):
+        with Producer(b.bootstrap, acks="durable", linger_ms=0, direct=direct, **b.alice) as p:
+            p.send("events", b"refused")
+            with pytest.raises(NotAuthorizedError, match="principal 'alice' may not produce to topic 'events'"):
+                p.flush(10_000)
+        with Producer(b.bootstrap, acks="durable", linger_ms=0, direct=direct, **carol) as p:
+            p.send("events", b"carol's")  # describes the topic first: implied by produce
+            assert p.flush(10_000) == 1
+    with Consumer(b.bootstrap, max_wait_ms=100, **carol) as c:
+        with pytest.raises(NotAuthorizedError, match="principal 'carol' may not consume from topic 'events'"):
+            c.assign("events", start="earliest")
+            c.poll(1000)
+    with Admin(b.bootstrap, **b.alice) as a:
+        with pytest.raises(NotAuthorizedError, match="principal 'alice' may not use group 'gg'"):
+            a.committed("gg")
+        assert a.list_offsets("events")[0].high_watermark == 2
+    with Admin(b.bootstrap, **carol) as c:
+        assert [t.name for t in c.list_topics()] == ["events"]  # listed: carol may describe it
+        with pytest.raises(NotAuthorizedError, match="principal 'carol' may not create topic 'other'"):
+            c.create_topic("other", 1)
+        with pytest.raises(NotAuthorizedError, match="principal 'carol' may not administer the broker"):
+            c.status()
