@@ -78,8 +78,24 @@ def read_log_starts(data_dir) -> dict[int, int]:
         return {}
 
 
-def write_log_starts(data_dir, starts: dict[int, int]) -> None:
-    body = json.dumps({"log_starts": {str(k): int(v) for k, v in sorted(starts.items()) if v > 0}}).encode()
+def read_log_start_topics(data_dir) -> dict[int, int]:
+    """{slot: the topic id its stored log start belongs to} (a file written before topic ids were
+    stored has none: those starts are trusted only where the slot's row says nothing else)."""
+    try:
+        doc = json.loads(log_starts_path(data_dir).read_text())
+        return {int(k): int(v) for k, v in doc.get("topic_ids", {}).items()}
+    except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def write_log_starts(data_dir, starts: dict[int, int], topics: dict[int, int] | None = None) -> None:
+    """Store each slot's log start with the id of the topic it belongs to: a slot is given to a
+    new topic once its deleted one's is cleared, and a start must never be read as the new one's."""
+    kept = {k: int(v) for k, v in sorted(starts.items()) if v > 0}
+    doc = {"log_starts": {str(k): v for k, v in kept.items()}}
+    if topics:
+        doc["topic_ids"] = {str(k): int(topics[k]) for k in kept if k in topics}
+    body = json.dumps(doc).encode()
     write_atomic(log_starts_path(data_dir), body)
 
 
@@ -180,6 +196,7 @@ class Retention:
         self.s = flusher.s
         self.journal_dir = Path(self.s.data_dir) / JOURNAL_DIR
         self.starts: dict[int, int] = read_log_starts(self.s.data_dir)  # slot -> log start, as written
+        self.start_topics: dict[int, int] = read_log_start_topics(self.s.data_dir)  # slot -> topic id of its stored start
         self.punched: dict[int, int] = {}  # slot -> index entries punched out so far
         self.reader: JournalReader | None = None
         self.next_ns = 0
@@ -197,6 +214,7 @@ class Retention:
         stored = False
         for slot in slots:
             stored |= self.starts.pop(slot, None) is not None
+            self.start_topics.pop(slot, None)
             for d in (self.punched, self.counts, self.first_times):
                 d.pop(slot, None)
         if self.pinned_by in slots:
@@ -207,9 +225,39 @@ class Retention:
         """Put the stored log starts into the control table (at boot, after recovery)."""
         rows = self.f.table.rows
         for slot, start in self.starts.items():
-            if slot < len(rows) and rows[slot, COL["active"]]:
+            if slot < len(rows) and rows[slot, COL["active"]] and self._owns(slot, int(rows[slot, COL["topic_id"]])):
                 rows[slot, COL["log_start_offset"]] = max(int(rows[slot, COL["log_start_offset"]]),
                                                           min(start, int(rows[slot, COL["next_offset"]])))
+
+    def _owns(self, slot: int, topic_id: int) -> bool:
+        """Whether the stored start of ``slot`` belongs to topic ``topic_id`` (a start stored
+        without a topic id, by an older broker, is taken to)."""
+        owner = self.start_topics.get(slot)
+        return owner is None or owner == topic_id
+
+    def stored_start(self, slot: int, active: bool) -> int:
+        """The stored log start of ``slot`` if it is its present topic's (the row's, or the
+        catalog's for a row not active), else 0: never a deleted topic's start for a new one."""
+        if slot not in self.starts:
+            return 0
+        if active:
+            topic_id = int(self.f.table.rows[slot, COL["topic_id"]])
+        else:
+            entry = self.f.catalog.by_slot.get(slot)
+            if entry is None:
+                return 0
+            topic_id = entry[0].topic_id
+        return self.starts[slot] if self._owns(slot, topic_id) else 0
+
+    def _store(self, moved: dict[int, int]) -> None:
+        """Record new starts with their topics' ids and write them, durably."""
+        rows = self.f.table.rows
+        for slot in moved:
+            row_topic = int(rows[slot, COL["topic_id"]]) if slot < len(rows) and rows[slot, COL["active"]] else 0
+            entry = self.f.catalog.by_slot.get(slot)
+            self.start_topics[slot] = row_topic or (entry[0].topic_id if entry else 0)
+        self.starts.update(moved)
+        write_log_starts(self.s.data_dir, self.starts, self.start_topics)
 
     def due(self, now_ns: int) -> bool:
         return now_ns >= self.next_ns
@@ -269,8 +317,7 @@ class Retention:
                 moved[slot] = new
         if not moved:
             return
-        self.starts.update(moved)
-        write_log_starts(self.s.data_dir, self.starts)  # durable before any reader sees them
+        self._store(moved)  # durable before any reader sees them
         self._crash_point("log_starts_written")
         for slot, new in moved.items():
             rows[slot, COL["log_start_offset"]] = new
@@ -284,7 +331,10 @@ class Retention:
         low, who = 1 << 62, -1
         active = set(np.flatnonzero(rows[:, COL["active"]] == 1).tolist())
         for slot in sorted(active | set(self.f.catalog.by_slot)):  # every partition there is, by either account
-            start = max(starts.get(slot, 0), int(rows[slot, COL["log_start_offset"]]) if slot in active else 0)
+            # the stored start only if it is this topic's: a deleted topic's start on a slot a new
+            # topic took would say the new one's records had all expired, and its segments would go
+            stored = self.stored_start(slot, slot in active) if starts is self.starts else starts.get(slot, 0)
+            start = max(stored, int(rows[slot, COL["log_start_offset"]]) if slot in active else 0)
             end = int(rows[slot, COL["flushed_offset"]]) if slot in active else self.f._index(slot).entry_count()
             if start >= end:
                 continue  # every record expired (or none): pins nothing
@@ -355,7 +405,7 @@ class Retention:
         active = set(np.flatnonzero(rows[:, COL["active"]] == 1).tolist())
         moved = {}
         for slot in sorted(active | set(self.f.catalog.by_slot)):
-            start = max(self.starts.get(slot, 0), int(rows[slot, COL["log_start_offset"]]) if slot in active else 0)
+            start = max(self.stored_start(slot, slot in active), int(rows[slot, COL["log_start_offset"]]) if slot in active else 0)
             end = int(rows[slot, COL["flushed_offset"]]) if slot in active else self.f._index(slot).entry_count()
             if start >= end:
                 continue
@@ -365,8 +415,7 @@ class Retention:
                 moved[slot] = first_at_position(index, start, end, position)
         if not moved:
             return
-        self.starts.update(moved)
-        write_log_starts(self.s.data_dir, self.starts)
+        self._store(moved)
         for slot, new in moved.items():
             if slot in active:
                 rows[slot, COL["log_start_offset"]] = new
@@ -376,7 +425,8 @@ class Retention:
     # --- 3. indexes ----------------------------------------------------------------------
     def _punch(self, starts: dict[int, int]) -> None:
         for slot, start in starts.items():
-            if start - self.punched.get(slot, 0) >= _PAGE // ENTRY_BYTES and slot in self.f.catalog.by_slot:
+            if start - self.punched.get(slot, 0) >= _PAGE // ENTRY_BYTES and slot in self.f.catalog.by_slot \
+                    and self.stored_start(slot, False) == start:  # this topic's start, not a deleted one's
                 if punch_below(self.f._index(slot).fd, start):
                     self.punched[slot] = start
 

@@ -134,7 +134,7 @@ class Retirer:
         for slot in slots:
             region.unlink(region.ring_name(self.s.instance, slot))
         if f.retention.forget(slots):
-            write_log_starts(self.s.data_dir, f.retention.starts)
+            write_log_starts(self.s.data_dir, f.retention.starts, f.retention.start_topics)
 
     def _crash_point(self, step: str) -> None:
         """Fault injection (``debug_crash_at``): die here as a kill -9 would, once per data directory."""
