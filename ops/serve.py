@@ -12,8 +12,10 @@ This process stays in front of supervisord for its whole life instead of exec'in
   session is a new scheduling group, and the whole broker then shared one group's CPU against
   its clients' group; on 2 cores that took e2e/5000 over ZeroMQ from p50 13 ms to 0.1-3 s
   (docs/BENCHMARKS.md).
-- supervisord's output is relayed to our stdout; when that breaks (``| tee`` killed by the same
-  Ctrl-C, the terminal gone) relaying stops and supervisord still never blocks or dies of it.
+- supervisord's output is relayed to our stdout, but for the lines ``EXPECTED`` names (said at
+  every start, about what is so by design; supervisord.conf explains each; supervisord.log keeps
+  them); when stdout breaks (``| tee`` killed by the same Ctrl-C, the terminal gone) relaying
+  stops and supervisord still never blocks or dies of it.
 - supervisord gets SIGTERM from the kernel if this process is killed (PR_SET_PDEATHSIG), and
   each program gets SIGTERM if supervisord is: nothing is ever left running unsupervised.
 - After supervisord exits, once every program has released the broker lock, the run directory
@@ -45,6 +47,11 @@ EXIT_UNSAFE = 4  # the run directory is not private
 EXIT_SUPERVISOR_DIED = 5  # supervisord was killed; its programs stopped by themselves
 EXIT_NO_SPACE = 6  # the journal's filesystem cannot hold the segments the flusher needs to start
 AFTER_STOP_WAIT_S = 15.0  # for the programs to exit after supervisord died
+# supervisord's lines that are so by design (supervisord.conf says why): kept in its log, not relayed
+EXPECTED = (
+    b"CRIT Server 'unix_http_server' running without any HTTP authentication checking",
+    b'WARN No file matches via include "',  # ... workers.d/*.conf": no extra workers yet
+)
 
 
 def serve_env(s: settings_mod.Settings) -> dict[str, str]:
@@ -54,6 +61,8 @@ def serve_env(s: settings_mod.Settings) -> dict[str, str]:
     env["TAILRACE_PYTHON"] = sys.executable
     env["TAILRACE_LOG_DIR"] = str(datadir.log_dir(s.data_dir))
     env["TAILRACE_RUN_DIR"] = s.ipc_path()
+    # supervisord's user=: the one we run as (no privilege is dropped; "running as root" unsaid)
+    env["TAILRACE_SUPERVISOR_USER"] = str(os.getuid())
     return env
 
 
@@ -220,21 +229,29 @@ def run(s: settings_mod.Settings, env: dict[str, str], argv: list[str], default_
 
 
 def _relay(fd: int) -> None:
-    """Copy supervisord's output to our stdout until it closes; a broken stdout stops the copying,
-    never the reading (supervisord must not block on a full pipe)."""
+    """Copy supervisord's output to our stdout until it closes, whole lines, without the
+    ``EXPECTED`` ones; a broken stdout stops the copying, never the reading (supervisord must not
+    block on a full pipe)."""
     out = sys.stdout.buffer
     broken = False
+    partial = b""
     while True:
         try:
             chunk = os.read(fd, 65536)  # EINTR (a signal arrived) is retried by Python itself
         except OSError:
-            return  # the pipe is gone: supervisord's exit is still reaped by wait()
+            chunk = b""  # the pipe is gone: supervisord's exit is still reaped by wait()
+        if not chunk:
+            text, partial = partial, b""
+        else:
+            data = partial + chunk
+            cut = data.rfind(b"\n") + 1
+            text, partial = data[:cut], data[cut:]
+        if text and not broken:
+            kept = b"".join(line for line in text.splitlines(keepends=True) if not any(e in line for e in EXPECTED))
+            try:
+                out.write(kept)
+                out.flush()
+            except (OSError, ValueError):
+                broken = True
         if not chunk:
             return
-        if broken:
-            continue
-        try:
-            out.write(chunk)
-            out.flush()
-        except (OSError, ValueError):
-            broken = True

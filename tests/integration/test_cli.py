@@ -470,3 +470,16 @@ def test_acl_add_says_a_rule_is_not_enforced_by_a_broker_without_auth(make_broke
     r = _run_clean("acl", "add", "alice", "--topic", "t", "--ops", "produce", "--data-dir", str(tmp_path / "idle"),
                    bootstrap=b.bootstrap)
     assert r.returncode == 0 and b"none runs there now" in r.stderr, r.stderr
+
+
+def test_serve_prints_none_of_supervisords_expected_warnings_and_supervisorctl_still_works(make_broker):
+    """'running as root', 'No file matches via include' and 'unix_http_server running without
+    any HTTP authentication checking' greeted every serve; supervisord.conf says why each is so."""
+    b = make_broker(workers=1)
+    out = (b.data_dir / "serve.out").read_text()
+    assert "INFO supervisord started" in out, out  # the relay still relays
+    for said in ("Supervisor is running as root", "No file matches via include", "running without any HTTP authentication"):
+        assert said not in out, out
+    assert set(b.pids()) >= {"flusher", "router", "worker-0"}  # supervisorctl, through the same file
+    r = _run_clean("workers", "set", "2", "--data-dir", str(b.data_dir), bootstrap=b.bootstrap)  # XML-RPC too
+    assert r.returncode == 0, r.stderr
