@@ -84,7 +84,8 @@ def read_rules(data_dir: str) -> list[Rule]:
 def _write(data_dir: str, rules: list[Rule]) -> None:
     os.makedirs(os.path.dirname(acl_path(data_dir)), mode=0o700, exist_ok=True)
     body = json.dumps({"rules": [msgspec.to_builtins(r) for r in rules]}, indent=1).encode()
-    datadir.write_atomic(acl_path(data_dir), body)
+    path = acl_path(data_dir)  # private as its directory (0600 in a 0700 one), whatever the operator's umask
+    datadir.write_atomic(path, body, mode=datadir.file_mode_in(os.path.dirname(path)))
 
 
 def check_rule(principal: str, pattern: str, match: str, ops) -> Rule:

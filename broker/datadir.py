@@ -186,14 +186,18 @@ def _next_mtime_ns(path) -> int:
     return max(time.time_ns(), prev + 1)
 
 
-def write_atomic(path, data: bytes, sync: bool = True) -> None:
+def write_atomic(path, data: bytes, sync: bool = True, mode: int | None = None) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves the old or the new content: write a
     temp file, fsync it, rename it over, fsync the directory (the rename is durable only then).
-    ``sync=False``: readers never see half a file, but a crash may lose the new one (statistics)."""
+    ``sync=False``: readers never see half a file, but a crash may lose the new one (statistics).
+    ``mode``: the file's permissions whatever the umask (``file_mode_in``); None: 0666 & ~umask,
+    right inside the broker, whose umask is the data mode's."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666 if mode is None else mode)
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)  # a temp file left by a crash keeps its old mode through O_TRUNC
         os.write(fd, data)
         t = _next_mtime_ns(path)
         os.utime(fd, ns=(t, t))  # every version's signature differs from every earlier one's
@@ -204,6 +208,14 @@ def write_atomic(path, data: bytes, sync: bool = True) -> None:
     os.replace(tmp, path)
     if sync:
         fsync_dir(path.parent)
+
+
+def file_mode_in(directory) -> int:
+    """The mode a file written into ``directory`` from outside the broker gets (``tailrace acl``
+    and ``tailrace quota`` run under the operator's umask, often 022): its directory's, without
+    execute bits. The broker makes its directories with the data mode (0700: files 0600; 0750:
+    0640), and ``apply_data_mode`` brings them to it at start."""
+    return stat.S_IMODE(os.stat(directory).st_mode) & 0o666
 
 
 STATS_DIR = "stats"  # in the run directory: each process's counters (broker/stats.py, FORMAT.md)

@@ -67,7 +67,8 @@ def read_quotas(data_dir: str) -> list[Quota]:
 def _write(data_dir: str, quotas: list[Quota]) -> None:
     os.makedirs(os.path.dirname(quota_path(data_dir)), mode=0o700, exist_ok=True)
     body = json.dumps({"quotas": [msgspec.to_builtins(q) for q in quotas]}, indent=1).encode()
-    datadir.write_atomic(quota_path(data_dir), body)
+    path = quota_path(data_dir)  # private as its directory (0600 in a 0700 one), whatever the operator's umask
+    datadir.write_atomic(path, body, mode=datadir.file_mode_in(os.path.dirname(path)))
 
 
 def set_quota(data_dir: str, quota: Quota) -> Quota:

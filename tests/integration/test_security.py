@@ -503,3 +503,20 @@ def test_a_refusal_names_the_operation_the_request_was_for_and_produce_or_consum
             c.create_topic("other", 1)
         with pytest.raises(NotAuthorizedError, match="principal 'carol' may not administer the broker"):
             c.status()
+
+
+def test_acl_and_quota_files_are_private_whatever_the_operator_s_umask(make_broker):
+    """``tailrace acl add`` and ``tailrace quota set`` run under the operator's umask (022 here),
+    not the broker's: acls.json and quotas.json are still 0600, as every data file is (README)."""
+    b = make_broker(workers=1)
+    old = os.umask(0o022)
+    try:
+        for args in (("acl", "add", "alice", "--topic", "t", "--ops", "produce"),
+                     ("quota", "set", "alice", "--producer-byte-rate", "1000")):
+            out = _tailrace(*args, "--data-dir", str(b.data_dir))
+            assert out.returncode == 0, out.stderr
+    finally:
+        os.umask(old)
+    for name in ("acls.json", "quotas.json"):
+        mode = stat.S_IMODE(os.stat(os.path.join(auth_dir(str(b.data_dir)), name)).st_mode)
+        assert mode == 0o600, f"{name} is {mode:04o}"
