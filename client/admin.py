@@ -100,7 +100,7 @@ class AdminCalls:
 
 
 class Admin:
-    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, timeout_ms: int = 10_000,
+    def __init__(self, bootstrap: str | None = None, timeout_ms: int = 10_000,
                  connect_timeout_ms: int = CONNECT_TIMEOUT_MS, *, key_file=None, server_key=None):
         self.conn = Connection(bootstrap, connect_timeout_ms, curve_keys(key_file, server_key))
         self.timeout_ms = timeout_ms

@@ -310,7 +310,7 @@ class AsyncPool:
     asyncio twin of connection.Pool). Replies to ``request`` go to their awaiting coroutine;
     every other reply to ``on_reply``."""
 
-    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
+    def __init__(self, bootstrap: str | None = None, connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
                  on_reply=None, keys: CurveKeys | None = None):
         self.router_endpoint = parse_bootstrap(bootstrap)
         self.keys = keys
@@ -461,7 +461,7 @@ class AsyncProducer(ProducerCore):
     ``partitioner``, ``idempotent``, ``direct``, ``same_host``...). Create it inside the event
     loop that uses it."""
 
-    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, *, direct: bool = True, same_host: bool = False,
+    def __init__(self, bootstrap: str | None = None, *, direct: bool = True, same_host: bool = False,
                  connect_timeout_ms: int = CONNECT_TIMEOUT_MS, key_file=None, server_key=None, **options):
         super().__init__(**options)
         self.pool = AsyncPool(bootstrap, connect_timeout_ms, self._reply, curve_keys(key_file, server_key))
@@ -472,6 +472,9 @@ class AsyncProducer(ProducerCore):
         self._timer_at = 0.0
         self._flushers: list[asyncio.Future] = []
         self._waiting_meta: dict[str, deque] = {}  # topic -> sends waiting for its partition count
+        # sends waiting for room in buffer_memory, in call order: deque of (deadline, nbytes, item),
+        # item as _waiting_meta's; each fails with TimeoutError_ at its deadline (max_block_ms)
+        self._blocked: deque = deque()
         self.closed = False
 
     def _route(self, topic: str, partition: int) -> str | None:
@@ -500,11 +503,58 @@ class AsyncProducer(ProducerCore):
             # are, so even the first request goes straight to the owner; behind earlier sends
             self._wait_meta(topic, ("one", value, key, partition, fut))
             return fut
-        if partition is None:
-            partition = self._choose(topic, key, None, n)
-        self._add((topic, partition), value, key, fut)
+        self._queue_item(topic, ("one", value, key, partition, fut), n)
         self._kick()
         return fut
+
+    def _queue_item(self, topic: str, item, n: int) -> None:
+        """Queue a send whose topic's partition count ``n`` is known: now, or behind the sends
+        waiting for room in ``buffer_memory`` (its future raises ``TimeoutError_`` if none comes
+        within ``max_block_ms``). A record over the broker's batch limit fails at once."""
+        kind, values, keys, partition, fut = item
+        if kind == "one":
+            exc = self._too_large(values, keys)
+            if exc is not None:
+                fut.set_exception(exc)
+                return
+            nbytes = len(values) + (0 if keys is None else len(keys))
+        else:
+            nbytes = sum(map(len, values)) + (0 if keys is None else sum(map(len, keys)))
+        if self._blocked or not self._room(nbytes):
+            self._blocked.append((time.monotonic() + self.max_block_s, nbytes, topic, item, n))
+            return
+        if kind == "one":
+            self._add((topic, self._choose(topic, keys, partition, n)), values, keys, fut)
+            return
+        futs = []
+        groups = [(partition, values, keys)] if partition is not None else self._split_batch(topic, values, keys, n)
+        for p, vs, ks in groups:
+            futs += self._queue_futures((topic, p), vs, ks)
+        g = asyncio.gather(*futs)
+        g.add_done_callback(lambda g, fut=fut: _copy_outcome(g, fut))
+
+    def _admit(self) -> None:
+        """Queue the sends that waited for room, in order, as far as it goes; fail those whose
+        ``max_block_ms`` ran out."""
+        q = self._blocked
+        now = time.monotonic()
+        while q:
+            deadline, nbytes, topic, item, n = q[0]
+            fut = item[-1]
+            if fut.done():  # cancelled while it waited
+                q.popleft()
+            elif self._room(nbytes):
+                q.popleft()
+                blocked, self._blocked = self._blocked, deque()
+                self._queue_item(topic, item, n)
+                self._blocked = blocked
+            elif now >= deadline:
+                q.popleft()
+                fut.set_exception(TimeoutError_(
+                    f"buffer full: {self._buffered_bytes} bytes queued or unacknowledged, buffer_memory="
+                    f"{self.buffer_memory}; no room for {nbytes} more within max_block_ms={self.max_block_s * 1000:g}"))
+            else:
+                break
 
     def send_batch(self, topic: str, values: Sequence[bytes], keys: Sequence[bytes] | None = None,
                    partition: int | None = None) -> asyncio.Future:
@@ -515,18 +565,14 @@ class AsyncProducer(ProducerCore):
             f.set_result([])
             return f
         known = topic in self.routes.partitions_of and topic not in self._waiting_meta
-        if partition is not None and (known or not self.routes.direct):
-            futs = self._queue_futures((topic, partition), values, keys)
-        elif known:
-            futs = []
-            for p, vs, ks in self._split_batch(topic, values, keys, self.routes.partitions_of[topic]):
-                futs += self._queue_futures((topic, p), vs, ks)
+        f = self.loop.create_future()
+        if known or (partition is not None and not self.routes.direct):
+            self._queue_item(topic, ("batch", values, keys, partition, f), self.routes.partitions_of.get(topic, 0))
         else:
-            f = self.loop.create_future()
             self._wait_meta(topic, ("batch", values, keys, partition, f))
             return f
         self._kick()
-        return asyncio.gather(*futs)
+        return f
 
     def send_buffers(self, topic: str, values, value_offsets, partition: int | None = None, keys=None,
                      key_offsets=None) -> asyncio.Future:
@@ -573,22 +619,15 @@ class AsyncProducer(ProducerCore):
         except Exception as exc:  # noqa: BLE001 - handed to every waiting send
             n, error = 0, exc
         q = self._waiting_meta.pop(topic, deque())
-        for kind, values, keys, partition, fut in q:
+        for item in q:
+            partition, fut = item[3], item[4]
             if error is not None and (partition is None or not getattr(error, "retriable", False)):
                 if not fut.done():
                     fut.set_exception(error)
                 continue  # (a named partition after a retriable error goes by the router: retries cover it)
             if fut.cancelled():
                 continue
-            if kind == "one":
-                self._add((topic, self._choose(topic, keys, partition, n)), values, keys, fut)
-            else:
-                futs = []
-                groups = [(partition, values, keys)] if partition is not None else self._split_batch(topic, values, keys, n)
-                for p, vs, ks in groups:
-                    futs += self._queue_futures((topic, p), vs, ks)
-                g = asyncio.gather(*futs)
-                g.add_done_callback(lambda g, fut=fut: _copy_outcome(g, fut))
+            self._queue_item(topic, item, n)
         self._kick()
 
     # --- driving -------------------------------------------------------------------------
@@ -605,9 +644,15 @@ class AsyncProducer(ProducerCore):
 
     def _step(self) -> None:
         self._kicked = False
+        if self._blocked:
+            self._admit()
         self._advance()
+        if self._flushers and self._oneway and not (self._ready or self._retry or self._lingering):
+            self._send_barriers()  # acks="none": the round trips that close a flush (producer.py)
         self._scan_timeouts()
         due = self._next_due()
+        if self._blocked:
+            due = self._blocked[0][0] if due is None else min(due, self._blocked[0][0])
         if self._inflight:
             t = self.loop.time() + TIMEOUT_SCAN_S  # request timeouts are watched while anything is out
             due = t if due is None else min(due, t)
@@ -616,7 +661,7 @@ class AsyncProducer(ProducerCore):
                 self._timer.cancel()
             self._timer_at = due
             self._timer = self.loop.call_at(max(due, self.loop.time()), self._on_timer)
-        if self._flushers and not self.busy:
+        if self._flushers and not (self.busy or self._blocked or self._oneway):
             for f in self._flushers:
                 if not f.done():
                     f.set_result(None)
@@ -636,7 +681,7 @@ class AsyncProducer(ProducerCore):
         while self._waiting_meta:
             await asyncio.sleep(0.001)
         self._seal_all()
-        if self.busy:
+        if self.busy or self._blocked or self._oneway:
             f = self.loop.create_future()
             self._flushers.append(f)
             self._kick()
@@ -682,7 +727,7 @@ class AsyncConsumer(ConsumerCore):
     ``position``, long-polling fetches, groups (``group=``, ``subscribe``, ``commit``,
     ``committed``), the same options."""
 
-    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, *, direct: bool = True, same_host: bool = False,
+    def __init__(self, bootstrap: str | None = None, *, direct: bool = True, same_host: bool = False,
                  connect_timeout_ms: int = CONNECT_TIMEOUT_MS, key_file=None, server_key=None,
                  group: str | None = None, **options):
         options = self._group_options(group, options)
@@ -878,7 +923,7 @@ def _resolve(f: asyncio.Future) -> None:
 class AsyncAdmin:
     """``Admin`` for asyncio: the same operations, awaited."""
 
-    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, timeout_ms: int = 10_000,
+    def __init__(self, bootstrap: str | None = None, timeout_ms: int = 10_000,
                  connect_timeout_ms: int = CONNECT_TIMEOUT_MS, *, key_file=None, server_key=None):
         self.pool = AsyncPool(bootstrap, connect_timeout_ms, keys=curve_keys(key_file, server_key))
         self.timeout_ms = timeout_ms

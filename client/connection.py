@@ -22,6 +22,7 @@ from .errors import (AuthenticationFailedError, BootstrapError, BrokerUnavailabl
 from .security import CurveKeys
 
 DEFAULT_BOOTSTRAP = "tcp://127.0.0.1:7420"
+ENV_BOOTSTRAP = "TAILRACE_BOOTSTRAP"  # the broker's address when a client is given none (as the CLI)
 CONNECT_TIMEOUT_MS = 1500  # a first request fails this soon when no broker completes a handshake
 # what the handshake monitor watches: success, or a refusal (CURVE keys wrong or missing)
 HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
@@ -39,11 +40,20 @@ def handshake_refused(event: int, endpoint: str, secured: bool) -> Authenticatio
     return AuthenticationFailedError(f"{endpoint}: {why}")
 
 
-def parse_bootstrap(value: str | int) -> str:
+def default_bootstrap() -> str:
+    """The address a client given no ``bootstrap`` uses: ``$TAILRACE_BOOTSTRAP``, else
+    ``DEFAULT_BOOTSTRAP`` (the same rule as the command line's ``--bootstrap``)."""
+    return os.environ.get(ENV_BOOTSTRAP) or DEFAULT_BOOTSTRAP
+
+
+def parse_bootstrap(value: str | int | None) -> str:
     """The ZeroMQ endpoint for a bootstrap address: ``tcp://host:port``, ``host:port`` (Kafka's
     form), a bare port (loopback), or an ``ipc://`` path; a worker's ``unix:`` address as is.
 
-    Anything else raises ``BootstrapError`` with a one-line reason."""
+    ``None`` is ``default_bootstrap()``. Anything else raises ``BootstrapError`` with a one-line
+    reason."""
+    if value is None:
+        value = default_bootstrap()
     text = str(value).strip()
     if text.startswith(("ipc://", unixwire.SCHEME)):
         if len(text.split("://", 1)[-1]) == 0 or text == unixwire.SCHEME:
@@ -119,7 +129,7 @@ class Connection:
     would retry the connect silently for ever); once a broker has answered, requests wait their
     own timeout, through broker restarts too."""
 
-    def __init__(self, endpoint: str = DEFAULT_BOOTSTRAP, connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
+    def __init__(self, endpoint: str | None = None, connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
                  keys: CurveKeys | None = None):
         self.endpoint = parse_bootstrap(endpoint)
         self.connect_timeout_ms = connect_timeout_ms
@@ -291,7 +301,7 @@ class Pool:
     the endpoint means "through the router". Replies from all of them come out of ``recv``.
     """
 
-    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
+    def __init__(self, bootstrap: str | None = None, connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
                  keys: CurveKeys | None = None):
         self._ids = itertools.count(1)
         self.keys = keys

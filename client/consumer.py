@@ -409,7 +409,7 @@ class Consumer(ConsumerCore):
     """The blocking consumer (``ConsumerCore`` driven by the caller's polls), with same-host
     ring reads."""
 
-    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, *, direct: bool = True, same_host: bool = False,
+    def __init__(self, bootstrap: str | None = None, *, direct: bool = True, same_host: bool = False,
                  connect_timeout_ms: int = CONNECT_TIMEOUT_MS, key_file=None, server_key=None,
                  group: str | None = None, **options):
         """``group``: consume as a member of this consumer group (``subscribe``, then ``poll``),

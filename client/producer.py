@@ -15,6 +15,32 @@ with the original offsets, so a retry never duplicates.
 Driving it: there is no background thread. ``send``/``send_batch`` queue records and send what
 is ready; ``poll()`` processes replies and lingering batches; ``flush()`` sends everything and
 waits for every acknowledgement, raising the first permanent error.
+
+Memory: what is queued or unacknowledged is held here, at most ``buffer_memory`` bytes (Kafka's
+``buffer.memory``, 32 MiB); a send that would go over it waits for acknowledgements to make room,
+at most ``max_block_ms`` (Kafka's ``max.block.ms``, 60 s), then raises ``TimeoutError_``.
+
+Size: a record that cannot fit in a batch the broker takes (its ``max_batch_bytes``, from
+DESCRIBE_TOPIC; 1 MiB until heard) raises ``BatchTooLargeError`` at ``send``, and a batch over it
+fails the same way before it is sent: the broker drops a connection whose message part is larger
+than its frame limit without a word, so such a batch must never reach the wire.
+
+Some facts about acks="none" and closing (docs/GUARANTEES.md section 1):
+
+- ZeroMQ queues a one-way send in the socket and returns; closing the socket with linger 0
+  discards what is still queued, and even with a linger, a PUSH or DEALER closed while its peer is
+  backed up loses its last few hundred messages in about one run in three. Linger is no proof.
+- The broker handles one connection's requests in order: one TCP (or Unix) stream into the
+  router, one DEALER per worker from the router to the owner, and a worker loop that takes them
+  as they come. A reply to a request therefore says that every request sent before it on the same
+  path to the same partition's owner has been handled (appended, or refused).
+
+What this means for us: ``flush()`` (and ``close()``) with acks="none" ends with one round trip
+per partition and path that took one-way batches since the last flush: the last batch sent there,
+sent again with acks="memory". It carries the same producer id and base sequence, so the broker
+answers it with the original offsets without storing it twice (or stores it if it was lost);
+its answer means the whole run before it was taken. A producer with acks="none" therefore always
+stamps its batches with a producer id, even with ``idempotent=False``.
 """
 
 from __future__ import annotations
@@ -32,8 +58,8 @@ from . import protocol as P
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Pool
 from .security import curve_keys
 from .routes import BlockingRoutes
-from .errors import TailraceError, TimeoutError_, error_for
-from .records import encode_batch, encode_batch_buffers
+from .errors import BatchTooLargeError, TailraceError, TimeoutError_, error_for
+from .records import HEADER_BYTES, encode_batch, encode_batch_buffers
 
 Partitioner = Callable[[bytes | None, int, int], int]  # (key, partitions, counter) -> partition
 
@@ -42,7 +68,24 @@ def round_robin(key: bytes | None, partitions: int, counter: int) -> int:
     return counter % partitions
 
 
+def hash_partition(key: bytes, partitions: int) -> int:
+    """THE key hash (docs/PROTOCOL.md section 10): CRC-32/ISO-HDLC of the key bytes (``zlib.crc32``,
+    unsigned) modulo the partition count. Every client uses it: ``Producer``, ``AsyncProducer``
+    and ``tailrace produce --key`` (through ``Producer``), so a key lands on one partition whoever
+    sends it."""
+    return zlib.crc32(key) % partitions
+
+
+def hash_partitions(keys: Sequence[bytes], partitions: int) -> np.ndarray:
+    """``hash_partition`` of every key as int64[n]: ``zlib.crc32`` mapped in C into numpy, no
+    Python step per key (send_batch's hot path)."""
+    crcs = np.fromiter(map(zlib.crc32, keys), dtype=np.uint32, count=len(keys))
+    return crcs.astype(np.int64) % partitions
+
+
 def key_hash(key: bytes | None, partitions: int, counter: int) -> int:
+    """The default: a keyed record by ``hash_partition``, an unkeyed one round robin (Kafka's
+    rule: the key's hash when there is a key)."""
     if key is None:
         return counter % partitions
     return zlib.crc32(key) % partitions
@@ -59,12 +102,23 @@ def sticky(key: bytes | None, partitions: int, counter: int) -> int:
     batch of many records instead of many batches of a few (docs/BENCHMARKS.md, "The asyncio
     client")."""
     if key is not None:
-        return zlib.crc32(key) % partitions
+        return zlib.crc32(key) % partitions  # hash_partition, inline: once per send
     return ((counter - 1) // STICKY_RECORDS) % partitions  # (the counter is 1 at the first choice)
 
 
 PARTITIONERS = {"round_robin": round_robin, "key_hash": key_hash, "sticky": sticky}
 TIMEOUT_SCAN_S = 0.05  # how often in-flight batches are checked for request timeouts
+DEFAULT_MAX_BATCH_BYTES = 1 << 20  # the broker's default max_batch_bytes: the limit until DESCRIBE says
+BUFFER_MEMORY = 32 << 20  # Kafka's buffer.memory default
+MAX_BLOCK_MS = 60_000  # Kafka's max.block.ms default
+_BATCH_SLACK_BYTES = HEADER_BYTES + 8 * 3  # a batch's bytes besides its records' (offset arrays' ends, padding)
+
+
+def _objects(seq: Sequence) -> np.ndarray:
+    """``seq`` as a 1-D object array (each item stays itself, whatever its length)."""
+    a = np.empty(len(seq), dtype=object)
+    a[:] = seq
+    return a
 
 
 class Ack(NamedTuple):
@@ -81,7 +135,8 @@ class _Pending:
     values: list = field(default_factory=list)
     keys: list = field(default_factory=list)
     keyed: bool = False
-    nbytes: int = 0
+    nbytes: int = 0  # values' bytes
+    charged: int = 0  # values' and keys' bytes, counted against buffer_memory
     since: float = 0.0
     waiters: list | None = None  # one future per record (the asyncio producer), else None
 
@@ -98,6 +153,8 @@ class _InFlight:
     via: str | None = None  # endpoint it was sent to (None: the router)
     waiters: list | None = None  # the records' futures (asyncio producer)
     not_before: float = 0.0  # a retry waits for its backoff
+    header: bytes | None = None  # its own produce header (None: the producer's)
+    barrier: bool = False  # acks="none"'s closing round trip: a copy of a batch already counted
 
 
 class ProducerCore:
@@ -118,13 +175,15 @@ class ProducerCore:
         linger_ms: float = 5.0,
         batch_records: int = 4096,
         batch_bytes: int = 512 * 1024,
-        partitioner: str | Partitioner = "round_robin",
+        partitioner: str | Partitioner = "key_hash",
         max_in_flight_per_partition: int = 1,
         request_timeout_ms: int = 5_000,
         delivery_timeout_ms: int = 120_000,
         idempotent: bool = True,
         retry_backoff_ms: float = 2.0,
         on_ack: Callable[[str, int, int, int], None] | None = None,
+        buffer_memory: int = BUFFER_MEMORY,
+        max_block_ms: float = MAX_BLOCK_MS,
     ):
         self.acks = P.ACKS_BY_NAME[acks] if isinstance(acks, str) else P.Acks(acks)
         self.linger_s = linger_ms / 1000
@@ -134,7 +193,15 @@ class ProducerCore:
         self.max_in_flight = max_in_flight_per_partition
         self.request_timeout_s = request_timeout_ms / 1000
         self.delivery_timeout_s = delivery_timeout_ms / 1000
-        self.producer_id = random.getrandbits(62) if idempotent else -1
+        # acks="none" always has an id: its closing round trip resends a batch (see the docstring)
+        self.producer_id = random.getrandbits(62) if idempotent or self.acks == P.Acks.NONE else -1
+        self.buffer_memory = buffer_memory
+        self.max_block_s = max_block_ms / 1000
+        self._buffered_bytes = 0  # records queued + batches sealed, retried or unacknowledged
+        # acks="none": (topic, p) -> (last frame sent one-way, endpoints it went through since the
+        # last flush); flush sends that frame again with acks="memory" through each (the docstring)
+        self._oneway: dict[tuple[str, int], tuple[bytes, set]] = {}
+        self._barrier_header = P.encode(P.ProduceRequest(acks=int(P.Acks.MEMORY), timeout_ms=request_timeout_ms))
         self._seq: dict[tuple[str, int], int] = {}  # (topic, p) -> next base sequence
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.on_ack = on_ack
@@ -169,13 +236,34 @@ class ProducerCore:
         self._counter += 1
         return self.partitioner(key, partitions, self._counter)
 
+    @property
+    def max_batch_bytes(self) -> int:
+        """The broker's batch limit (DESCRIBE_TOPIC's), its default until one was heard."""
+        return self.routes.max_batch_bytes or DEFAULT_MAX_BATCH_BYTES
+
+    def _too_large(self, value: bytes, key: bytes | None) -> BatchTooLargeError | None:
+        """The error for a record that cannot fit in any batch the broker takes, else None."""
+        size = len(value) + (0 if key is None else len(key) + 8) + _BATCH_SLACK_BYTES
+        limit = self.max_batch_bytes
+        if size <= limit:
+            return None
+        return BatchTooLargeError(f"BATCH_TOO_LARGE: a record of {size - _BATCH_SLACK_BYTES} bytes makes a batch of "
+                                  f"{size} bytes; the broker takes at most max_batch_bytes={limit} (not sent)")
+
     def _add(self, tp, value: bytes, key: bytes | None, waiter=None) -> None:
-        """Queue one record for partition ``tp`` (and its future, if it has one)."""
+        """Queue one record for partition ``tp`` (and its future, if it has one). The caller
+        checked it with ``_too_large``."""
+        rec = len(value) + (0 if key is None else len(key))
         pend = self._pending.get(tp)
         if pend is None:
             pend = self._pending[tp] = _Pending(since=time.monotonic())
         elif not pend.values:
             pend.since = time.monotonic()
+        elif pend.charged + rec + 8 * (len(pend.values) + 1) * (1 + pend.keyed) + _BATCH_SLACK_BYTES > self.max_batch_bytes:
+            self._seal(tp, pend)  # with this record the batch would be over the broker's limit
+            pend.since = time.monotonic()
+        self._buffered_bytes += rec
+        pend.charged += rec
         if key is not None and not pend.keyed:
             pend.keyed = True
             pend.keys = [b""] * len(pend.values)
@@ -198,12 +286,14 @@ class ProducerCore:
         """``send_batch``'s partitioning: (partition, values, keys) groups. With a key-hash
         partitioner and keys, by key; otherwise the whole call to one partition."""
         if keys is not None and self.partitioner in (key_hash, sticky):
-            parts = np.fromiter((zlib.crc32(k) % partitions for k in keys), dtype=np.int64, count=len(keys))
-            out = []
-            for p in np.unique(parts).tolist():
-                idx = np.flatnonzero(parts == p).tolist()
-                out.append((p, [values[i] for i in idx], [keys[i] for i in idx]))
-            return out
+            parts = hash_partitions(keys, partitions)
+            order = np.argsort(parts, kind="stable")  # by partition, send order kept within each
+            sorted_parts = parts[order]
+            cuts = (np.flatnonzero(sorted_parts[1:] != sorted_parts[:-1]) + 1).tolist()
+            vs, ks = _objects(values)[order], _objects(keys)[order]
+            starts = [0, *cuts]
+            return [(int(sorted_parts[a]), v.tolist(), k.tolist())
+                    for a, v, k in zip(starts, np.split(vs, cuts), np.split(ks, cuts))]
         return [(self._choose(topic, None, None, partitions), values, keys)]
 
     def _queue_batch(self, tp, values: Sequence[bytes], keys: Sequence[bytes] | None) -> None:
@@ -215,10 +305,12 @@ class ProducerCore:
         for i in range(0, len(values), step):
             chunk = values[i : i + step]
             frame = encode_batch(chunk, None if keys is None else keys[i : i + step], **self._ids(tp, len(chunk)))
+            self._buffered_bytes += len(frame)
             q.append((frame, len(chunk), None))
 
     def _queue_buffers(self, tp, values, value_offsets, keys, key_offsets) -> None:
         frame = encode_batch_buffers(values, value_offsets, keys, key_offsets, **self._ids(tp, len(value_offsets) - 1))
+        self._buffered_bytes += len(frame)
         self._ready.setdefault(tp, deque()).append((frame, len(value_offsets) - 1, None))
 
     def _ids(self, tp, count: int) -> dict:
@@ -239,10 +331,12 @@ class ProducerCore:
             if pend.keyed:
                 pend.keys = [pend.keys[i] for i in keep]
             waiters = [waiters[i] for i in keep]
+        self._buffered_bytes -= pend.charged  # the records' bytes become the frame's
         if pend.values:
             frame = encode_batch(pend.values, pend.keys if pend.keyed else None, **self._ids(tp, len(pend.values)))
+            self._buffered_bytes += len(frame)
             self._ready.setdefault(tp, deque()).append((frame, len(pend.values), waiters))
-        pend.values, pend.keys, pend.keyed, pend.nbytes, pend.waiters = [], [], False, 0, None
+        pend.values, pend.keys, pend.keyed, pend.nbytes, pend.charged, pend.waiters = [], [], False, 0, 0, None
 
     def _seal_all(self) -> None:
         for tp in list(self._lingering):
@@ -289,14 +383,22 @@ class ProducerCore:
                 b = _InFlight(tp[0], tp[1], frame, count, now, now, waiters=waiters)
             else:
                 break
+            if len(b.frame) > self.max_batch_bytes:  # the broker would drop the connection, unread
+                self._fail(b, BatchTooLargeError(
+                    f"BATCH_TOO_LARGE: a batch of {len(b.frame)} bytes ({b.count} records) to {b.topic}/{b.partition}; "
+                    f"the broker takes at most max_batch_bytes={self.max_batch_bytes} (not sent)"))
+                continue
             b.via = self._route(b.topic, b.partition)
             try:
-                rid = self.pool.send(b.via, P.Op.PRODUCE, b.topic, b.partition, self._header, b.frame)
+                rid = self.pool.send(b.via, P.Op.PRODUCE, b.topic, b.partition, b.header or self._header, b.frame)
             except TailraceError as exc:  # refused before sending (a topic name over the limit)
                 self._fail(b, exc)
                 continue
-            if self.acks == P.Acks.NONE:
+            if b.header is None and self.acks == P.Acks.NONE:
                 self.acked_records += b.count
+                self._buffered_bytes -= len(b.frame)
+                last = self._oneway.get(tp)
+                self._oneway[tp] = (b.frame, ({b.via} if last is None else last[1] | {b.via}))
                 if b.waiters:
                     self._resolve(b, None)
                 continue
@@ -306,6 +408,23 @@ class ProducerCore:
             del self._retry[tp]
         if ready is not None and not ready:
             del self._ready[tp]
+
+    def _send_barriers(self) -> None:
+        """acks="none": send each partition's last one-way batch again with acks="memory", through
+        every path its batches took since the last flush; their answers close the flush (see the
+        module docstring for why this, and not socket linger)."""
+        now = time.monotonic()
+        for tp, (frame, vias) in self._oneway.items():
+            for via in vias:
+                b = _InFlight(tp[0], tp[1], frame, 0, now, now, via=via, header=self._barrier_header, barrier=True)
+                try:
+                    rid = self.pool.send(via, P.Op.PRODUCE, b.topic, b.partition, b.header, frame)
+                except TailraceError as exc:
+                    self._fail(b, exc)
+                    continue
+                self._inflight[rid] = b
+                self._inflight_per[tp] = self._inflight_per.get(tp, 0) + 1
+        self._oneway.clear()
 
     # --- replies -------------------------------------------------------------------------
     def _on_reply(self, r) -> None:
@@ -317,6 +436,9 @@ class ProducerCore:
         self.routes.answered(b.topic, b.partition, r.via, r.code)
         if r.code == P.ErrorCode.OK:
             self.acked_records += b.count
+            if b.barrier:
+                return  # its records were counted when they went one-way
+            self._buffered_bytes -= len(b.frame)
             rep = P.decoder(P.ProduceReply).decode(r.header)
             self.throttle_ms += rep.throttle_ms
             if self.on_ack is not None or b.waiters:
@@ -344,6 +466,8 @@ class ProducerCore:
 
     def _fail(self, b: _InFlight, exc: TailraceError) -> None:
         """A batch failed for good: its futures raise ``exc``; without futures, ``flush`` does."""
+        if not b.barrier:
+            self._buffered_bytes -= len(b.frame)
         told = False
         for w in b.waiters or ():
             if w is not None and not w.done():
@@ -395,13 +519,22 @@ class ProducerCore:
         """Whether anything is queued or unacknowledged (what ``flush`` waits out)."""
         return bool(self._inflight or self._ready or self._retry or self._lingering)
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes held for records queued or unacknowledged (bounded by ``buffer_memory``)."""
+        return self._buffered_bytes
+
+    def _room(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more may be queued now (always, into an empty buffer)."""
+        return self._buffered_bytes + nbytes <= self.buffer_memory or self._buffered_bytes <= 0
+
 
 class Producer(ProducerCore):
     """The blocking producer: ``ProducerCore`` driven by the caller's own calls."""
 
     def __init__(
         self,
-        bootstrap: str = DEFAULT_BOOTSTRAP,
+        bootstrap: str | None = None,
         *,
         direct: bool = True,
         same_host: bool = False,
@@ -426,10 +559,34 @@ class Producer(ProducerCore):
 
     # --- sending -------------------------------------------------------------------------
     def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
+        """Queue one record. Raises ``BatchTooLargeError`` at once for a record over the broker's
+        batch limit; blocks while ``buffer_memory`` is full, ``TimeoutError_`` after ``max_block_ms``."""
         if partition is None:
             partition = self._choose(topic, key, None, self.partitions_for(topic))
+        exc = self._too_large(value, key)
+        if exc is not None:
+            raise exc
+        rec = len(value) + (0 if key is None else len(key))
+        if not self._room(rec):
+            self._wait_for_room(rec)
         self._add((topic, partition), value, key)
         self._pump()
+
+    def _wait_for_room(self, nbytes: int) -> None:
+        """Take in acknowledgements until ``nbytes`` fit in ``buffer_memory`` (Kafka's send
+        blocking on a full buffer); ``TimeoutError_`` after ``max_block_ms``."""
+        deadline = time.monotonic() + self.max_block_s
+        while not self._room(nbytes):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError_(
+                    f"buffer full: {self._buffered_bytes} bytes queued or unacknowledged, buffer_memory="
+                    f"{self.buffer_memory}; no room for {nbytes} more within max_block_ms={self.max_block_s * 1000:g}")
+            if self._inflight:
+                self._pump(timeout_ms=max(1, min(50, int(left * 1000))))
+            else:
+                self._pump()
+                time.sleep(min(0.001, left))  # lingering records: sealed and sent when their time comes
 
     def send_batch(self, topic: str, values: Sequence[bytes], keys: Sequence[bytes] | None = None,
                    partition: int | None = None) -> None:
@@ -438,6 +595,9 @@ class Producer(ProducerCore):
         next round-robin choice), split into batches of at most batch_records / batch_bytes."""
         if not values:
             return
+        nbytes = sum(map(len, values)) + (0 if keys is None else sum(map(len, keys)))
+        if not self._room(nbytes):
+            self._wait_for_room(nbytes)
         if partition is not None:
             self._queue_batch((topic, partition), values, keys)
         else:
@@ -452,6 +612,9 @@ class Producer(ProducerCore):
         (and optionally ``keys`` with ``key_offsets`` the same way): no Python step per record."""
         if partition is None:
             partition = self._choose(topic, None, None, self.partitions_for(topic))
+        nbytes = len(values) + (0 if keys is None else len(keys))
+        if not self._room(nbytes):
+            self._wait_for_room(nbytes)
         self._queue_buffers((topic, partition), values, value_offsets, keys, key_offsets)
         self._pump()
 
@@ -477,12 +640,16 @@ class Producer(ProducerCore):
         self._pump(timeout_ms)
 
     def flush(self, timeout_ms: int = 60_000) -> int:
-        """Send everything queued and wait for every ack; return records acked so far."""
+        """Send everything queued and wait for every ack; return records acked so far. With
+        acks="none", wait until the broker has taken every batch sent (the module docstring)."""
         self._seal_all()
         deadline = time.monotonic() + timeout_ms / 1000
-        while self._inflight or any(self._ready.values()) or self._retry:
+        self._advance()
+        while self._inflight or any(self._ready.values()) or self._retry or self._oneway:
             if time.monotonic() > deadline:
                 raise TimeoutError_(f"flush timed out with {len(self._inflight)} batches in flight")
+            if self._oneway and not (self._ready or self._retry):
+                self._send_barriers()
             self._pump(timeout_ms=50)
         self._take_errors()
         return self.acked_records
@@ -500,4 +667,5 @@ class Producer(ProducerCore):
         self.close()
 
 
-__all__ = ["Ack", "Producer", "ProducerCore", "round_robin", "key_hash", "sticky", "error_for"]
+__all__ = ["Ack", "Producer", "ProducerCore", "round_robin", "key_hash", "sticky", "hash_partition", "hash_partitions",
+           "error_for"]

@@ -317,6 +317,7 @@ class DescribeReply(msgspec.Struct):
     partitions: list[PartitionInfo]
     instance: str = ""  # shared-memory instance name of the broker (same-host ring reads)
     data_id: int = 0  # the data directory's identity, as the control table carries it
+    max_batch_bytes: int = 0  # the largest batch the broker takes (its max_batch_bytes; 0: not said)
 
 
 class ListTopicsRequest(msgspec.Struct, omit_defaults=True):

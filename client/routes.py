@@ -35,10 +35,13 @@ class Routes:
         self.confirmed: set[tuple[str, int]] = set()  # answered OK via the router at least once
         self.refresh_at: dict[str, float] = {}  # topic -> when to DESCRIBE again
         self.learned_at: dict[str, float] = {}  # topic -> when its DESCRIBE was last taken in
+        self.max_batch_bytes = 0  # the broker's batch limit, from DESCRIBE (0: not heard yet)
 
     def learn(self, topic: str, d: P.DescribeReply) -> int:
         """Take in a DESCRIBE_TOPIC answer; returns the topic's partition count."""
         self.partitions_of[topic] = d.topic.partitions
+        if d.max_batch_bytes > 0:
+            self.max_batch_bytes = d.max_batch_bytes
         for pi in d.partitions:
             old = self.endpoints.get((topic, pi.partition))
             if old is not None and old not in (pi.endpoint, pi.local_endpoint):

@@ -484,7 +484,8 @@ class Router(WorkerLiveness):
                                          ring_unflushed_bytes=po.ring_unflushed_bytes, appended_bytes=po.appended_bytes))
         if not self.data_id:
             self.data_id = data_dir_id(self.s.data_dir) or 0
-        self.port.send([ident, head, P.encode(P.DescribeReply(self._info(t), parts, self.s.instance, self.data_id))])
+        self.port.send([ident, head, P.encode(P.DescribeReply(self._info(t), parts, self.s.instance, self.data_id,
+                                                                      self.s.max_batch_bytes))])
 
     def status(self) -> P.StatusReply:
         now = time.monotonic()
