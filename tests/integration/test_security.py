@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import shutil
 import socket
 import stat
@@ -520,3 +521,29 @@ def test_acl_and_quota_files_are_private_whatever_the_operator_s_umask(make_brok
     for name in ("acls.json", "quotas.json"):
         mode = stat.S_IMODE(os.stat(os.path.join(auth_dir(str(b.data_dir)), name)).st_mode)
         assert mode == 0o600, f"{name} is {mode:04o}"
+
+
+def test_the_readme_acl_example_followed_lets_alice_produce_and_consume_in_a_group(secured):
+    """The README's ``tailrace acl add`` lines, run as they are: alice then creates an
+    ``orders.`` topic, produces to it and reads it back in group ``orders.billing``, committing."""
+    b = secured
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    lines = [ln for ln in readme.splitlines() if ln.startswith("tailrace acl add ")]
+    assert lines and 'group="orders.billing"' in readme
+    for ln in lines:
+        _acl(b, *shlex.split(ln)[2:])
+    time.sleep(1.5)
+    with Admin(b.bootstrap, **b.alice) as a:
+        a.create_topic("orders.eu", 2)
+    with Producer(b.bootstrap, acks="durable", linger_ms=0, **b.alice) as p:
+        for i in range(20):
+            p.send("orders.eu", b"o%d" % i)
+        assert p.flush(10_000) == 20
+    with Consumer(b.bootstrap, group="orders.billing", auto_offset_reset="earliest", auto_commit=False,
+                  max_wait_ms=50, **b.alice) as c:
+        c.subscribe("orders.eu")
+        got, deadline = [], time.monotonic() + 20
+        while len(got) < 20 and time.monotonic() < deadline:
+            got += c.poll(100)
+        assert sorted(r.value for r in got) == sorted(b"o%d" % i for i in range(20))
+        assert sum(c.commit().values()) == 20
