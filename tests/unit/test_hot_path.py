@@ -59,3 +59,20 @@ def test_produce_flush_and_fetch_run_the_same_python_lines_for_10_or_5000_record
             assert b <= s + 3, f"{name}: {s} lines for 10 records but {b} for 5000: a per-message loop?"
     finally:
         st.close()
+
+
+def test_keyed_send_batch_partitions_by_key_hash_with_the_same_python_lines_for_10_or_5000_records():
+    import zlib
+
+    from tailrace.client.producer import ProducerCore
+
+    core = ProducerCore(acks="memory")  # the default partitioner: the key hash
+    counts = {}
+    for n in (10, 5000, 10, 5000):
+        keys = [b"user-%d" % i for i in range(n)]
+        values = [b"v" * 50] * n
+        out = []
+        counts.setdefault(n, []).append(_lines(lambda: out.extend(core._split_batch("t", values, keys, 8))))
+        placed = {k: p for p, _vs, ks in out for k in ks}
+        assert all(placed[k] == zlib.crc32(k) % 8 for k in keys)
+    assert max(counts[5000]) <= min(counts[10]) + 3, f"{counts}: a per-record loop?"
