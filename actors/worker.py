@@ -38,13 +38,14 @@ from tailrace.broker.reply_port import ReplyPort
 from tailrace.broker.stats import Histogram, StatsFile, label_key
 from tailrace.client import protocol as P
 from tailrace.broker import settings as settings_mod
-from tailrace.broker.catalog import Catalog
+from tailrace.broker.catalog import OFFSETS_TOPIC, Catalog
 from tailrace.client import unixwire
 from tailrace.shm import layout
 from tailrace.persistence.flusher import STAGE_MIN_BYTES
 from tailrace.shm.doorbell import KICK_ADOPTED, KICK_DATA, KICK_DURABLE, Doorbell, Ringer
 from tailrace.shm.layout import COL
 from tailrace.shm.ring import ControlTable, LayoutMismatch
+from tailrace.shm.rows import HeaderView
 from tailrace.persistence.index import IndexFile
 from tailrace.persistence.timesearch import first_at_or_after
 from tailrace.client.records import iter_batches
@@ -63,6 +64,9 @@ EXIT_NO_BROKER = 4
 DRAIN_MAX = 512
 KICK_INTERVAL_S = 0.002
 KICK_MIN_BYTES = STAGE_MIN_BYTES  # plain data waiting before a worker kicks the flusher: what it stages at once
+STORAGE_FULL_MESSAGE = ("the journal's filesystem is fuller than disk_max_used_ratio: produce is refused until there is room "
+                        "(retriable; nothing was stored)")
+OFFSETS_TOPIC_BYTES = OFFSETS_TOPIC.encode()  # group commits are still taken when storage is full: a few bytes each
 READS_ENDPOINT = "inproc://tailrace-disk-reads"
 UNLINKED_SWEEP_S = 1.0  # how often cached journal files are checked for deletion by retention
 CATALOG_CHECK_S = 0.25  # how often the catalog is checked for deleted topics (one stat)
@@ -188,6 +192,7 @@ class Worker:
         self.s = s
         self.worker_id = worker_id
         self.table = table
+        self.header = HeaderView(table.header_words)  # storage_full: loaded once per produce request
         self.catalog = Catalog(s.data_dir)
         self.journal = JournalReader(s.data_dir, s.segment_bytes)
         self.actors: dict[int, PartitionActor] = {}  # slot -> actor
@@ -417,6 +422,8 @@ class Worker:
         actor = self.actor_for(assign, topic, partition, reply)
         if actor is None:
             return
+        if self.header.storage_full and topic != OFFSETS_TOPIC_BYTES:  # the flusher's disk guard (persistence/diskguard.py)
+            return reply(P.ErrorCode.STORAGE_FULL, P.ErrorReply(STORAGE_FULL_MESSAGE))
         code, message, base, count, t = actor.append(rest[2], self.s.max_batch_bytes)
         if code != P.ErrorCode.OK:
             if code == P.ErrorCode.BACKPRESSURE:

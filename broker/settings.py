@@ -18,6 +18,7 @@ from tailrace.client.connection import parse_bootstrap
 from . import auth, datadir
 
 METRICS_OFF = ("off", "no", "none", "0", "")
+DISK_FULL_POLICIES = ("refuse", "delete_oldest")  # persistence/diskguard.py; the first is the default
 
 MiB = 1 << 20
 
@@ -38,7 +39,10 @@ class Settings(msgspec.Struct, kw_only=True):
     checkpoint_interval_ms: int = 10_000  # how often index files are synced and checkpointed
     retention_ms: int = 7 * 24 * 3600 * 1000  # a topic's records are kept this long unless it says otherwise; -1: forever
     retention_bytes: int = -1  # per partition, unless the topic says otherwise; -1: no limit
-    disk_max_used_ratio: float = 0.85  # the journal's filesystem fuller than this: oldest segments go even inside retention (1.0: never)
+    disk_max_used_ratio: float = 0.85  # the journal's filesystem fuller than this: "storage full" (disk_full_policy; 1.0: never)
+    disk_full_policy: str = "refuse"  # storage full: "refuse" produce (STORAGE_FULL, retriable; nothing deleted) or
+    # "delete_oldest" (RocketMQ's: the oldest segments go inside retention, then refuse) (persistence/diskguard.py)
+    disk_force_delete_min_age_ms: int = 3600 * 1000  # delete_oldest never deletes a segment written to within this long
     retention_check_ms: int = 5000  # how often the flusher moves log starts and deletes segments (persistence/retention.py)
     group_offsets_retention_ms: int = 6 * 3600 * 1000  # __consumer_offsets keeps records this long: a router start reads at most that
     group_refresh_ms: int = 2 * 3600 * 1000  # every group's offsets are written again this often (router/groups.py)
@@ -120,7 +124,11 @@ class Settings(msgspec.Struct, kw_only=True):
             raise ValueError(f"workers={self.workers} must be >= 1")
         datadir.parse_mode(self.data_mode)
         if not 0.0 < self.disk_max_used_ratio <= 1.0:
-            raise ValueError(f"disk_max_used_ratio={self.disk_max_used_ratio} must be in (0, 1] (1: never delete inside retention)")
+            raise ValueError(f"disk_max_used_ratio={self.disk_max_used_ratio} must be in (0, 1] (1: never full)")
+        if self.disk_full_policy not in DISK_FULL_POLICIES:
+            raise ValueError(f"disk_full_policy={self.disk_full_policy!r}: one of {', '.join(DISK_FULL_POLICIES)}")
+        if self.disk_force_delete_min_age_ms < 0:
+            raise ValueError(f"disk_force_delete_min_age_ms={self.disk_force_delete_min_age_ms} must be >= 0")
         if not 0 < self.group_refresh_ms < self.group_offsets_retention_ms:
             raise ValueError(f"group_refresh_ms={self.group_refresh_ms} must be > 0 and below group_offsets_retention_ms="
                              f"{self.group_offsets_retention_ms} (offsets are written again before they expire)")

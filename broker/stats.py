@@ -109,3 +109,17 @@ def read_all(run_dir: str) -> list[Snapshot]:
 
 def label_key(*values) -> str:
     return "|".join(str(v) for v in values)
+
+
+def flusher_disk(run_dir: str) -> dict:
+    """The flusher's disk figures from its last snapshot (at most WRITE_EVERY_S old), for
+    ``tailrace status``: ``storage_full``, ``disk_used_ratio`` (-1 without a snapshot) and
+    ``records_force_deleted`` (by disk_full_policy=delete_oldest since the flusher started)."""
+    try:
+        with open(stats_file(run_dir, "flusher"), "rb") as f:
+            snap = _decode(f.read())
+    except (OSError, msgspec.DecodeError):
+        return {"storage_full": False, "disk_used_ratio": -1.0, "records_force_deleted": 0}
+    return {"storage_full": bool(snap.gauges.get("storage_full", {}).get("", 0)),
+            "disk_used_ratio": float(snap.gauges.get("journal_disk_used_ratio", {}).get("", -1.0)),
+            "records_force_deleted": int(snap.counters.get("journal_records_forced", {}).get("", 0))}

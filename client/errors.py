@@ -49,6 +49,7 @@ AuthenticationFailedError = _make(ErrorCode.AUTHENTICATION_FAILED,
                                   "Raised when the broker refused the CURVE handshake: no key, a wrong key or one not allowed.")
 OutOfOrderSequenceError = _make(ErrorCode.OUT_OF_ORDER_SEQUENCE,
                                 "Raised when an idempotent batch's base sequence skips ahead of, or falls behind, what the partition expects.")
+StorageFullError = _make(ErrorCode.STORAGE_FULL, "Raised when the broker refuses produce because its journal's disk is nearly full (retriable).")
 InternalTopicError = _make(ErrorCode.INTERNAL_TOPIC, "Raised when topic admin names one of the broker's own topics (__consumer_offsets).")
 
 
@@ -73,6 +74,7 @@ BY_CODE: dict[int, type[TailraceError]] = {
         StorageUnavailableError, TopicExistsError, ShmBudgetExceededError, InvalidRequestError, TimeoutError_,
         NotReadyError, InternalError, NotAuthorizedError, AuthenticationFailedError, UnknownMemberIdError,
         FencedMemberEpochError, GroupNotEmptyError, UnknownGroupError, OutOfOrderSequenceError, InternalTopicError,
+        StorageFullError,
     )
 }
 

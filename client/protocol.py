@@ -190,9 +190,11 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_GROUP = 23
     OUT_OF_ORDER_SEQUENCE = 24  # an idempotent batch's base sequence is not the next one the partition expects: nothing stored
     INTERNAL_TOPIC = 25  # the topic is the broker's own (__consumer_offsets): topic admin may not create, alter or delete it
+    STORAGE_FULL = 26  # the journal's filesystem is fuller than disk_max_used_ratio: produce refused, nothing stored (retriable)
 
 
-RETRIABLE = frozenset({ErrorCode.NOT_OWNER, ErrorCode.BACKPRESSURE, ErrorCode.NOT_READY, ErrorCode.TIMEOUT})
+RETRIABLE = frozenset({ErrorCode.NOT_OWNER, ErrorCode.BACKPRESSURE, ErrorCode.NOT_READY, ErrorCode.TIMEOUT,
+                       ErrorCode.STORAGE_FULL})
 
 
 def pack_routing(op: int, partition: int, request_id: int, topic: bytes, code: int = 0) -> bytes:
@@ -402,6 +404,10 @@ class StatusReply(msgspec.Struct):
     journal_bytes: int = 0  # the journal's disk use
     shm_used_bytes: int = 0  # shared memory the topics' rings take
     shm_budget_bytes: int = 0
+    storage_full: bool = False  # produce is refused (STORAGE_FULL) until the journal's filesystem has room
+    disk_used_ratio: float = -1.0  # the journal's filesystem, as the flusher last saw it (-1: not known)
+    disk_max_used_ratio: float = 0.0  # the limit (the broker's setting)
+    records_force_deleted: int = 0  # records disk_full_policy=delete_oldest deleted inside retention, since boot
 
 
 class Empty(msgspec.Struct):

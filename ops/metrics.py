@@ -54,7 +54,9 @@ PROCESS_METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "flusher_unsynced_bytes": ("gauge", (), "Bytes written to the journal and not yet fsynced."),
     "journal_segments_deleted": ("counter", (), "Journal segments deleted by retention (persistence/retention.py)."),
     "journal_bytes_deleted": ("counter", (), "Bytes of journal segments deleted by retention."),
-    "journal_segments_forced": ("counter", (), "Journal segments the disk guard deleted inside retention (--disk-max-used-ratio)."),
+    "journal_segments_forced": ("counter", (), "Journal segments the disk guard deleted inside retention (--disk-full-policy delete_oldest)."),
+    "journal_records_forced": ("counter", (), "Records the disk guard deleted inside retention (--disk-full-policy delete_oldest)."),
+    "storage_full": ("gauge", (), "1 while the journal's filesystem is fuller than --disk-max-used-ratio: produce is refused (STORAGE_FULL)."),
     "slots_retired": ("counter", (), "Partition slots of deleted topics the flusher cleared (free for new partitions)."),
     "journal_pinned_by": ("gauge", ("topic", "partition"), "1 for the partition whose oldest kept record keeps the oldest "
                                                            "journal segment: a long-retention topic pins segments for everyone."),

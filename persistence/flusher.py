@@ -292,12 +292,13 @@ class Flusher:
         return total
 
     def stats_parts(self) -> tuple[dict, dict, dict]:
-        r = self.retention
+        r, g = self.retention, self.retention.guard
         return ({"flusher_cycles": {"": self.cycles}, "flusher_bytes_written": {"": self.bytes_written},
                  "flusher_syncs": {"": self.syncs}, "journal_segments_deleted": {"": r.segments_deleted},
-                 "journal_bytes_deleted": {"": r.bytes_deleted}, "journal_segments_forced": {"": r.segments_forced},
-                 "slots_retired": {"": self.retirer.slots_retired}},
-                {"flusher_unsynced_bytes": {"": self.unsynced_bytes}, "journal_pinned_by": {str(r.pinned_by): 1} if r.pinned_by >= 0 else {}},
+                 "journal_bytes_deleted": {"": r.bytes_deleted}, "journal_segments_forced": {"": g.segments_forced},
+                 "journal_records_forced": {"": g.records_forced}, "slots_retired": {"": self.retirer.slots_retired}},
+                {"flusher_unsynced_bytes": {"": self.unsynced_bytes}, "journal_pinned_by": {str(r.pinned_by): 1} if r.pinned_by >= 0 else {},
+                 "storage_full": {"": int(g.full)}, "journal_disk_used_ratio": {"": round(g.used, 4)}},
                 {"flusher_write_duration_seconds": {"": self.write_hist.snapshot()},
                  "flusher_fsync_duration_seconds": {"": self.fsync_hist.snapshot()}})
 
@@ -478,6 +479,11 @@ def run(flusher: Flusher, bell: Doorbell, stop: list) -> None:
                 flusher.retention.run(now_ns)
             except Exception:  # noqa: BLE001 - retention waits for the next pass; the data path goes on
                 log.exception("retention pass failed")
+        if not flusher.failed and flusher.retention.guard.due(now_ns):
+            try:
+                flusher.retention.guard.check(now_ns)
+            except Exception:  # noqa: BLE001 - the next check is DISK_CHECK_NS away; the data path goes on
+                log.exception("disk check failed")
         if not flusher.failed and flusher.retirer.due(now_ns):
             try:
                 flusher.retirer.run(now_ns)

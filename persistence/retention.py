@@ -27,6 +27,10 @@ Crash safety, in this order, each step durable before the next:
 3. the checkpoint's segment and every later one are never deleted (recovery scans from it), and
    recovery treats index entries below a log start as gone (persistence/recovery.py).
 
+A full disk deletes nothing inside retention by default: the flusher refuses produce until
+there is room again (persistence/diskguard.py; RocketMQ's delete-the-oldest is an opt-in policy
+there, which uses ``_expire_below`` below).
+
 Index files shrink with the log: the entries below a log start are punched out of the file
 (``fallocate(PUNCH_HOLE)``: the file keeps its offsets, the blocks are freed).
 """
@@ -48,6 +52,7 @@ from tailrace.broker.datadir import JOURNAL_DIR, fsync_dir, segment_name, write_
 from tailrace.client.records import align8_array
 from tailrace.shm.layout import COL
 
+from .diskguard import DiskGuard
 from .index import ENTRY_BYTES, first_at_position
 from .journal import JournalReader, list_segments
 from .timesearch import first_at_or_after
@@ -205,8 +210,7 @@ class Retention:
         self.pinned_by = -1  # the slot whose log start keeps the oldest segment (-1: none)
         self.counts: dict[int, ByteCount] = {}  # slot -> bytes kept, for partitions with a byte limit
         self.first_times: dict[int, tuple[int, int]] = {}  # slot -> (log start, its append time us), as last read
-        self.segments_forced = 0  # segments the disk guard deleted inside retention
-        self.guard_stuck = False  # over the ratio with nothing deletable (logged once)
+        self.guard = DiskGuard(self)  # storage full: refuse produce, or delete inside retention (opt in)
 
     def forget(self, slots) -> bool:
         """Drop what is kept of ``slots`` (a deleted topic's, persistence/retire.py); True if a
@@ -273,7 +277,7 @@ class Retention:
             self.reader = JournalReader(self.s.data_dir, self.s.segment_bytes)
         self._advance(bytes_only)
         self._delete_segments(self.starts)
-        self._guard()
+        self.guard.check(now_ns)
         self._punch(self.starts)
 
     # --- 1. log starts -------------------------------------------------------------------
@@ -365,45 +369,13 @@ class Retention:
             log.info("retention: deleted %d journal segments below position %d (oldest kept record: slot %d)",
                      len(gone), keep, who)
 
-    # --- the disk guard ------------------------------------------------------------------
-    def used_ratio(self) -> float:
-        st = os.statvfs(self.journal_dir)
-        return 1.0 - st.f_bavail / st.f_blocks if st.f_blocks else 0.0
-
-    def _guard(self) -> None:
-        """RocketMQ's disk guard: while the journal's filesystem is fuller than
-        ``disk_max_used_ratio``, the oldest segment goes even inside retention (every partition
-        with records in it starts after it). Durable produce fails (STORAGE_UNAVAILABLE) only
-        when the disk fills with nothing deletable left: the checkpoint's segment and later."""
-        ratio = self.s.disk_max_used_ratio
-        if ratio >= 1.0:
-            return
-        seg_bytes = self.s.segment_bytes
-        keep = min(self.f.checkpointed_at, self.f.journal.segment_start)
-        keep -= keep % seg_bytes
-        used = self.used_ratio()
-        for seg in list_segments(self.journal_dir):
-            if used <= ratio:
-                self.guard_stuck = False
-                return
-            if seg + seg_bytes > keep:
-                break
-            self._expire_below(seg + seg_bytes)
-            self._delete_segments(self.starts)
-            self.segments_forced += 1
-            log.warning("disk guard: the journal's filesystem was %.0f%% used (limit %.0f%%): deleted segment %s "
-                        "inside retention", used * 100, ratio * 100, segment_name(seg))
-            used = self.used_ratio()
-        if used > ratio and not self.guard_stuck:
-            self.guard_stuck = True
-            log.error("disk guard: the journal's filesystem is %.0f%% used (limit %.0f%%) and nothing more can be "
-                      "deleted; durable produce fails when it is full", used * 100, ratio * 100)
-
-    def _expire_below(self, position: int) -> None:
-        """Move every log start whose record lies below journal ``position`` past it, durably first."""
+    # --- the disk guard (persistence/diskguard.py) ---------------------------------------
+    def _expire_below(self, position: int) -> int:
+        """Move every log start whose record lies below journal ``position`` past it, durably
+        first (the disk guard's ``delete_oldest`` only); the number of records it took."""
         rows = self.f.table.rows
         active = set(np.flatnonzero(rows[:, COL["active"]] == 1).tolist())
-        moved = {}
+        moved, was = {}, {}  # slot -> new log start, slot -> the start it had
         for slot in sorted(active | set(self.f.catalog.by_slot)):
             start = max(self.stored_start(slot, slot in active), int(rows[slot, COL["log_start_offset"]]) if slot in active else 0)
             end = int(rows[slot, COL["flushed_offset"]]) if slot in active else self.f._index(slot).entry_count()
@@ -412,15 +384,16 @@ class Retention:
             index = self.f._index(slot)
             e = index.read(start, 1)
             if len(e) and int(e["position"][0]) < position:
-                moved[slot] = first_at_position(index, start, end, position)
+                moved[slot], was[slot] = first_at_position(index, start, end, position), start
         if not moved:
-            return
+            return 0
         self._store(moved)
         for slot, new in moved.items():
             if slot in active:
                 rows[slot, COL["log_start_offset"]] = new
         log.warning("disk guard: log start moved inside retention in %d partitions (%s)", len(moved),
-                    ", ".join(f"slot {s} -> {o}" for s, o in list(moved.items())[:8]))
+                    ", ".join(f"slot {s} -> {o} ({o - was[s]} records)" for s, o in list(moved.items())[:8]))
+        return sum(new - was[slot] for slot, new in moved.items())
 
     # --- 3. indexes ----------------------------------------------------------------------
     def _punch(self, starts: dict[int, int]) -> None:

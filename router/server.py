@@ -28,7 +28,7 @@ from zmq.utils.monitor import recv_monitor_message
 from tailrace.broker import acl, auth, datadir
 from tailrace.broker.reply_port import ReplyPort
 from tailrace.broker.datadir import ROUTER_FILE, journal_usage, write_atomic
-from tailrace.broker.stats import StatsFile
+from tailrace.broker.stats import StatsFile, flusher_disk
 from tailrace.client import protocol as P
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import INTERNAL_TOPICS, Catalog, internal_topic_refusal, stored_worker_count, valid_topic_name
@@ -512,6 +512,8 @@ class Router(WorkerLiveness):
             journal_bytes=journal_usage(self.s.data_dir)[1],
             shm_used_bytes=self.catalog.shm_bytes(ring_region_bytes),
             shm_budget_bytes=self.s.shm_budget_bytes,
+            disk_max_used_ratio=self.s.disk_max_used_ratio,
+            **flusher_disk(self.s.ipc_path()),  # storage full, as the flusher's disk guard last said
         )
 
     def stats_parts(self) -> tuple[dict, dict, dict]:

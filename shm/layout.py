@@ -9,7 +9,9 @@ Two kinds of POSIX shared-memory region exist per broker instance (one instance 
     +----------------------+--------------------------------+---------------- ... ---+
 
     table header: line 0 identity and state (the flusher; data_id at 56), line 1 the ``wake``
-    futex word at 64 (every worker and the flusher store to it: shm/futex.py), then reserved
+    futex word at 64 (every worker and the flusher store to it: shm/futex.py), ``storage_full``
+    at 72 (the flusher alone stores it, when its disk check changes its mind; every worker loads
+    it once per produce request: shm/rows.py ``HeaderView``), then reserved
 
     row, one int64 per field; each cache line has exactly one writer:
     line 0  (set when the slot is recovered or created; flusher at boot, actor at attach)
@@ -64,13 +66,19 @@ TABLE_HEADER_DTYPE = np.dtype(
         # futex word (low 4 bytes) that same-host ring readers sleep on: workers store a new value
         # when a loop turn appends (shm/futex.py), the flusher after a sync
         ("wake", "<i8"),
-        ("reserved", "<i8", (7,)),
+        # 1 while the journal's filesystem is fuller than disk_max_used_ratio: produce is answered
+        # STORAGE_FULL (persistence/retention.py, DiskGuard). Written by the flusher only; it was a
+        # reserved word, zero ("not full") in a table made by an older flusher.
+        ("storage_full", "<i8"),
+        ("reserved", "<i8", (6,)),
     ]
 )
 TABLE_HEADER_BYTES = TABLE_HEADER_DTYPE.itemsize
 WAKE_AT = TABLE_HEADER_DTYPE.fields["wake"][1]
+STORAGE_FULL_AT = TABLE_HEADER_DTYPE.fields["storage_full"][1]
 WAKE_FLUSHER = 0xFF  # the flusher's writer id in wake values (workers use their id)
 assert TABLE_HEADER_BYTES == 2 * CACHE_LINE
+assert CACHE_LINE <= STORAGE_FULL_AT < 2 * CACHE_LINE  # read per produce: off the heartbeat's line 0
 
 STATE_INITIALIZING = 1
 STATE_READY = 2

@@ -63,6 +63,7 @@ class ControlTable:
         self._wakes = int(self._wake[0]) >> 8  # go on from the word's count: a restarted writer
         # must not store again the very value a reader loaded before it went to sleep
         self.max_slots = max_slots
+        self.header_words = np.frombuffer(self.region.buf, dtype=np.int64, count=layout.TABLE_HEADER_BYTES // 8)  # shm/rows.py HeaderView
         self.rows = np.frombuffer(
             self.region.buf, dtype=np.int64, count=max_slots * layout.ROW_WORDS, offset=layout.TABLE_HEADER_BYTES
         ).reshape(max_slots, layout.ROW_WORDS)
@@ -91,7 +92,7 @@ class ControlTable:
         return self.rows[slot]
 
     def close(self) -> None:
-        self.header = None
+        self.header = self.header_words = None
         self.rows = None
         self._wake = None
         self.region.close()

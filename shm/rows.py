@@ -7,6 +7,9 @@ store, each writer holds the view of its own line::
     OwnerRow    + writes line 1                       the partition actor (RingWriter)
     FlusherRow  + writes line 2                       the flusher
 
+The table header has one such word today, ``storage_full``: ``HeaderView`` loads it (a worker,
+once per produce request), ``FlusherHeader`` stores it (the flusher's disk guard).
+
 A store to a field of another line raises ``AttributeError`` naming that line's writer. Every
 property is one int64 load or store of the shared row through ``cells``, a memoryview of it (a
 Python int straight out, no numpy scalar: about 50 ns against 170 for ``int(words[col])``; these
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout import COL, FLUSHER_COLUMNS, IDENTITY_COLUMNS, OWNER_COLUMNS, ROW_WORDS
+from .layout import COL, FLUSHER_COLUMNS, IDENTITY_COLUMNS, OWNER_COLUMNS, ROW_WORDS, STORAGE_FULL_AT, TABLE_HEADER_BYTES
 
 _WRITER = {
     **{c: "line 0 (identity): written at boot or by OwnerRow.init_identity" for c in IDENTITY_COLUMNS},
@@ -123,6 +126,38 @@ class FlusherRow(RowView):
     flushed_offset = _field("flushed_offset", True)
     durable_offset = _field("durable_offset", True)
     io_error = _field("io_error", True)
+
+
+class HeaderView:
+    """The control table header's ``storage_full`` word, readable (a worker's view).
+
+    Concurrency contract: only the flusher stores the word (``FlusherHeader``), and only when its
+    disk check changes its mind; a load may be one check stale, which is all the admission of a
+    produce request needs (a request that slips in fills the disk by one batch, never loses one)."""
+
+    __slots__ = ("cells",)
+
+    def __init__(self, words: np.ndarray):
+        assert words.shape == (TABLE_HEADER_BYTES // 8,) and words.dtype == np.int64, (words.shape, words.dtype)
+        self.cells = memoryview(words).cast("B").cast("q")  # the header as int64 words; loads give Python ints
+
+    @property
+    def storage_full(self) -> int:
+        return self.cells[STORAGE_FULL_AT // 8]
+
+    @storage_full.setter
+    def storage_full(self, value: int) -> None:
+        raise AttributeError(f"{type(self).__name__} may not store storage_full: it is written only by the flusher (FlusherHeader)")
+
+
+class FlusherHeader(HeaderView):
+    """The flusher's view of the header word it owns."""
+
+    __slots__ = ()
+
+    @HeaderView.storage_full.setter
+    def storage_full(self, value: int) -> None:
+        self.cells[STORAGE_FULL_AT // 8] = int(value)
 
 
 def _writable(cls: type) -> set[int]:

@@ -68,6 +68,8 @@ def cmd_serve(args) -> int:
             retention_ms=args.retention_ms,
             retention_bytes=args.retention_bytes,
             disk_max_used_ratio=args.disk_max_used_ratio,
+            disk_full_policy=args.disk_full_policy,
+            disk_force_delete_min_age_ms=args.disk_force_delete_min_age_ms,
             data_mode=args.data_mode,
             ipc_dir=args.ipc_dir,
             metrics_bind=args.metrics_bind,
@@ -307,6 +309,17 @@ def cmd_workers(args) -> int:
     return EXIT_OK
 
 
+def _disk_line(st: dict) -> str:
+    """The journal's filesystem as the flusher last saw it, and whether produce is refused."""
+    used, limit = st.get("disk_used_ratio", -1.0), st.get("disk_max_used_ratio", 0.0)
+    line = f"{used:.0%} used (limit {limit:.0%})" if used >= 0 else "use not known yet"
+    if st.get("storage_full"):
+        line += "  STORAGE FULL: produce refused (STORAGE_FULL) until there is room"
+    if st.get("records_force_deleted"):
+        line += f"  {st['records_force_deleted']:,} records force-deleted inside retention (delete_oldest)"
+    return line
+
+
 def cmd_status(args) -> int:
     with _admin(args) as admin:
         st = admin.status()
@@ -319,6 +332,7 @@ def cmd_status(args) -> int:
     lines = [
         ("broker", f"{st['bind']}  pid {st['pid']}  up {up // 86400}d {up % 86400 // 3600:02d}h {up % 3600 // 60:02d}m {up % 60:02d}s"),
         ("data", f"{st['data_dir']}  journal {_bytes(st.get('journal_bytes'))} on disk"),
+        ("disk", _disk_line(st)),
         ("workers", f"{st['worker_count']} ({alive} answering)"),
         ("topics", f"{st['topics']}, {st['partitions']} partitions"),
         ("messages", f"in {st.get('records_in', 0):,} ({_rate(rates.get('records_in'))}/s)  "
@@ -498,8 +512,15 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--retention-bytes", type=_retention, default=None, metavar="BYTES",
                     help="how many bytes each partition keeps unless its topic says otherwise (retention.bytes); -1 no limit (default)")
     sv.add_argument("--disk-max-used-ratio", type=_ratio, default=None, metavar="RATIO",
-                    help="when the journal's filesystem is fuller than this, its oldest segments go even inside retention "
-                         f"(RocketMQ's diskMaxUsedSpaceRatio; default {_DEFAULTS.disk_max_used_ratio}, 1 never)")
+                    help="when the journal's filesystem is fuller than this, storage is full: see --disk-full-policy "
+                         f"(default {_DEFAULTS.disk_max_used_ratio}, 1 never)")
+    sv.add_argument("--disk-full-policy", choices=settings_mod.DISK_FULL_POLICIES, default=None,
+                    help="storage full: refuse produce with the retriable STORAGE_FULL until there is room, deleting nothing "
+                         "(refuse, the default), or first delete the oldest journal segments even inside retention "
+                         "(delete_oldest, RocketMQ's; counted in tailrace status and the metrics)")
+    sv.add_argument("--disk-force-delete-min-age-ms", type=int, default=None, metavar="MS",
+                    help="delete_oldest never deletes a segment written to within this long "
+                         f"(default {_DEFAULTS.disk_force_delete_min_age_ms // 60000} minutes)")
     sv.add_argument("--data-mode", default=None,
                     help="mode of the data directory and its subdirectories; files get it & 0666 (default 0700: owner only; "
                          "0750 lets the group read)")

@@ -91,7 +91,7 @@ class View:
                     f"journal {one('tailrace_journal_bytes') / 2**20:.0f} MiB   shm {one('tailrace_shm_used_bytes') / 2**20:.0f}"
                     f"/{one('tailrace_shm_budget_bytes') / 2**20:.0f} MiB   fsync p99 "
                     f"{'-' if p99 is None else f'{p99 * 1000:.2f} ms'}   durable lag {one('tailrace_flusher_durable_lag_records'):.0f} records"
-                    f"   (q quits)")
+                    f"{'   STORAGE FULL: produce refused' if one('tailrace_storage_full') else ''}   (q quits)")
         topics = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0, 0.0])
         for key, h in hw.items():
             t = topics[key[0]]

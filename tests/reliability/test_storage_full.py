@@ -1,5 +1,8 @@
-"""Storage faults. A full disk: durable acks fail with STORAGE_UNAVAILABLE, reads go on, the
-broker heals itself once there is room. A journal segment of the wrong size at boot.
+"""Storage faults. A disk past disk_max_used_ratio: produce is refused with STORAGE_FULL and
+nothing acknowledged is deleted (the default policy), or the oldest segments go, never younger
+than the minimum age, and are counted (delete_oldest, opt in). A full disk with the guard off:
+durable acks fail with STORAGE_UNAVAILABLE, reads go on, the broker heals itself once there is
+room. A journal segment of the wrong size at boot.
 
 The journal directory is a small tmpfs of its own (logs, indexes and the catalog stay on the
 ordinary disk, so the only thing that runs out of space is the journal), filled with a ballast
@@ -279,12 +282,14 @@ def test_flusher_boot_never_destroys_journal_batches_that_recovery_indexed(tmp_p
     assert not bad, bad[:3]
 
 
-def test_the_disk_guard_deletes_the_oldest_segments_inside_retention_and_durable_produce_goes_on(make_broker):
-    """--disk-max-used-ratio 0.6 on an 8 MiB journal disk, records kept for ever: 24 MiB of
-    durable produce is all acknowledged, the oldest segments go (log starts move, the flusher
-    says so), and every record from the log starts on reads back byte-identical."""
+def test_the_delete_oldest_disk_guard_deletes_the_oldest_segments_inside_retention_and_durable_produce_goes_on(make_broker):
+    """--disk-full-policy delete_oldest (opt in), minimum age 0, --disk-max-used-ratio 0.6 on an
+    8 MiB journal disk, 7-day retention: 24 MiB of durable produce is all acknowledged, the oldest
+    segments go (log starts move, the flusher says so), and every record from the log starts on
+    reads back byte-identical."""
     b = make_broker(workers=2, start=False, segment_bytes=SEGMENT_BYTES, max_batch_bytes=128 * 1024,
-                    ring_bytes=2 << 20, disk_max_used_ratio=0.6, retention_check_ms=200)
+                    ring_bytes=2 << 20, disk_max_used_ratio=0.6, retention_check_ms=200,
+                    disk_full_policy="delete_oldest", disk_force_delete_min_age_ms=0)
     journal = b.data_dir / "journal"
     _mount_tmpfs(journal, 8 << 20)
     try:
@@ -335,4 +340,171 @@ def test_serve_refuses_to_start_on_a_disk_smaller_than_a_segment_in_one_line_lea
         assert not b.shm_regions()
         assert not (b.data_dir / "logs" / "flusher.log").exists()
     finally:
+        _umount(journal)
+
+
+# --- storage full: refuse (the default) or delete_oldest (opt in) ------------------------------
+
+def _value(i: int, size: int = 1000) -> bytes:
+    return b"%08d" % i + b"." * (size - 8)
+
+
+def _fill_to(path, used: float, ballast) -> None:
+    """Write ``ballast`` so the filesystem under ``path`` is ``used`` full."""
+    st = os.statvfs(path)
+    want = int(used * st.f_blocks) - (st.f_blocks - st.f_bavail)
+    with open(ballast, "wb") as f:
+        f.write(b"\xba" * (want * st.f_frsize))
+
+
+def _produce_raw(bootstrap: str, topic: str, partition: int, value: bytes) -> int:
+    """One durable batch of one record, sent once: the reply code (no client retry)."""
+    conn = Connection(bootstrap)
+    try:
+        rid = conn.send(P.Op.PRODUCE, topic, partition, P.encode(P.ProduceRequest(acks=P.Acks.DURABLE)),
+                        encode_batch([value]))
+        return conn.wait_for(rid, 10_000).code
+    finally:
+        conn.close()
+
+
+def _wait(what, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while not (got := what()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return got
+
+
+def _metric(b, name: str) -> float | None:
+    import urllib.request
+    text = urllib.request.urlopen(b.metrics_url, timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{}"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def _read_all(bootstrap: str, topic: str, want: int) -> dict[tuple[int, int], bytes]:
+    with Consumer(bootstrap, max_wait_ms=100) as c:
+        c.assign(topic, start="earliest")
+        got = {}
+        deadline = time.monotonic() + 30
+        while len(got) < want and time.monotonic() < deadline:
+            for r in c.poll(200):
+                got[(r.partition, r.offset)] = r.value
+    return got
+
+
+def test_by_default_a_disk_past_the_ratio_refuses_produce_with_storage_full_deletes_nothing_and_resumes_when_freed(make_broker):
+    """Issue item 2: on a filesystem already filled by another file, the disk guard deleted
+    durably acknowledged records seconds after the ack. Now, with the default policy and ratio
+    (refuse, 0.85): produce is answered STORAGE_FULL (retriable), every acknowledged record stays
+    readable from offset 0 through several retention passes, status and the metrics say storage
+    is full, and once the other file goes produce is taken again without a restart, a client
+    batch sent while full included (it retried)."""
+    b = make_broker(workers=2, start=False, segment_bytes=SEGMENT_BYTES, max_batch_bytes=128 * 1024,
+                    ring_bytes=2 << 20, retention_check_ms=200, checkpoint_interval_ms=200)
+    assert b.settings.disk_full_policy == "refuse" and b.settings.disk_max_used_ratio == 0.85
+    journal = b.data_dir / "journal"
+    _mount_tmpfs(journal, 16 << 20)
+    ballast = journal / "ballast"
+    try:
+        b.start()
+        with Admin(b.bootstrap) as a:
+            a.create_topic("keep", 2)
+        n = 3000  # 3 MB: three segments below the checkpoint, all deletable by the old guard
+        with Producer(b.bootstrap, acks="durable", linger_ms=1, batch_bytes=64 << 10) as p:
+            for i in range(n):
+                p.send("keep", _value(i), partition=i % 2)
+            assert p.flush(60_000) == n and not p.errors
+        time.sleep(0.5)  # a checkpoint past the acked records: the old guard could delete them all
+        _fill_to(journal, 0.95, ballast)
+        assert _wait(lambda: Admin(b.bootstrap).status()["storage_full"]), Admin(b.bootstrap).status()
+        code = _produce_raw(b.bootstrap, "keep", 0, b"refused")
+        assert code == P.ErrorCode.STORAGE_FULL and P.ErrorCode.STORAGE_FULL in P.RETRIABLE, P.ErrorCode(code).name
+        assert _wait(lambda: _metric(b, "tailrace_storage_full") == 1.0), _metric(b, "tailrace_storage_full")
+        st = Admin(b.bootstrap).status()
+        assert st["disk_used_ratio"] > 0.85 and st["records_force_deleted"] == 0, st
+        time.sleep(2)  # ten retention passes: the old guard deleted inside retention here
+        with Admin(b.bootstrap) as a:
+            offs = a.list_offsets("keep")
+        assert all(po.log_start_offset == 0 and po.high_watermark == n // 2 for po in offs), offs
+        got = _read_all(b.bootstrap, "keep", n)
+        assert len(got) == n and all(v == _value(o * 2 + p) for (p, o), v in got.items())
+        assert "storage full" in (b.data_dir / "logs" / "flusher.log").read_text()
+
+        # a client batch sent while full is retried (STORAGE_FULL is retriable) and taken once there is room
+        with Producer(b.bootstrap, acks="durable", delivery_timeout_ms=30_000) as p:
+            p.send("keep", b"after", partition=0)
+            time.sleep(1)
+            assert not p.errors
+            ballast.unlink()
+            assert p.flush(30_000) == 1 and not p.errors, p.errors
+        assert _produce_raw(b.bootstrap, "keep", 1, b"again") == P.ErrorCode.OK
+        assert _wait(lambda: not Admin(b.bootstrap).status()["storage_full"])  # status: the flusher's figures of <= 1 s ago
+        assert _wait(lambda: _metric(b, "tailrace_storage_full") == 0.0)
+        with Admin(b.bootstrap) as a:
+            assert [po.high_watermark for po in a.list_offsets("keep")] == [n // 2 + 1, n // 2 + 1]
+    finally:
+        if ballast.exists():
+            ballast.unlink()
+        b.stop()
+        _umount(journal)
+
+
+MIN_AGE_MS = 6000
+
+
+def test_delete_oldest_never_deletes_records_younger_than_the_minimum_age_and_counts_what_it_deleted(make_broker):
+    """Opt-in delete_oldest with a 6 s minimum age, ratio 0.6 on a 16 MiB journal disk: 3 MB of
+    records, then (after the minimum age) 2 MB more, then another file fills the disk to 85%.
+    The guard deletes old segments and counts their records in status and the metrics (the count
+    is exactly how far the log starts moved); no record of the young 2 MB goes, although the
+    disk stays over the ratio, so produce is refused with STORAGE_FULL instead."""
+    b = make_broker(workers=2, start=False, segment_bytes=SEGMENT_BYTES, max_batch_bytes=128 * 1024,
+                    ring_bytes=2 << 20, retention_check_ms=200, checkpoint_interval_ms=200, disk_max_used_ratio=0.6,
+                    disk_full_policy="delete_oldest", disk_force_delete_min_age_ms=MIN_AGE_MS)
+    journal = b.data_dir / "journal"
+    _mount_tmpfs(journal, 16 << 20)
+    ballast = journal / "ballast"
+    try:
+        b.start()
+        with Admin(b.bootstrap) as a:
+            a.create_topic("aged", 2)
+        old, young = 3000, 2000
+        with Producer(b.bootstrap, acks="durable", linger_ms=1, batch_bytes=64 << 10) as p:
+            for i in range(old):
+                p.send("aged", _value(i), partition=i % 2)
+            assert p.flush(60_000) == old and not p.errors
+            time.sleep(MIN_AGE_MS / 1000 + 0.5)
+            young_from = time.monotonic()
+            for i in range(old, old + young):
+                p.send("aged", _value(i), partition=i % 2)
+            assert p.flush(60_000) == old + young and not p.errors
+        time.sleep(0.5)  # a checkpoint past them all: only the minimum age keeps the young ones
+        _fill_to(journal, 0.85, ballast)
+        st = _wait(lambda: (s := Admin(b.bootstrap).status())["storage_full"] and s["records_force_deleted"] and s)
+        assert st, Admin(b.bootstrap).status()
+        code = _produce_raw(b.bootstrap, "aged", 0, b"refused")
+        with Admin(b.bootstrap) as a:
+            offs = a.list_offsets("aged")
+        checked_within_s = time.monotonic() - young_from
+        assert checked_within_s < MIN_AGE_MS / 1000, f"too slow to tell: {checked_within_s:.1f} s"
+        starts = {po.partition: po.log_start_offset for po in offs}
+        print(f"\ndelete_oldest: log starts {starts}, status {st['records_force_deleted']} records force-deleted, "
+              f"disk {st['disk_used_ratio']:.0%} used, produce answered {P.ErrorCode(code).name}")
+        assert all(0 < s <= old // 2 for s in starts.values()), starts  # old ones went, no young one
+        assert code == P.ErrorCode.STORAGE_FULL, P.ErrorCode(code).name
+        assert st["records_force_deleted"] == sum(starts.values()), (st, starts)
+        assert _wait(lambda: _metric(b, "tailrace_journal_records_forced_total") == sum(starts.values()))
+        assert _metric(b, "tailrace_journal_segments_forced_total") >= 1
+        got = _read_all(b.bootstrap, "aged", old + young - sum(starts.values()))
+        assert all((p, o) in got for p in (0, 1) for o in range(old // 2, (old + young) // 2))
+        assert all(v == _value(o * 2 + p) for (p, o), v in got.items())
+        ballast.unlink()
+        assert _wait(lambda: _produce_raw(b.bootstrap, "aged", 1, b"again") == P.ErrorCode.OK)
+    finally:
+        if ballast.exists():
+            ballast.unlink()
+        b.stop()
         _umount(journal)

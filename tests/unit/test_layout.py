@@ -42,7 +42,7 @@ def test_frames_are_padded_to_8_bytes_by_one_rule():
 def test_the_control_table_header_is_two_cache_lines_with_the_wake_word_at_64():
     assert _offsets(layout.TABLE_HEADER_DTYPE) == {
         "magic": 0, "version": 8, "state": 16, "max_slots": 24, "boot_id": 32, "flusher_pid": 40,
-        "flusher_heartbeat_ns": 48, "data_id": 56, "wake": 64, "reserved": 72,
+        "flusher_heartbeat_ns": 48, "data_id": 56, "wake": 64, "storage_full": 72, "reserved": 80,
     }
     assert layout.TABLE_HEADER_BYTES == 128 and layout.WAKE_AT == 64
     assert layout.CONTROL_MAGIC == 0x545243544C000002 and layout.LAYOUT_VERSION == 2

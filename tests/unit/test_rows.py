@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tailrace.shm import layout
-from tailrace.shm.rows import FlusherRow, OwnerRow, RowView
+from tailrace.shm.rows import FlusherHeader, FlusherRow, HeaderView, OwnerRow, RowView
 
 
 def _row() -> np.ndarray:
@@ -69,3 +69,14 @@ def test_an_owner_describes_a_new_partition_in_an_inactive_row_only():
 def test_a_view_of_a_read_only_mapping_reads():
     ro = np.frombuffer(bytes(layout.ROW_BYTES), dtype=np.int64)
     assert RowView(ro).next_offset == 0
+
+
+def test_the_storage_full_word_is_stored_by_the_flusher_only_and_read_by_workers_at_offset_72():
+    header = np.zeros(layout.TABLE_HEADER_BYTES // 8, dtype=np.int64)
+    worker, flusher = HeaderView(header), FlusherHeader(header)
+    assert worker.storage_full == 0
+    flusher.storage_full = 1
+    assert worker.storage_full == 1 and type(worker.storage_full) is int
+    assert header.view(np.uint8)[72] == 1 and layout.STORAGE_FULL_AT == 72
+    with pytest.raises(AttributeError, match="written only by the flusher"):
+        worker.storage_full = 0
