@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -425,6 +426,9 @@ def test_by_default_a_disk_past_the_ratio_refuses_produce_with_storage_full_dele
         assert _wait(lambda: _metric(b, "tailrace_storage_full") == 1.0), _metric(b, "tailrace_storage_full")
         st = Admin(b.bootstrap).status()
         assert st["disk_used_ratio"] > 0.85 and st["records_force_deleted"] == 0, st
+        out = subprocess.run([sys.executable, "-m", "tailrace.cli", "status", "--bootstrap", b.bootstrap],
+                             capture_output=True, text=True, timeout=30).stdout
+        assert "STORAGE FULL: produce refused" in out, out
         time.sleep(2)  # ten retention passes: the old guard deleted inside retention here
         with Admin(b.bootstrap) as a:
             offs = a.list_offsets("keep")
