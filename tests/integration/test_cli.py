@@ -483,3 +483,45 @@ def test_serve_prints_none_of_supervisords_expected_warnings_and_supervisorctl_s
     assert set(b.pids()) >= {"flusher", "router", "worker-0"}  # supervisorctl, through the same file
     r = _run_clean("workers", "set", "2", "--data-dir", str(b.data_dir), bootstrap=b.bootstrap)  # XML-RPC too
     assert r.returncode == 0, r.stderr
+
+
+def _produce_requests(b) -> float:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(b.metrics_url, timeout=10) as r:
+        text = r.read().decode()
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == "tailrace_worker_requests_total" and s.labels.get("op") == "PRODUCE")
+
+
+def test_produce_over_many_partitions_sends_a_few_requests_per_partition_not_one_per_line(make_broker):
+    """100,000 lines over 1,000 partitions took 20-29 s: 96,660 requests, nearly one per line
+    (each send's pass over every lingering partition outlasted their linger). Lines now go to
+    the producer in batches: a few requests per partition, and keys still land by their hash."""
+    import zlib
+
+    b = make_broker()
+    topic, partitions, n = "wide", 200, 20_000
+    with Admin(b.bootstrap) as admin:
+        admin.create_topic(topic, partitions, 2 << 20)
+    lines = b"".join(b"k%d:v%d\n" % (i % 3000, i) for i in range(n))
+    r = run("produce", topic, "--key-separator", ":", stdin=lines, bootstrap=b.bootstrap)
+    assert r.returncode == 0 and b"produced %d messages" % n in r.stderr, r.stderr
+    with Admin(b.bootstrap) as admin:
+        counts = {po.partition: po.high_watermark for po in admin.list_offsets(topic)}
+    expected = {}
+    for i in range(3000):
+        p = zlib.crc32(b"k%d" % i) % partitions  # THE key hash (docs/PROTOCOL.md section 10)
+        expected[p] = expected.get(p, 0) + len(range(i, n, 3000))
+    assert {p: c for p, c in counts.items() if c} == expected
+    until = time.monotonic() + 15
+    while (requests := _produce_requests(b)) < len(expected) and time.monotonic() < until:
+        time.sleep(0.3)  # workers write their counters once a second
+    assert len(expected) <= requests <= 4 * partitions, requests
+    r = run("produce", topic, stdin=b"".join(b"%d\n" % i for i in range(1000)), bootstrap=b.bootstrap)
+    assert r.returncode == 0, r.stderr
+    with Admin(b.bootstrap) as admin:  # round robin over lines: 5 more in every partition
+        assert {po.partition: po.high_watermark - counts[po.partition] for po in admin.list_offsets(topic)} == \
+            dict.fromkeys(range(partitions), 5)
