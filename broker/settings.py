@@ -180,7 +180,7 @@ def instance_of(data_dir: str) -> str:
 
 def default_shm_budget() -> int:
     """Half of the machine's memory, at most 90% of /dev/shm: 1,000 partitions of the default
-    8 MiB ring (8.4 GiB) fit on a 24 GiB machine. Rings take memory as they fill, not when made
+    8 MiB ring (9.3 GiB with their descriptors, docs/DESIGN.md) fit on a 24 GiB machine. Rings take memory as they fill, not when made
     (shm/region.py), so the budget bounds what a full broker can hold, not what it holds idle."""
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -105,3 +105,28 @@ def test_offsets_for_times_index_and_ring_and_seek(broker):
     bad = subprocess.run([sys.executable, "-m", "tailrace", "consume", "tt", "--bootstrap", broker.bootstrap,
                           "--from-time", "yesterday"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "ISO 8601" in bad.stderr
+
+
+def test_a_records_timestamp_is_the_producers_create_time_and_lookups_use_the_append_time(make_broker):
+    """What README, DESIGN.md and SPARK.md say: ``Record.timestamp`` (and ``CreateTime:``, the
+    Spark column) is the create time the producer put in the batch; ``offsets_for_times`` is
+    over the broker's append time. A batch created "in 2001" is found by a 2017 lookup."""
+    from tailrace.client import protocol as P
+    from tailrace.client.connection import Connection
+    from tailrace.client.records import encode_batch
+
+    b = make_broker()
+    with Admin(b.bootstrap) as a:
+        a.create_topic("stamped", 1)
+    created_ms = 1_000_000_000_000  # 2001-09-09
+    conn = Connection(b.bootstrap)
+    conn.request(P.Op.PRODUCE, "stamped", 0, P.encode(P.ProduceRequest(acks=P.Acks.MEMORY)),
+                 encode_batch([b"old clock"], create_time_us=created_ms * 1000))
+    conn.close()
+    before_append_ms = _now_ms() - 60_000
+    with Consumer(b.bootstrap, max_wait_ms=200) as c:
+        c.assign("stamped", start="earliest")
+        records = c.poll(5000)
+        assert [(r.value, r.timestamp) for r in records] == [(b"old clock", created_ms)]
+        found = c.offsets_for_times({("stamped", 0): 1_500_000_000_000})[("stamped", 0)]  # 2017
+        assert found is not None and found.offset == 0 and found.timestamp_ms >= before_append_ms, found
