@@ -10,7 +10,12 @@ a cycle from the router, a worker or the flusher. At each scrape it reads:
   requests by op and code, request durations, records and bytes fetched per partition; the
   flusher's cycles, bytes written, write and fsync durations; the router's view of the workers
   (heartbeat age, partitions, load, restarts) and the connected clients;
-- the journal directory: segments and their disk use.
+- the journal directory: segments and their disk use;
+- consumer lag: the router's group coordinator reports every group's committed offsets (its own
+  snapshot, ``groups``); lag in records is the partition's high watermark minus the committed
+  offset, lag in seconds is how long ago the first record not yet consumed was appended (every
+  batch carries its append time: read from the ring as a same-host consumer reads it, or from the
+  index and the journal as a seek by time does; 0 for a group that is caught up).
 
 Everything is exposed through prometheus_client (a custom collector of metric families; the
 library writes the text format). Counters of a restarted process continue from where the last
@@ -32,6 +37,11 @@ from tailrace.broker import datadir, stats
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import Catalog
 from tailrace.client import protocol as P
+from tailrace.client.records import STAMP, STAMP_AT
+from tailrace.client.ring_reader import SharedRings, TailStatus
+from tailrace.persistence.index import IndexFile
+from tailrace.persistence.journal import JournalReader
+from tailrace.persistence.timesearch import batch_stamp
 from tailrace.shm import layout
 from tailrace.shm.layout import COL, ring_region_bytes
 from tailrace.shm.ring import ControlTable
@@ -67,6 +77,7 @@ PROCESS_METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "worker_up": ("gauge", ("worker",), "1 if the worker answers heartbeats."),
     "partition_owner_worker": ("gauge", ("topic", "partition"), "The worker that owns the partition."),
     "clients_connected": ("gauge", (), "Client connections to the router."),
+    "group_committed_offset": ("gauge", ("topic", "partition", "group"), "The group's committed offset of the partition."),
 }
 EXIT_NO_PORT = 2  # listed in supervisord.conf's exitcodes: not restarted in a loop
 
@@ -121,6 +132,7 @@ class BrokerCollector:
         self.run_dir = s.ipc_path()
         self.catalog = Catalog(s.data_dir)
         self.lives = Lives()
+        self.append_times = AppendTimes(s)
         # prometheus_client serves scrapes on threads and calls collect() outside its own lock:
         # two at once would both see a process's new life and add the old one twice.
         self.lock = threading.Lock()
@@ -138,9 +150,11 @@ class BrokerCollector:
         self.catalog.reload()
         topics = self.catalog.data.topics
         by_slot = self.catalog.by_slot
-        families, lag = self._partitions(by_slot)
+        families, lag, hw_by_slot = self._partitions(by_slot)
         yield from families
-        yield from self._processes(by_slot, lag)
+        gauges: dict[str, dict[str, float]] = {}
+        yield from self._processes(by_slot, lag, gauges)
+        yield from self._group_lag(by_slot, hw_by_slot, gauges.get("group_committed_offset", {}))
         yield from self._journal()
         g = GaugeMetricFamily("tailrace_topics", "Topics in the catalog.")
         g.add_metric([], len(topics))
@@ -159,8 +173,9 @@ class BrokerCollector:
         yield g
 
     # --- the control table ----------------------------------------------------------------
-    def _partitions(self, by_slot) -> tuple[list, tuple[int, int]]:
-        """The per-partition families and the (bytes, records) appended and not yet durable."""
+    def _partitions(self, by_slot) -> tuple[list, tuple[int, int], dict[int, int]]:
+        """The per-partition families, the (bytes, records) appended and not yet durable, and
+        every slot's high watermark."""
         out = []
         slots = np.array(sorted(s for s in by_slot), dtype=np.int64)
         labels = [[t.name, str(p)] for t, p in (by_slot[int(s)] for s in slots)]
@@ -197,6 +212,7 @@ class BrokerCollector:
             "lag": GaugeMetricFamily("tailrace_partition_durable_lag_records", "Records appended and not yet durable.", labels=["topic", "partition"]),
         }
         lag_bytes = lag_records = 0
+        hw_by_slot = dict(zip(slots.tolist(), cols.get("next_offset", [])))
         if cols:
             for i, lv in enumerate(labels[: len(cols["next_offset"])]):
                 hw, dw = cols["next_offset"][i], cols["durable_offset"][i]
@@ -211,14 +227,14 @@ class BrokerCollector:
                 fams["lag"].add_metric(lv, hw - dw)
                 lag_bytes += unflushed
                 lag_records += hw - dw
-        return out + list(fams.values()), (lag_bytes, lag_records)
+        return out + list(fams.values()), (lag_bytes, lag_records), hw_by_slot
 
     # --- each process's own counters -------------------------------------------------------
-    def _processes(self, by_slot, lag: tuple[int, int]):
-        """Every process's counters (over its lives), gauges and histograms, summed where two
-        processes report the same series (a partition fetched on two workers after a move)."""
+    def _processes(self, by_slot, lag: tuple[int, int], gauges: dict[str, dict[str, float]]):
+        """Every process's counters (over its lives), gauges (into ``gauges``) and histograms,
+        summed where two processes report the same series (a partition fetched on two workers
+        after a move)."""
         counters: dict[str, dict[str, float]] = {}
-        gauges: dict[str, dict[str, float]] = {}
         hists: dict[str, dict[str, dict]] = {}
         for snap in stats.read_all(self.run_dir):
             c, h = self.lives.see(snap)
@@ -250,6 +266,33 @@ class BrokerCollector:
         g.add_metric([], lag_records)
         yield g
 
+    # --- consumer lag ----------------------------------------------------------------------
+    def _group_lag(self, by_slot, hw_by_slot: dict[int, int], committed: dict[str, float]):
+        """Lag per group and partition, in records and in seconds (the module docstring). One
+        look-up of an append time per lagging partition and group, none for one caught up."""
+        records = GaugeMetricFamily("tailrace_group_lag_records", "Records appended and not yet consumed by the group "
+                                    "(high watermark minus committed offset).", labels=["group", "topic", "partition"])
+        seconds = GaugeMetricFamily("tailrace_group_lag_seconds", "How long ago the group's first record not yet "
+                                    "consumed was appended (0 when caught up).", labels=["group", "topic", "partition"])
+        now_us = time.time_ns() // 1000
+        for key, offset in sorted(committed.items()):
+            slot_text, _, group = key.partition("|")
+            found = by_slot.get(int(slot_text)) if slot_text.isdigit() else None
+            if found is None or int(slot_text) not in hw_by_slot:
+                continue
+            (t, p), slot, offset = found, int(slot_text), int(offset)
+            lag = max(0, hw_by_slot[slot] - offset)
+            lv = [group, t.name, str(p)]
+            records.add_metric(lv, lag)
+            if lag == 0:
+                seconds.add_metric(lv, 0.0)
+                continue
+            t_us = self.append_times.lookup(slot, t.topic_id, p, offset)
+            if t_us is not None:
+                seconds.add_metric(lv, max(0.0, (now_us - t_us) / 1e6))
+        yield records
+        yield seconds
+
     # --- the journal ----------------------------------------------------------------------
     def _journal(self):
         segments, disk = datadir.journal_usage(self.s.data_dir)
@@ -261,6 +304,42 @@ class BrokerCollector:
         yield g
 
 
+class AppendTimes:
+    """The broker's append time of the batch holding an offset: from the partition's ring
+    (mapped read-only, client/ring_reader.py), else, below the ring, from the dense index and the
+    journal (persistence/timesearch.py ``batch_stamp``). None when neither has it (retention
+    deleted it meanwhile, or the broker is restarting)."""
+
+    def __init__(self, s: settings_mod.Settings):
+        self.s = s
+        self.rings: SharedRings | None = None
+
+    def lookup(self, slot: int, topic_id: int, partition: int, offset: int) -> int | None:
+        try:
+            if self.rings is None or not self.rings.is_current():
+                if self.rings is not None:
+                    self.rings.close()
+                self.rings = None
+                self.rings = SharedRings(self.s.instance, 0)
+            got = self.rings.partition(slot, topic_id, partition).read(offset, 1, 1)
+            if got.status == TailStatus.DATA:
+                return STAMP.unpack_from(got.body, STAMP_AT)[1]
+        except Exception:  # noqa: BLE001 - no ring here now (the broker restarting): try the journal
+            pass
+        index = journal = None
+        try:
+            index = IndexFile(self.s.data_dir, slot)
+            journal = JournalReader(self.s.data_dir, self.s.segment_bytes)
+            return batch_stamp(index, journal, offset)[1]
+        except OSError:
+            return None
+        finally:
+            if journal is not None:
+                journal.close()
+            if index is not None:
+                index.close()
+
+
 def _labels(key: str, labels: tuple[str, ...], by_slot) -> list[str] | None:
     """Label values of a snapshot key; a partition is reported by slot and named here."""
     if not labels:
@@ -270,7 +349,7 @@ def _labels(key: str, labels: tuple[str, ...], by_slot) -> list[str] | None:
         found = by_slot.get(int(lv[0])) if lv[0].isdigit() else None
         if found is None:
             return None  # a slot no topic has (any more)
-        lv = [found[0].name, str(found[1])]
+        lv = [found[0].name, str(found[1]), *lv[1:]]
     return lv if len(lv) == len(labels) else None
 
 

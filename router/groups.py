@@ -41,6 +41,7 @@ import uuid
 import msgspec
 
 from tailrace.broker.catalog import OFFSETS_TOPIC
+from tailrace.broker.stats import StatsFile, label_key
 from tailrace.client import protocol as P
 from tailrace.client.records import encode_batch, iter_batches
 
@@ -49,6 +50,7 @@ from .assignor import TP, assign
 log = logging.getLogger("tailrace.groups")
 
 GROUPS_TOPIC = OFFSETS_TOPIC  # internal: refused to topic admin (broker/catalog.py)
+STATS_PROCESS = "groups"  # <run dir>/stats/groups.msgpack (broker/stats.py)
 EMPTY_GROUP_KEEP_S = 7 * 86400  # an empty group's offsets are kept this long (Kafka's offsets.retention.minutes)
 FAST_HEARTBEAT_MS = 100  # while partitions move
 SESSION_MS = (1_000, 1_800_000)  # allowed session timeouts
@@ -113,6 +115,8 @@ class Coordinator:
         self.load_rid = 0
         self.load_sent = 0.0
         self.commits = 0
+        # every group's committed offsets, for consumer lag on the metrics endpoint (ops/metrics.py)
+        self.stats = StatsFile(router.s.ipc_path(), STATS_PROCESS)
 
     # --- serving ---------------------------------------------------------------------------
     def handle(self, op: int, name: str, header: bytes, reply) -> None:
@@ -323,6 +327,18 @@ class Coordinator:
             if g.offsets and now - g.written_at > self.r.s.group_refresh_ms / 1000 and not any(it[3] is g for it in self.pending.values() if it[0] == "produce"):
                 if g.members or now - g.emptied_at < EMPTY_GROUP_KEEP_S:
                     self._write(g, dict(g.offsets), done=lambda code, why: None)
+        self.stats.maybe_write(self.stats_parts)
+
+    def stats_parts(self) -> tuple[dict, dict, dict]:
+        """Every group's committed offsets, keyed ``slot|group`` (the exporter names the partition
+        from the slot and subtracts the offset from the control table's high watermark: lag)."""
+        committed: dict[str, int] = {}
+        for g in self.groups.values():
+            for (topic, p), offset in g.offsets.items():
+                t = self.r.catalog.get(topic)
+                if t is not None and p < t.partitions:  # a deleted topic's offsets stay until the group goes
+                    committed[label_key(t.slots[p], g.name)] = offset
+        return {}, {"group_committed_offset": committed}, {}
 
     # --- reading the offsets back at start ---------------------------------------------------
     def _load_step(self) -> None:

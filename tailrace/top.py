@@ -2,7 +2,8 @@
 
 Every ``--interval`` seconds it scrapes ``--metrics`` (the exporter ``tailrace serve`` starts,
 ops/metrics.py), parses the text with prometheus_client's parser and redraws with rich: topics
-and their busiest partitions with in/out rates, durable lag and ring fill; workers with load,
+and their busiest partitions with in/out rates, durable lag and ring fill; consumer groups with
+their lag in records and in seconds (the most behind partition's); workers with load,
 partitions and heartbeat age; the flusher's fsync p99 over the last interval. ``q`` or Ctrl-C
 quits.
 """
@@ -120,7 +121,26 @@ class View:
             wt.add_row(key[0], "yes" if up[key] else "no", f"{parts.get(key, 0):.0f}", f"{load.get(key, 0):.2f}",
                        f"{age.get(key, 0):.1f} s")
         self.prev, self.prev_t = m, now
-        return Group(head, tt, pt, wt)
+        return Group(head, tt, pt, group_table(m), wt)
+
+
+def group_table(m: dict):
+    """Consumer groups per topic: partitions, lag in records (summed), lag in seconds (the
+    partition furthest behind), from ``tailrace_group_lag_records`` and ``_seconds``."""
+    from rich.table import Table
+
+    lag = _by(m.get("tailrace_group_lag_records", []), "group", "topic", "partition")
+    secs = _by(m.get("tailrace_group_lag_seconds", []), "group", "topic", "partition")
+    rows: dict[tuple[str, str], list] = {}  # (group, topic) -> [partitions, records behind, seconds behind]
+    for (g, t, p), n in lag.items():
+        r = rows.setdefault((g, t), [0, 0.0, 0.0])
+        r[0] += 1
+        r[1] += n
+        r[2] = max(r[2], secs.get((g, t, p), 0.0))
+    gt = Table("group", "topic", "partitions", "lag (records)", "lag (seconds)", title="consumer groups", title_justify="left")
+    for (g, t), (n, behind, s) in sorted(rows.items()):
+        gt.add_row(g, t, str(n), f"{behind:,.0f}", f"{s:,.1f}")
+    return gt
 
 
 def run(url: str, interval_s: float, iterations: int | None = None) -> int:

@@ -203,3 +203,44 @@ def test_top_shows_the_topic_and_a_rate_under_tmux(broker, tmp_path):
         stop.set()
         t.join(10)
         subprocess.run([tmux, "-S", sock, "kill-server"], capture_output=True)
+
+
+def test_consumer_lag_is_exported_per_group_and_partition_in_records_and_seconds_and_top_shows_it(make_broker):
+    """Lag was in ``groups describe`` only. Now: records behind the high watermark, and how long
+    ago the first record not yet consumed was appended (from the ring, and from the journal once
+    the ring has moved past it); 0 s for a partition the group has caught up with."""
+    from rich.console import Console
+
+    from tailrace import top
+
+    b = make_broker(workers=2, max_batch_bytes=128 << 10)
+    with Admin(b.bootstrap) as a:
+        a.create_topic("lagged", 3, 256 << 10)
+    with Producer(b.bootstrap) as p:
+        p.send_batch("lagged", [b"x%d" % i for i in range(10)], partition=0)
+        p.send_batch("lagged", [b"y%d" % i for i in range(4)], partition=1)
+    appended = time.time()
+    with Admin(b.bootstrap) as a:
+        a.reset_offsets("billing", {("lagged", 0): 3, ("lagged", 1): 4, ("lagged", 2): 0})
+    # partition 2: 4 MB through a 256 KiB ring, so its first record is found in the journal
+    with Producer(b.bootstrap, acks="durable") as p:
+        for _ in range(40):
+            p.send_batch("lagged", [b"z" * 1000] * 100, partition=2)
+    time.sleep(1.2)
+
+    def lag(m, name, part_):
+        return m.get((name, tuple(sorted({"group": "billing", "topic": "lagged", "partition": str(part_)}.items()))))
+
+    m = wait_for(b, lambda m: lag(m, "tailrace_group_lag_records", 2) == 4000)
+    assert [lag(m, "tailrace_group_lag_records", p_) for p_ in range(3)] == [7, 0, 4000]
+    assert lag(m, "tailrace_group_lag_seconds", 1) == 0
+    waited = time.time() - appended
+    for p_ in (0, 2):
+        s = lag(m, "tailrace_group_lag_seconds", p_)
+        assert s is not None and 1.0 <= s <= waited + 1.0, (p_, s, waited)
+    assert m[("tailrace_group_committed_offset", tuple(sorted({"group": "billing", "topic": "lagged",
+                                                                    "partition": "0"}.items())))] == 3
+    console = Console(record=True, width=200)
+    console.print(top.View().frame(top.scrape(b.metrics_url), time.monotonic()))
+    text = console.export_text()
+    assert "consumer groups" in text and "billing" in text and "4,007" in text, text
