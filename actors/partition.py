@@ -149,13 +149,15 @@ class PartitionActor:
             self.producers.record(pid, seq, count, lo + i, 0)
 
     # --- produce -------------------------------------------------------------------------
-    def append(self, body: bytes, max_batch_bytes: int) -> tuple[int, str, int, int, int]:
+    def append(self, body: bytes, max_batch_bytes: int, in_order: bool = True) -> tuple[int, str, int, int, int]:
         """Validate and append one batch frame. Returns (code, message, base_offset, count, time).
 
         A retried batch (same producer id, base sequence and count as a recent one) is not
         appended again: the original base offset comes back with code OK. A batch of a known
         producer that is neither that nor the next in sequence is OUT_OF_ORDER_SEQUENCE
-        (actors/dedup.py)."""
+        (actors/dedup.py), unless ``in_order`` is False: a one-way (acks=none) batch, whose
+        producer never reads a refusal, so a gap left by an earlier refused one-way batch
+        (BACKPRESSURE, STORAGE_FULL) must not make every later one refused too."""
         row = self.owner_row
         if not self.check_ownership():
             if self.writer.fenced:
@@ -178,7 +180,7 @@ class PartitionActor:
             if dup is not None:
                 return ErrorCode.OK, "duplicate", dup[2], count, dup[3]
             expected = self.producers.expected(pid)
-            if expected is not None and seq != expected:
+            if in_order and expected is not None and seq != expected:
                 return (ErrorCode.OUT_OF_ORDER_SEQUENCE, f"producer_id={pid} base_sequence={seq}: this partition "
                         f"expects {expected} (the last batch's base sequence + its count) or a retry of one of "
                         f"its last {KEEP} batches; nothing stored", -1, 0, 0)

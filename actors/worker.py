@@ -424,7 +424,7 @@ class Worker:
             return
         if self.header.storage_full and topic != OFFSETS_TOPIC_BYTES:  # the flusher's disk guard (persistence/diskguard.py)
             return reply(P.ErrorCode.STORAGE_FULL, P.ErrorReply(STORAGE_FULL_MESSAGE))
-        code, message, base, count, t = actor.append(rest[2], self.s.max_batch_bytes)
+        code, message, base, count, t = actor.append(rest[2], self.s.max_batch_bytes, in_order=req.acks != P.Acks.NONE)
         if code != P.ErrorCode.OK:
             if code == P.ErrorCode.BACKPRESSURE:
                 self.unkicked_bytes = KICK_MIN_BYTES  # a full ring: have the flusher drain it now

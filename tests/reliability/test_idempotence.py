@@ -113,3 +113,29 @@ def test_a_base_sequence_that_skips_ahead_is_refused_out_of_order_and_the_next_o
         assert _high_watermark(b) == 75
     finally:
         conn.close()
+
+
+def test_a_one_way_batch_after_a_gap_is_stored_so_a_refused_one_way_batch_never_wedges_the_partition(make_broker):
+    """An acks=none producer never reads a refusal: when one of its one-way batches is refused
+    (a full ring: BACKPRESSURE; a full disk: STORAGE_FULL) the next one comes with a gap in its
+    sequence. The sequence rule would refuse that one, and every one after it, without a word:
+    a one-way batch is taken across a gap. Duplicates are still answered as such, and a
+    memory-acked batch still may not skip ahead."""
+    b = make_broker(workers=1)
+    Admin(b.bootstrap).create_topic("idem", 1)
+    conn = Connection(b.bootstrap)
+    oneway = P.encode(P.ProduceRequest(acks=P.Acks.NONE))
+    try:
+        def batch(seq):
+            return encode_batch([b"s%d-%d" % (seq, i) for i in range(COUNT)], producer_id=PRODUCER_ID, base_sequence=seq)
+
+        assert _send(conn, batch(0)) == 0
+        conn.send(P.Op.PRODUCE, "idem", 0, oneway, batch(10))  # 5..9 were "refused": a gap
+        conn.send(P.Op.PRODUCE, "idem", 0, oneway, batch(15))
+        conn.send(P.Op.PRODUCE, "idem", 0, oneway, batch(15))  # a duplicate: not stored again
+        assert _send(conn, batch(15)) == 10  # the closing round trip of acks=none: a duplicate
+        with pytest.raises(OutOfOrderSequenceError):
+            _send(conn, batch(100))
+        assert _high_watermark(b) == 15
+    finally:
+        conn.close()
