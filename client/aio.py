@@ -48,12 +48,12 @@ from . import protocol as P
 from . import group as group_mod
 from . import unixwire
 from .admin import AdminCalls, Call
-from .connection import (CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, HANDSHAKE_EVENTS, Reply, handshake_refused, parse_bootstrap,
-                         parse_reply, request_frames)
+from .connection import (CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, DROP_EVENTS, HANDSHAKE_EVENTS, Reply, handshake_refused,
+                         parse_bootstrap, parse_reply, request_frames, take_drops)
 from .security import CurveKeys, curve_keys
 from .consumer import (EARLIEST, RING_WAIT_S, ConsumerCore, OffsetAndTimestamp, Record, found_times,
                        times_by_topic)
-from .errors import BootstrapError, BrokerUnavailableError, TimeoutError_
+from .errors import BootstrapError, BrokerUnavailableError, ConnectionLostError, TimeoutError_
 from .producer import TIMEOUT_SCAN_S, Ack, ProducerCore
 from .records import Columns
 from .routes import Routes
@@ -70,11 +70,12 @@ class _ZmqLink:
     zmq.asyncio does inside, without a future per send and per receive: a first version on
     ``zmq.asyncio.Socket.send_multipart``/``recv_multipart`` spent ~150 us per request and
     reply in pyzmq's future bookkeeping (enum flags, event rescheduling), more than the rest of
-    the client (docs/BENCHMARKS.md, "The asyncio client"). The connect-timeout wait watches
-    the handshake monitor's FD the same way."""
+    the client (docs/BENCHMARKS.md, "The asyncio client"). The socket's monitor FD is watched
+    the same way: for the connect-timeout wait (handshake events), then for the rest of its
+    life for a closed connection (client/connection.py says why), which calls ``lost``."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, ctx: zmq.Context, endpoint: str, deliver, monitor: bool,
-                 keys: CurveKeys | None = None):
+                 keys: CurveKeys | None = None, lost=None):
         self.endpoint = endpoint
         self.loop = loop
         self.sock = ctx.socket(zmq.DEALER)
@@ -84,10 +85,10 @@ class _ZmqLink:
         self.secured = keys is not None
         if keys is not None:
             keys.apply(self.sock)
-        self.monitor = None
-        if monitor:
-            self.monitor = self.sock.get_monitor_socket(HANDSHAKE_EVENTS)
-            self.monitor.setsockopt(zmq.LINGER, 0)
+        self.monitor = self.sock.get_monitor_socket(HANDSHAKE_EVENTS | DROP_EVENTS if monitor else DROP_EVENTS)
+        self.monitor.setsockopt(zmq.LINGER, 0)
+        self._watching = False  # whether the loop watches the monitor's FD for drops
+        self.lost = lost  # called with the endpoint when the connection closes (requests in flight are lost)
         try:
             self.sock.connect(endpoint)
         except zmq.ZMQError as exc:  # e.g. a host name that does not resolve
@@ -98,6 +99,21 @@ class _ZmqLink:
         self.closed = False
         self._scheduled = False
         loop.add_reader(self.fd, self._readable)
+        if not monitor:
+            self._watch_drops()
+
+    def _watch_drops(self) -> None:
+        if self.monitor is not None and not self._watching:
+            self._watching = True
+            self.loop.add_reader(self.monitor.FD, self._on_monitor)
+            self._on_monitor()  # (edge-triggered: an event already waiting would not wake it)
+
+    def _on_monitor(self) -> None:
+        if self.closed or self.monitor is None or not take_drops(self.monitor):
+            return
+        self._readable()  # the replies that came before the close are answers: take them first
+        if self.lost is not None and not self.closed:
+            self.lost(self.endpoint)
 
     def _readable(self) -> None:
         self._scheduled = False
@@ -141,27 +157,37 @@ class _ZmqLink:
         done = self.loop.create_future()
 
         def check() -> None:
-            if not done.done() and P.socket_events(mon) & _POLLIN:
-                done.set_result(recv_monitor_message(mon, zmq.NOBLOCK)["event"])
+            while not done.done() and P.socket_events(mon) & _POLLIN:
+                event = recv_monitor_message(mon, zmq.NOBLOCK)["event"]
+                if event & HANDSHAKE_EVENTS:  # (a connection closed before its handshake says nothing yet)
+                    done.set_result(event)
 
         fd = mon.FD
         self.loop.add_reader(fd, check)
+        ok = False
         try:
             check()
             try:
                 refused = handshake_refused(await asyncio.wait_for(done, timeout_ms / 1000), self.endpoint, self.secured)
                 if refused is not None:
                     raise refused
+                ok = True
             except asyncio.TimeoutError:
                 raise BrokerUnavailableError(
                     f"no broker answered at {self.endpoint} within {timeout_ms / 1000:g} s "
                     "(is `tailrace serve` running?)") from None
         finally:
             self.loop.remove_reader(fd)
-            self._stop_monitor()
+            if ok and not self.closed:
+                self._watch_drops()
+            else:
+                self._stop_monitor()
 
     def _stop_monitor(self) -> None:
         if self.monitor is not None:
+            if self._watching:
+                self._watching = False
+                self.loop.remove_reader(self.monitor.FD)
             try:
                 self.sock.disable_monitor()
             except zmq.ZMQError:
@@ -308,18 +334,22 @@ class _Bell:
 class AsyncPool:
     """The router link plus one link per worker endpoint, sharing one request-id space (the
     asyncio twin of connection.Pool). Replies to ``request`` go to their awaiting coroutine;
-    every other reply to ``on_reply``."""
+    every other reply to ``on_reply``. A link whose connection closes fails the ``request``s in
+    flight on it with ``ConnectionLostError`` and calls ``on_lost(endpoint)`` (None: the router),
+    as ``Pool`` does."""
 
     def __init__(self, bootstrap: str | None = None, connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
-                 on_reply=None, keys: CurveKeys | None = None):
+                 on_reply=None, keys: CurveKeys | None = None, on_lost=None):
         self.router_endpoint = parse_bootstrap(bootstrap)
         self.keys = keys
         self.connect_timeout_ms = connect_timeout_ms
         self.on_reply = on_reply
+        self.on_lost = on_lost
         self._ids = itertools.count(1)
         self._ctx: zmq.Context | None = None
         self._links: dict[str, object] = {}
         self._waiting: dict[int, asyncio.Future] = {}
+        self._waiting_on: dict[int, str] = {}  # request id -> the endpoint its request went to (``request``)
         self._connected = connect_timeout_ms <= 0 or self.router_endpoint.startswith(unixwire.SCHEME)
         self._handshake: asyncio.Future | None = None
         self.closed = False
@@ -330,14 +360,32 @@ class AsyncPool:
             if self.closed:
                 raise ConnectionError("the client is closed")
             if endpoint.startswith(unixwire.SCHEME):
-                link = _UnixLink(asyncio.get_running_loop(), endpoint, self._deliver, self.forget)
+                link = _UnixLink(asyncio.get_running_loop(), endpoint, self._deliver, self._lost)
             else:
                 if self._ctx is None:
                     self._ctx = zmq.Context()
                 monitor = endpoint == self.router_endpoint and not self._connected
-                link = _ZmqLink(asyncio.get_running_loop(), self._ctx, endpoint, self._deliver, monitor, self.keys)
+                link = _ZmqLink(asyncio.get_running_loop(), self._ctx, endpoint, self._deliver, monitor, self.keys, self._lost)
             self._links[endpoint] = link
         return link
+
+    def _lost(self, endpoint: str) -> None:
+        """The connection to ``endpoint`` closed: what was in flight on it will not be answered."""
+        if endpoint.startswith(unixwire.SCHEME):
+            self.forget(endpoint)
+        for rid, ep in list(self._waiting_on.items()):
+            if ep == endpoint:
+                f = self._waiting.pop(rid, None)
+                del self._waiting_on[rid]
+                if f is not None and not f.done():
+                    f.set_exception(ConnectionLostError(
+                        f"{endpoint} closed the connection before replying to request {rid} (a broker process "
+                        "stopped, or a message over its frame limit): its fate is unknown"))
+        if self.on_lost is not None:
+            self.on_lost(None if endpoint == self.router_endpoint else endpoint)
+
+    def settle(self) -> None:
+        """(``Pool.settle``: the event loop reads each close as it comes, nothing is left over.)"""
 
     def _deliver(self, r: Reply) -> None:
         f = self._waiting.pop(r.request_id, None)
@@ -350,16 +398,20 @@ class AsyncPool:
     def send(self, endpoint: str | None, op: int, topic, partition: int, header: bytes = P.EMPTY_MAP, body=None) -> int:
         """Send one request now (never waits); returns its id. A worker's Unix socket that is
         gone sends it through the router instead."""
+        return self._send(endpoint, op, topic, partition, header, body)[0]
+
+    def _send(self, endpoint: str | None, op: int, topic, partition: int, header: bytes, body) -> tuple[int, str]:
+        """``send``, and the endpoint the request went to."""
         rid = next(self._ids)
         frames = request_frames(op, topic, partition, rid, header, body)
         if endpoint is not None and endpoint != self.router_endpoint:
             try:
                 self._link(endpoint).send(frames)
-                return rid
+                return rid, endpoint
             except OSError:  # the worker is gone (or not on this host): the router path works
                 self.forget(endpoint)
         self._link(self.router_endpoint).send(frames)
-        return rid
+        return rid, self.router_endpoint
 
     async def connected(self) -> None:
         """Return once the router completed a handshake (at once after the first time); raise
@@ -382,7 +434,8 @@ class AsyncPool:
                       timeout_ms: int = 10_000, endpoint: str | None = None) -> Reply:
         """One round trip through the router (or to ``endpoint``); raises the reply's error."""
         await self.connected()
-        rid = self.send(endpoint, op, topic, partition, header, body)
+        rid, via = self._send(endpoint, op, topic, partition, header, body)
+        self._waiting_on[rid] = via
         f = self._waiting[rid] = asyncio.get_running_loop().create_future()
         try:
             r = await asyncio.wait_for(f, timeout_ms / 1000)
@@ -390,6 +443,7 @@ class AsyncPool:
             raise TimeoutError_(f"no reply from {endpoint or self.router_endpoint} within {timeout_ms} ms") from None
         finally:
             self._waiting.pop(rid, None)
+            self._waiting_on.pop(rid, None)
         r.raise_for_code()
         return r
 
@@ -412,6 +466,7 @@ class AsyncPool:
             if not f.done():
                 f.cancel()
         self._waiting.clear()
+        self._waiting_on.clear()
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -464,7 +519,8 @@ class AsyncProducer(ProducerCore):
     def __init__(self, bootstrap: str | None = None, *, direct: bool = True, same_host: bool = False,
                  connect_timeout_ms: int = CONNECT_TIMEOUT_MS, key_file=None, server_key=None, **options):
         super().__init__(**options)
-        self.pool = AsyncPool(bootstrap, connect_timeout_ms, self._reply, curve_keys(key_file, server_key))
+        self.pool = AsyncPool(bootstrap, connect_timeout_ms, self._reply, curve_keys(key_file, server_key),
+                              on_lost=self._lost)
         self.routes = AsyncRoutes(self.pool, direct, same_host)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._kicked = False
@@ -635,6 +691,10 @@ class AsyncProducer(ProducerCore):
         self._on_reply(r)
         self._kick()
 
+    def _lost(self, via: str | None) -> None:
+        self._connection_lost(via)
+        self._kick()
+
     def _kick(self) -> None:
         """Run ``_step`` once, after what is ready to run now: coroutines woken by acks send
         their next records first, so those join one batch instead of going one by one."""
@@ -732,7 +792,8 @@ class AsyncConsumer(ConsumerCore):
                  group: str | None = None, **options):
         options = self._group_options(group, options)
         super().__init__(**options)
-        self.pool = AsyncPool(bootstrap, connect_timeout_ms, self._reply, curve_keys(key_file, server_key))
+        self.pool = AsyncPool(bootstrap, connect_timeout_ms, self._reply, curve_keys(key_file, server_key),
+                              on_lost=self._lost)
         self.routes = AsyncRoutes(self.pool, direct, same_host)
         self.same_host = same_host
         self._replies: deque[Reply] = deque()
@@ -749,6 +810,10 @@ class AsyncConsumer(ConsumerCore):
     def _reply(self, r: Reply) -> None:
         self._replies.append(r)
         self._wake()
+
+    def _lost(self, via: str | None) -> None:
+        self._connection_lost(via)
+        self._wake()  # the poll sends its fetches again
 
     def _wake(self) -> None:
         w = self._waiter

@@ -3,6 +3,29 @@
 The ZeroMQ context is created lazily and per process id: a connection object that crosses a
 fork (Spark's Python workers are forked and reuse pickled objects) builds a fresh context and
 socket in the child instead of touching the parent's, which ZeroMQ forbids.
+
+Some facts about a ZeroMQ connection that closes:
+
+- The broker reads every message part into a frame limit (ZMQ_MAXMSGSIZE: its max_batch_bytes
+  plus 1 MiB); a larger part makes libzmq close that TCP (or ipc) connection without a word, and
+  a router or worker process that stops or is killed closes its connections too.
+- A DEALER that connected reconnects by itself (every 100 ms) under a new identity, so the
+  replies owed on the old connection are never sent; requests still queued in the socket go out
+  on the new one. Nothing of this reaches the application: a request in flight would wait out its
+  whole timeout (a 4 MB line waited 66 s).
+- A socket monitor (``get_monitor_socket``) reports ``EVENT_DISCONNECTED`` when a connection
+  that was up closes; a connect that fails while the peer is down reports other events, not this.
+
+What this means for us: every ZeroMQ connection keeps a monitor for ``EVENT_DISCONNECTED`` for
+its whole life, and its socket joins the poll the client already waits in (``Pool.recv``,
+``Connection.wait_for``; the asyncio client's event loop). A monitor event is rare, so no
+message pays for it. When one comes, the replies already received are taken first (they came
+before the close), then the requests still in flight on that connection are lost: ``Pool`` hands
+the endpoint to ``on_lost`` (the producer resends idempotent batches, the consumer refetches), and
+a round trip raises ``ConnectionLostError``. A request sent in the moment between the close and
+the event may be counted lost too, though it goes out on the new connection: it is resent or
+fails with an unknown fate, never waits. A worker's Unix socket shows a close as end of file and
+is handled the same way.
 """
 
 from __future__ import annotations
@@ -17,8 +40,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 from . import protocol as P
 from . import unixwire
-from .errors import (AuthenticationFailedError, BootstrapError, BrokerUnavailableError, InvalidRequestError,
-                     TimeoutError_, error_for)
+from .errors import (AuthenticationFailedError, BootstrapError, BrokerUnavailableError, ConnectionLostError,
+                     InvalidRequestError, TimeoutError_, error_for)
 from .security import CurveKeys
 
 DEFAULT_BOOTSTRAP = "tcp://127.0.0.1:7420"
@@ -27,6 +50,7 @@ CONNECT_TIMEOUT_MS = 1500  # a first request fails this soon when no broker comp
 # what the handshake monitor watches: success, or a refusal (CURVE keys wrong or missing)
 HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+DROP_EVENTS = zmq.EVENT_DISCONNECTED  # what the monitor watches for a socket's whole life (the docstring)
 
 
 def handshake_refused(event: int, endpoint: str, secured: bool) -> AuthenticationFailedError | None:
@@ -38,6 +62,18 @@ def handshake_refused(event: int, endpoint: str, secured: bool) -> Authenticatio
     if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and secured:
         why = "the handshake failed (a broker without --auth curve, or a wrong server key)"
     return AuthenticationFailedError(f"{endpoint}: {why}")
+
+
+def take_drops(monitor: zmq.Socket) -> bool:
+    """Read every event waiting on a socket monitor (never waits); whether one was
+    ``EVENT_DISCONNECTED`` (the others, a handshake after a reconnect, need nothing)."""
+    dropped = False
+    while P.socket_events(monitor) & zmq.POLLIN:
+        try:
+            dropped |= recv_monitor_message(monitor, zmq.NOBLOCK)["event"] == zmq.EVENT_DISCONNECTED
+        except zmq.Again:
+            break
+    return dropped
 
 
 def default_bootstrap() -> str:
@@ -126,8 +162,9 @@ def parse_reply(frames: list, via: str) -> Reply:
 class Connection:
     """``connect_timeout_ms``: a request made before the connection ever completed a ZeroMQ
     handshake with a broker fails with ``BrokerUnavailableError`` after this long (ZeroMQ itself
-    would retry the connect silently for ever); once a broker has answered, requests wait their
-    own timeout, through broker restarts too."""
+    would retry the connect silently for ever); once a broker has answered, a request in flight
+    when the connection closes raises ``ConnectionLostError`` at once (the module docstring), and
+    a request sent while the broker is away waits its own timeout, through broker restarts too."""
 
     def __init__(self, endpoint: str | None = None, connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
                  keys: CurveKeys | None = None):
@@ -138,7 +175,8 @@ class Connection:
         self._pid = None
         self._ctx = None
         self._sock = None
-        self._monitor = None  # handshake events until the first one (see connected)
+        self._monitor = None  # the socket's monitor: handshake events (see connected), then DROP_EVENTS
+        self._poller = None  # zmq.Poller of the socket and its monitor (wait_for)
         self._connected = self.is_unix or connect_timeout_ms <= 0  # <= 0: no check
         self._ids = itertools.count(1)
         self._early: dict[int, Reply] = {}  # replies that arrived while waiting for another id
@@ -167,10 +205,12 @@ class Connection:
             self._sock.setsockopt(zmq.RCVHWM, 100_000)
             if self.keys is not None:
                 self.keys.apply(self._sock)
-            self._monitor = None
-            if not self._connected:
-                self._monitor = self._sock.get_monitor_socket(HANDSHAKE_EVENTS)
-                self._monitor.setsockopt(zmq.LINGER, 0)
+            self._monitor = self._sock.get_monitor_socket(
+                DROP_EVENTS if self._connected else HANDSHAKE_EVENTS | DROP_EVENTS)
+            self._monitor.setsockopt(zmq.LINGER, 0)
+            self._poller = zmq.Poller()
+            self._poller.register(self._sock, zmq.POLLIN)
+            self._poller.register(self._monitor, zmq.POLLIN)
             try:
                 self._sock.connect(self.endpoint)
             except zmq.ZMQError as exc:  # e.g. a host name that does not resolve
@@ -225,7 +265,22 @@ class Connection:
             return parse_reply(self.sock.recv_frames(), self.endpoint)
         return parse_reply(P.recv_frames_nocopy(self.sock), self.endpoint)
 
+    @property
+    def monitor(self) -> zmq.Socket | None:
+        """The socket's monitor (``DROP_EVENTS``), None for a Unix socket."""
+        return None if self.is_unix else self._monitor
+
+    def dropped(self) -> bool:
+        """Whether the monitor reported a closed connection since the last look (never waits)."""
+        return self._monitor is not None and self._pid == os.getpid() and take_drops(self._monitor)
+
+    def _lost(self, rid: int) -> ConnectionLostError:
+        return ConnectionLostError(f"{self.endpoint} closed the connection before replying to request {rid} "
+                                   "(a broker process stopped, or a message over its frame limit): its fate is unknown")
+
     def wait_for(self, rid: int, timeout_ms: int) -> Reply:
+        """The reply to ``rid``; ``TimeoutError_`` after ``timeout_ms``, ``ConnectionLostError``
+        as soon as the connection it went on closes."""
         if rid in self._early:
             return self._early.pop(rid)
         deadline = time.monotonic() + timeout_ms / 1000
@@ -234,19 +289,23 @@ class Connection:
             if left <= 0:
                 raise TimeoutError_(f"no reply from {self.endpoint} within {timeout_ms} ms")
             sock = self.sock
-            if not sock.poll(left):
-                continue
-            r = self._recv_now()
+            if self.is_unix:
+                try:
+                    if not sock.poll(left):
+                        continue
+                except OSError:  # end of file: the worker closed the connection
+                    self.close()
+                    raise self._lost(rid) from None
+            else:
+                ready = dict(self._poller.poll(left))
+                if sock not in ready:  # the monitor only: replies that came before a close go first
+                    if ready and self.dropped():
+                        raise self._lost(rid)
+                    continue
+            r = self._recv_ready()
             if r.request_id == rid:
                 return r
             self._early[r.request_id] = r
-
-    def _recv_now(self) -> Reply:
-        saved, self._early = self._early, {}
-        try:
-            return self.recv(-1)
-        finally:
-            self._early = saved
 
     def connected(self) -> None:
         """Return once a broker has completed a handshake on this connection (at once after the
@@ -254,18 +313,22 @@ class Connection:
         if self._connected and self._pid == os.getpid():
             return
         self.sock
-        if self._monitor is None:  # a connection that was up before a fork
-            self._connected = True
+        if self._connected:  # a connection that was up before a fork
             return
-        if not self._monitor.poll(self.connect_timeout_ms):
-            raise BrokerUnavailableError(
-                f"no broker answered at {self.endpoint} within {self.connect_timeout_ms / 1000:g} s "
-                "(is `tailrace serve` running?)")
-        refused = handshake_refused(recv_monitor_message(self._monitor)["event"], self.endpoint, self.keys is not None)
+        deadline = time.monotonic() + self.connect_timeout_ms / 1000
+        while True:
+            left = int((deadline - time.monotonic()) * 1000)
+            if left <= 0 or not self._monitor.poll(left):
+                raise BrokerUnavailableError(
+                    f"no broker answered at {self.endpoint} within {self.connect_timeout_ms / 1000:g} s "
+                    "(is `tailrace serve` running?)")
+            event = recv_monitor_message(self._monitor)["event"]
+            if event & HANDSHAKE_EVENTS:
+                break  # (a connection closed before its handshake says nothing yet)
+        refused = handshake_refused(event, self.endpoint, self.keys is not None)
         if refused is not None:
             self.close()  # final: nothing of it is kept (a later request starts a new handshake)
             raise refused
-        self._stop_monitor()
         self._connected = True
 
     def _stop_monitor(self) -> None:
@@ -276,10 +339,12 @@ class Connection:
                 pass
             self._monitor.close(0)
             self._monitor = None
+        self._poller = None
 
     def request(self, op: int, topic="", partition: int = -1, header: bytes = P.EMPTY_MAP, body=None,
                 timeout_ms: int = 10_000) -> Reply:
         self.connected()
+        self.dropped()  # a close seen before this request is not its loss (it goes on the new connection)
         r = self.wait_for(self.send(op, topic, partition, header, body), timeout_ms)
         r.raise_for_code()
         return r
@@ -299,6 +364,10 @@ class Pool:
     Client-side addressing: a request for a partition can go straight to the worker that owns
     it (its endpoint comes from DESCRIBE_TOPIC), saving the router hop both ways; ``None`` as
     the endpoint means "through the router". Replies from all of them come out of ``recv``.
+
+    A connection that closes (the module docstring) is handed to ``on_lost(endpoint)`` (``None``:
+    the router) from inside ``recv``, after the replies that came on it before the close: every
+    request in flight on it is lost. The owner resends or fails them; nothing waits a timeout.
     """
 
     def __init__(self, bootstrap: str | None = None, connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
@@ -308,8 +377,10 @@ class Pool:
         self.router = Connection(bootstrap, connect_timeout_ms, keys)
         self.router._ids = self._ids
         self.direct: dict[str, Connection] = {}  # endpoint -> connection
+        self.on_lost = None  # callable(endpoint | None), or None: lost requests wait their timeouts
         self._poller: zmq.Poller | None = None
-        self._by_sock: dict = {}  # socket -> connection (for this pid's sockets)
+        self._by_sock: dict = {}  # poll key -> connection (this pid's sockets)
+        self._by_monitor: dict = {}  # monitor socket -> connection
         self._pid = None
 
     def conn(self, endpoint: str | None) -> Connection:
@@ -324,9 +395,9 @@ class Pool:
 
     def send(self, endpoint: str | None, op: int, topic, partition: int, header: bytes = P.EMPTY_MAP, body=None) -> int:
         c = self.conn(endpoint)
+        if c._sock is None or (c.is_unix and c._pid != os.getpid()):
+            self._poller = None  # a new socket: register it (and its monitor) at the next recv
         if c.is_unix:
-            if c._sock is None or c._pid != os.getpid():
-                self._poller = None  # a new socket: register it at the next recv
             try:
                 return c.send(op, topic, partition, header, body)
             except OSError:  # the worker is gone (or not on this host): the router path works
@@ -334,37 +405,68 @@ class Pool:
                 return self.router.send(op, topic, partition, header, body)
         return c.send(op, topic, partition, header, body)
 
+    def settle(self) -> None:
+        """Forget the closes seen while nothing was in flight (call before sending with nothing
+        in flight): a request sent after a close goes on the new connection and is not lost."""
+        for c in (self.router, *self.direct.values()):
+            c.dropped()
+
+    def _build_poller(self, conns: list) -> None:
+        self._poller = zmq.Poller()
+        self._by_sock, self._by_monitor = {}, {}
+        for c in conns:
+            if c._sock is None or c._pid != os.getpid():
+                if c.is_unix:
+                    continue  # a Unix connection closed after its worker went: nothing to hear
+                c.sock
+            self._poller.register(c.poll_key, zmq.POLLIN)
+            self._by_sock[c.poll_key] = c
+            if c.monitor is not None:
+                self._poller.register(c.monitor, zmq.POLLIN)
+                self._by_monitor[c.monitor] = c
+        self._pid = os.getpid()
+
+    def _lost(self, c: Connection) -> None:
+        if self.on_lost is not None:
+            self.on_lost(None if c is self.router else c.endpoint)
+
     def recv(self, timeout_ms: int) -> Reply | None:
-        if not self.direct:
-            return self.router.recv(timeout_ms)
-        conns = [self.router, *self.direct.values()]
+        """The next reply from any connection, or None after ``timeout_ms`` (0 = don't wait,
+        -1 = forever) or at once after a closed connection was reported to ``on_lost``."""
+        conns = [self.router, *self.direct.values()] if self.direct else [self.router]
         for c in conns:
             if c.pending():
                 return c.recv(0)
         if self._poller is None or self._pid != os.getpid():
-            self._poller = zmq.Poller()
-            self._by_sock = {}
-            for c in conns:
-                if c.is_unix and (c._sock is None or c._pid != os.getpid()):
-                    continue  # a Unix connection closed after its worker went: nothing to hear
-                self._poller.register(c.poll_key, zmq.POLLIN)
-                self._by_sock[c.poll_key] = c
-            self._pid = os.getpid()
+            self._build_poller(conns)
         deadline = None if timeout_ms == -1 else time.monotonic() + timeout_ms / 1000
         while True:
             left = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
             events = self._poller.poll(left)
             if not events:
                 return None
-            c = self._by_sock[events[0][0]]
-            if not c.is_unix:
+            key = events[0][0]
+            c = self._by_sock.get(key)
+            if c is None:  # a monitor: replies that came before a close go first
+                c = next((self._by_sock[k] for k, _e in events if k in self._by_sock), None)
+            if c is None:
+                lost = [self._by_monitor[k] for k, _e in events if self._by_monitor[k].dropped()]
+                for c in lost:
+                    self._lost(c)
+                if lost:
+                    return None  # the caller resends what was lost before waiting on
+            elif not c.is_unix:
                 return c._recv_ready()  # no second poll: it is waiting
-            r = c.recv(0)  # a Unix socket: readable, but maybe not a whole message yet
-            if c._sock is None:  # ... or closed by its worker: poll without it
-                self._poller = None
-                return r
-            if r is not None or (deadline is not None and time.monotonic() >= deadline):
-                return r
+            else:
+                r = c.recv(0)  # a Unix socket: readable, but maybe not a whole message yet
+                if c._sock is None:  # ... or closed by its worker (end of file): poll without it
+                    self._poller = None
+                    self._lost(c)
+                    return r
+                if r is not None:
+                    return r
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
 
     def forget(self, endpoint: str) -> None:
         c = self.direct.pop(endpoint, None)

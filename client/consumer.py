@@ -229,6 +229,16 @@ class ConsumerCore:
             a.inflight, a.sent, a.wait_s, a.via = rid, now, max_wait_ms / 1000, via
             self._by_rid[rid] = a
 
+    def _connection_lost(self, via: str | None) -> None:
+        """The connection to ``via`` (None: the router) closed: its fetches in flight will never
+        be answered; the next ``_send_fetches`` asks again at once (``Pool.on_lost``)."""
+        for a in self.assigned.values():
+            if a.inflight and a.via == via:
+                self._by_rid.pop(a.inflight, None)
+                a.inflight = 0
+                if via is not None:
+                    self.routes.demote(a.topic, a.partition)
+
     def _raise_deferred(self) -> None:
         if self._deferred is not None:  # an error met after records were already handed out
             exc, self._deferred = self._deferred, None
@@ -420,6 +430,7 @@ class Consumer(ConsumerCore):
         options = self._group_options(group, options)
         super().__init__(**options)
         self.pool = Pool(bootstrap, connect_timeout_ms, curve_keys(key_file, server_key))
+        self.pool.on_lost = self._connection_lost
         self._group_conn: Connection | None = None  # the group's requests: their own socket, one at a time
         if group is not None:
             self._group_conn = Connection(bootstrap, connect_timeout_ms, curve_keys(key_file, server_key))

@@ -66,6 +66,16 @@ class BrokerUnavailableError(TimeoutError_):
     the connect timeout (a stopped broker, a wrong port, a firewall)."""
 
 
+class ConnectionLostError(TimeoutError_):
+    """Raised when the connection a request went on was closed before its reply came: the
+    broker dropped it (a message part over its frame limit), or the router or the worker the
+    request was sent to stopped or was killed. The request's fate is unknown, as after a
+    timeout (it may have been handled), but it is known at once instead of after
+    ``request_timeout_ms``. Retriable: an idempotent producer resends the batch by itself (the
+    broker recognises a batch it already stored); this error reaches the caller only for a
+    request that cannot be resent safely (``idempotent=False``, an admin call)."""
+
+
 BY_CODE: dict[int, type[TailraceError]] = {
     cls.code: cls
     for cls in (

@@ -10,7 +10,10 @@ Idempotence: every batch carries this producer's random 63-bit id and a per-part
 (the count of records sent to that partition before it). A batch is retried with the same bytes
 when its reply does not come within ``request_timeout_ms`` (a broker process may have died with
 it), until ``delivery_timeout_ms``; the broker recognises a batch it already stored and answers
-with the original offsets, so a retry never duplicates.
+with the original offsets, so a retry never duplicates. A batch whose connection closed before
+its reply (client/connection.py: the router or the worker stopped, or dropped the connection over
+its frame limit) is resent the same way at once, not after ``request_timeout_ms``; without
+idempotence it fails at once with ``ConnectionLostError`` (its fate is unknown).
 
 Driving it: there is no background thread. ``send``/``send_batch`` queue records and send what
 is ready; ``poll()`` processes replies and lingering batches; ``flush()`` sends everything and
@@ -58,7 +61,7 @@ from . import protocol as P
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Pool
 from .security import curve_keys
 from .routes import BlockingRoutes
-from .errors import BatchTooLargeError, TailraceError, TimeoutError_, error_for
+from .errors import BatchTooLargeError, ConnectionLostError, TailraceError, TimeoutError_, error_for
 from .records import HEADER_BYTES, encode_batch, encode_batch_buffers
 
 Partitioner = Callable[[bytes | None, int, int], int]  # (key, partitions, counter) -> partition
@@ -389,6 +392,8 @@ class ProducerCore:
                     f"the broker takes at most max_batch_bytes={self.max_batch_bytes} (not sent)"))
                 continue
             b.via = self._route(b.topic, b.partition)
+            if not self._inflight and self.acks != P.Acks.NONE:
+                self.pool.settle()  # a close seen while nothing was in flight loses nothing
             try:
                 rid = self.pool.send(b.via, P.Op.PRODUCE, b.topic, b.partition, b.header or self._header, b.frame)
             except TailraceError as exc:  # refused before sending (a topic name over the limit)
@@ -485,18 +490,34 @@ class ProducerCore:
         self._timeouts_at = now + TIMEOUT_SCAN_S
         for rid, b in list(self._inflight.items()):
             if now - b.sent > self.request_timeout_s:
-                del self._inflight[rid]
-                tp = (b.topic, b.partition)
-                self._inflight_per[tp] -= 1
-                if b.via is not None:
-                    self.routes.demote(b.topic, b.partition)  # the worker may be gone: via the router
-                if self.producer_id >= 0 and now - b.first_sent < self.delivery_timeout_s:
-                    # only an idempotent producer may resend a batch whose fate is unknown
-                    self.retries += 1
-                    self._retry.setdefault(tp, deque()).appendleft(b)  # same bytes: the broker dedups
-                else:
-                    self._fail(b, TimeoutError_(
-                        f"no ack for {b.count} records to {b.topic}/{b.partition} in {self.delivery_timeout_s}s"))
+                self._unknown_fate(rid, b, now, TimeoutError_(
+                    f"no ack for {b.count} records to {b.topic}/{b.partition} in {self.delivery_timeout_s}s"))
+
+    def _connection_lost(self, via: str | None) -> None:
+        """The connection to ``via`` (None: the router) closed: its batches in flight will never
+        be answered; resend (idempotent) or fail them now (``Pool.on_lost``)."""
+        now = time.monotonic()
+        for rid, b in list(self._inflight.items()):
+            if b.via == via:
+                self._unknown_fate(rid, b, now, ConnectionLostError(
+                    f"the connection to {via or 'the router'} closed before {b.count} records to "
+                    f"{b.topic}/{b.partition} were acknowledged: they may or may not be stored"))
+
+    def _unknown_fate(self, rid: int, b: _InFlight, now: float, exc: TailraceError) -> None:
+        """Batch ``rid`` will get no reply (overdue, or its connection closed): resend it with the
+        same bytes if this producer is idempotent and within ``delivery_timeout_ms``, else fail it."""
+        del self._inflight[rid]
+        tp = (b.topic, b.partition)
+        self._inflight_per[tp] -= 1
+        if b.via is not None:
+            self.routes.demote(b.topic, b.partition)  # the worker may be gone: via the router
+        if self.producer_id >= 0 and now - b.first_sent < self.delivery_timeout_s:
+            # only an idempotent producer may resend a batch whose fate is unknown
+            self.retries += 1
+            b.not_before = now  # (no backoff: a reconnect queues it until the connection is up)
+            self._retry.setdefault(tp, deque()).appendleft(b)  # same bytes: the broker dedups
+        else:
+            self._fail(b, exc)
 
     def _take_errors(self) -> None:
         """Raise the first error no future was told of (``flush``)."""
@@ -545,6 +566,7 @@ class Producer(ProducerCore):
     ):
         super().__init__(**options)
         self.pool = Pool(bootstrap, connect_timeout_ms, curve_keys(key_file, server_key))
+        self.pool.on_lost = self._connection_lost
         self.conn = self.pool.router
         # same_host: send to the owning workers' Unix sockets instead of their ZeroMQ endpoints
         # (client/unixwire.py); the router and any fallback stay ZeroMQ.

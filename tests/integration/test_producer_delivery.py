@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 import zlib
 
@@ -15,6 +17,7 @@ from tailrace import Admin
 from tailrace.client.connection import Pool
 from tailrace.client.errors import BatchTooLargeError, TimeoutError_
 from tailrace.client.producer import hash_partition
+from tests.clients import BLOCKING
 
 
 def read_all(client, bootstrap, topic, expect, timeout_s=20.0):
@@ -147,3 +150,67 @@ def test_clients_given_no_bootstrap_read_tailrace_bootstrap(broker, client, monk
     with client.Producer(None, acks="memory") as prod:
         prod.send("env", b"via the environment")
     assert [r.value for r in read_all(client, None, "env", 1)] == [b"via the environment"]
+
+
+def test_tailrace_produce_with_acks_none_stores_every_line_of_its_stdin(broker, tmp_path):
+    """``seq 1 600 | tailrace produce TOPIC --acks none`` as a user runs it: the command exits,
+    then a consumer counts. Three runs, each must leave all of its 600 lines stored."""
+    Admin(broker.bootstrap).create_topic("cli-none", 2)
+    env = {**os.environ, "TAILRACE_BOOTSTRAP": broker.bootstrap}
+    lines = b"".join(b"%d\n" % i for i in range(1, 601))
+    for round_ in range(3):
+        r = subprocess.run([sys.executable, "-m", "tailrace", "produce", "cli-none", "--acks", "none"],
+                           input=lines, capture_output=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr.decode(errors="replace")
+        stored = read_all(BLOCKING, broker.bootstrap, "cli-none", 600 * (round_ + 1), timeout_s=5)
+        assert len(stored) == 600 * (round_ + 1), f"run {round_}: {len(stored) - 600 * round_} of 600 stored"
+    values = sorted(int(r.value) for r in stored)
+    assert values == sorted(list(range(1, 601)) * 3)
+
+
+def _socket_of(prod, via):
+    """The ZeroMQ socket a producer (blocking or asyncio) sends to ``via`` (None: the router) on."""
+    pool = prod.pool
+    if hasattr(pool, "conn"):
+        return pool.conn(via).sock
+    return pool._links[via or pool.router_endpoint].sock
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["via-router", "direct-to-worker"])
+def test_a_connection_the_broker_drops_fails_over_at_once_not_after_request_timeout(broker, client, direct):
+    """A message part over the broker's frame limit (ZMQ_MAXMSGSIZE) makes it close that
+    connection without a word, and the reply to the batch in flight on it is never sent. With
+    request_timeout_ms=30 s the batch used to wait out the 30 s; now the close is seen (socket
+    monitor) and the idempotent producer resends the batch at once: acknowledged once, stored
+    once. The workers are held (SIGSTOP) while the batch and the oversized part go out, so the
+    reply cannot come before the close."""
+    Admin(broker.bootstrap).create_topic("dropped", 1)
+    workers = [pid for name, pid in broker.pids().items() if name.startswith("worker")]
+    prod = client.Producer(broker.bootstrap, acks="memory", direct=direct, request_timeout_ms=30_000, linger_ms=0)
+    try:
+        prod.send("dropped", b"before")
+        prod.flush(timeout_ms=10_000)  # connected, the partition's owner known
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            prod.send("dropped", b"in flight")
+            assert prod.in_flight == 1
+            via = next(iter(prod._inflight.values())).via
+            assert (via is not None) == direct
+            # the producer would refuse this (BATCH_TOO_LARGE): a raw send past its check
+            _socket_of(prod, via).send_multipart([b"\x01" * 16, b"o" * (3 << 20)])
+            t0 = time.monotonic()
+            prod.poll(300)
+        finally:
+            for pid in workers:
+                os.kill(pid, signal.SIGCONT)
+        prod.flush(timeout_ms=10_000)
+        took = time.monotonic() - t0
+        assert took < 2.0, f"the batch in flight on the dropped connection finished after {took:.1f}s"
+        assert prod.retries >= 1
+        prod.send("dropped", b"after")  # the producer goes on over the new connection
+        prod.flush(timeout_ms=10_000)
+    finally:
+        prod.close()
+    stored = read_all(client, broker.bootstrap, "dropped", 3)
+    assert [r.value for r in stored] == [b"before", b"in flight", b"after"]  # once each, in order
