@@ -518,7 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="storage full: refuse produce with the retriable STORAGE_FULL until there is room, deleting nothing "
                          "(refuse, the default), or first delete the oldest journal segments even inside retention "
                          "(delete_oldest, RocketMQ's; counted in tailrace status and the metrics)")
-    sv.add_argument("--disk-force-delete-min-age-ms", type=int, default=None, metavar="MS",
+    sv.add_argument("--disk-force-delete-min-age-ms", type=_natural, default=None, metavar="MS",
                     help="delete_oldest never deletes a segment written to within this long "
                          f"(default {_DEFAULTS.disk_force_delete_min_age_ms // 60000} minutes)")
     sv.add_argument("--data-mode", default=None,
