@@ -170,8 +170,8 @@ def run(url: str, interval_s: float, iterations: int | None = None) -> int:
                         return 0
                 else:
                     time.sleep(interval_s)
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C: 130; SIGTERM, SIGHUP (console.Stopped): 128 + the signal
+        return 128 + getattr(exc, "signum", 2)
     finally:
         if saved is not None:
             termios.tcsetattr(fd, termios.TCSADRAIN, saved)
