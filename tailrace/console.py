@@ -1,8 +1,9 @@
 """``tailrace produce`` and ``tailrace consume``: the console producer and consumer.
 
-produce streams: a line is sent within ``linger_ms`` of arriving (batches grow under load), so
-``tail -f app.log | tailrace produce t`` delivers continuously; stdin is read with ``os.read``
-as data comes, never to its end first. Ctrl-C sends what was read, says how many were acked and
+produce streams: a line is sent within ``linger_ms`` of arriving, or, under load, as soon as the
+lines before it are acknowledged (batches grow then: ``LineProducer``), so ``tail -f app.log |
+tailrace produce t`` delivers continuously; stdin is read with ``os.read`` as data comes, never
+to its end first. Ctrl-C sends what was read, says how many were acked and
 exits 130; SIGTERM and SIGHUP do the same and exit 143 and 129 (``Stopped``).
 
 consume prints one line per record: the value, or what ``--print-*``, ``--format`` (kcat's
