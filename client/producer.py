@@ -62,7 +62,7 @@ from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Pool
 from .security import curve_keys
 from .routes import BlockingRoutes
 from .errors import BatchTooLargeError, ConnectionLostError, TailraceError, TimeoutError_, error_for
-from .records import HEADER_BYTES, encode_batch, encode_batch_buffers
+from .records import HEADER_BYTES, IDEMPOTENCE, IDEMPOTENCE_AT, encode_batch, encode_batch_buffers, restamp
 
 Partitioner = Callable[[bytes | None, int, int], int]  # (key, partitions, counter) -> partition
 
@@ -206,6 +206,7 @@ class ProducerCore:
         self._oneway: dict[tuple[str, int], tuple[bytes, set]] = {}
         self._barrier_header = P.encode(P.ProduceRequest(acks=int(P.Acks.MEMORY), timeout_ms=request_timeout_ms))
         self._seq: dict[tuple[str, int], int] = {}  # (topic, p) -> next base sequence
+        self._pids: dict[tuple[str, int], int] = {}  # (topic, p) -> its producer id, where not producer_id (_restart_sequence)
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.on_ack = on_ack
         self._header = P.encode(P.ProduceRequest(acks=int(self.acks), timeout_ms=request_timeout_ms))
@@ -322,7 +323,26 @@ class ProducerCore:
             return {}
         seq = self._seq.get(tp, 0)
         self._seq[tp] = (seq + count) & 0x7FFFFFFF
-        return {"producer_id": self.producer_id, "base_sequence": seq}
+        return {"producer_id": self._pids.get(tp, self.producer_id), "base_sequence": seq}
+
+    def _restart_sequence(self, tp) -> None:
+        """A batch to ``tp`` failed for good: its sequence numbers are a gap, and the partition
+        refuses every later batch of this producer id that skips it (OUT_OF_ORDER_SEQUENCE,
+        actors/dedup.py). Kafka's producer bumps its epoch here; ours takes a new producer id
+        for ``tp`` (one the partition does not know may start anywhere) and numbers from 0 again,
+        re-stamping the batches already encoded for ``tp`` and not yet sent, in send order. A
+        batch waiting to be resent keeps its bytes (its first try may be stored: only the same
+        bytes are answered as a duplicate)."""
+        pid = self._pids[tp] = random.getrandbits(62)
+        seq = 0
+        q = self._ready.get(tp)
+        if q:
+            fresh = deque()
+            for frame, count, waiters in q:
+                fresh.append((restamp(frame, pid, seq), count, waiters))
+                seq = (seq + count) & 0x7FFFFFFF
+            self._ready[tp] = fresh
+        self._seq[tp] = seq
 
     def _seal(self, tp, pend: _Pending) -> None:
         self._lingering.discard(tp)
@@ -454,6 +474,15 @@ class ProducerCore:
         elif r.code in P.RETRIABLE and time.monotonic() - b.first_sent < self.delivery_timeout_s:
             b.not_before = time.monotonic() + self.retry_backoff_s
             self._retry.setdefault(tp, deque()).appendleft(b)
+        elif (r.code == P.ErrorCode.OUT_OF_ORDER_SEQUENCE and (self._inflight_per[tp] or self._retry.get(tp))
+              and time.monotonic() - b.first_sent < self.delivery_timeout_s):
+            # a batch before it is still in flight or waiting to be resent (more than one in flight
+            # per partition): it goes again after that one, in sequence order, as Kafka's does
+            b.not_before = time.monotonic() + self.retry_backoff_s
+            q = self._retry.setdefault(tp, deque())
+            seq = IDEMPOTENCE.unpack_from(b.frame, IDEMPOTENCE_AT)[1]
+            k = sum(1 for o in q if IDEMPOTENCE.unpack_from(o.frame, IDEMPOTENCE_AT)[1] < seq)
+            q.insert(k, b)
         else:
             try:
                 r.raise_for_code()
@@ -473,6 +502,8 @@ class ProducerCore:
         """A batch failed for good: its futures raise ``exc``; without futures, ``flush`` does."""
         if not b.barrier:
             self._buffered_bytes -= len(b.frame)
+            if self.producer_id >= 0 and b.count:
+                self._restart_sequence((b.topic, b.partition))
         told = False
         for w in b.waiters or ():
             if w is not None and not w.done():

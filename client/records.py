@@ -231,6 +231,17 @@ def _encode_one(value: bytes, create_time_us: int | None, producer_id: int, base
     return bytes(buf)
 
 
+def restamp(frame: bytes, producer_id: int, base_sequence: int) -> bytes:
+    """``frame`` with a new producer id and base sequence, its CRC computed again (one C pass
+    over the batch): the producer's way past a sequence gap, when a batch before it failed for
+    good and later ones were already encoded (client/producer.py ``_restart_sequence``)."""
+    buf = bytearray(frame)
+    length = LENGTH.unpack_from(buf, LENGTH_AT)[0]
+    IDEMPOTENCE.pack_into(buf, IDEMPOTENCE_AT, producer_id, base_sequence)
+    CRC.pack_into(buf, CRC_AT, crc32c(memoryview(buf)[CRC_START:length]))
+    return bytes(buf)
+
+
 class Header(dict):
     """One batch header as plain ints (keys are HEADER_DTYPE's field names)."""
 

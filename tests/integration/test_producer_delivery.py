@@ -214,3 +214,25 @@ def test_a_connection_the_broker_drops_fails_over_at_once_not_after_request_time
         prod.close()
     stored = read_all(client, broker.bootstrap, "dropped", 3)
     assert [r.value for r in stored] == [b"before", b"in flight", b"after"]  # once each, in order
+
+
+def test_a_batch_that_fails_for_good_leaves_no_gap_the_next_batches_are_stored(broker, client):
+    """A batch that fails for good has used up its sequence numbers: the partition refuses every
+    later batch of that producer id that skips them (OUT_OF_ORDER_SEQUENCE, Kafka's rule). The
+    producer then takes a new producer id for the partition and numbers its batches again, those
+    already queued included. Here the failure is a send_batch chunk over the broker's limit (its
+    size is judged from its first 64 records), refused before it is sent."""
+    Admin(broker.bootstrap).create_topic("gap", 1)
+    with client.Producer(broker.bootstrap, acks="memory", linger_ms=0) as prod:
+        prod.send_batch("gap", [b"first-%d" % i for i in range(5)], partition=0)
+        prod.flush(timeout_ms=10_000)
+        prod.send_batch("gap", [b"s"] * 64 + [b"B" * 1_100_000], partition=0)  # one chunk: over 1 MiB
+        prod.send_batch("gap", [b"after-a-%d" % i for i in range(5)], partition=0)  # queued behind it
+        prod.send_batch("gap", [b"after-b-%d" % i for i in range(5)], partition=0)
+        with pytest.raises(BatchTooLargeError):
+            prod.flush(timeout_ms=10_000)
+        prod.send_batch("gap", [b"later-%d" % i for i in range(5)], partition=0)
+        prod.flush(timeout_ms=10_000)
+    stored = [r.value for r in read_all(client, broker.bootstrap, "gap", 20)]
+    assert stored == ([b"first-%d" % i for i in range(5)] + [b"after-a-%d" % i for i in range(5)]
+                      + [b"after-b-%d" % i for i in range(5)] + [b"later-%d" % i for i in range(5)])

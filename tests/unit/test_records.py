@@ -176,3 +176,15 @@ def test_random_bytes_never_escape_as_anything_but_batch_error(data, cut):
         except BatchError:
             continue
         assert HEADER_BYTES <= size <= len(buf) and count >= 1
+
+
+@given(st.lists(st.binary(max_size=40), min_size=1, max_size=20), st.integers(0, 2**62), st.integers(0, 2**31 - 1))
+@settings(max_examples=50, deadline=None)
+def test_a_restamped_batch_is_the_batch_encoded_with_the_new_ids(values, producer_id, seq):
+    """records.restamp (the producer past a sequence gap) gives the same bytes as encoding the
+    records with the new producer id and base sequence: a valid CRC, nothing else changed."""
+    t = 1_700_000_000_000_000
+    old = records.encode_batch(values, create_time_us=t, producer_id=7, base_sequence=3)
+    new = records.restamp(old, producer_id, seq)
+    assert new == records.encode_batch(values, create_time_us=t, producer_id=producer_id, base_sequence=seq)
+    assert records.validate_frame(new, 0, len(new), 1 << 20)[1] == len(values)
