@@ -81,10 +81,19 @@ class StatsFile:
         counters, gauges, histograms = build()
         snap = Snapshot(self.process, os.getpid(), self.boot_ns, time.time_ns(), counters, gauges, histograms)
         try:
-            os.makedirs(self.dir, mode=0o700, exist_ok=True)
-            write_atomic(self.path, _encode(snap), sync=False)
+            # the stats folder only, never the run directory above it: a process still writing
+            # after its broker removed the run directory would make it again, and its parents
+            # (os.makedirs gives every folder but the last the default mode: /run/tailrace 0755,
+            # which every later broker then refuses as not private)
+            os.mkdir(self.dir, 0o700)
+        except FileExistsError:
+            pass
         except OSError:
             return False  # the run directory is going away: the broker is stopping
+        try:
+            write_atomic(self.path, _encode(snap), sync=False)
+        except OSError:
+            return False
         return True
 
 

@@ -72,3 +72,18 @@ def test_max_frame_bytes_leaves_room_for_headers_above_the_largest_batch():
 def test_data_mode_gives_the_umask_and_the_file_mode():
     assert datadir.umask_for(datadir.parse_mode("0700")) == 0o077
     assert datadir.umask_for(datadir.parse_mode("0750")) == 0o027
+
+
+def test_a_stats_write_never_makes_a_missing_run_directory_or_its_parents(tmp_path):
+    """A process that writes its stats after its broker removed the run directory used to make it
+    again with os.makedirs, parents included, at the default mode: the run base (/run/tailrace
+    for root) then came back 0755, and every later broker refused it as not private."""
+    from tailrace.broker.stats import StatsFile
+
+    run_dir = tmp_path / "base" / "instance"
+    stats = StatsFile(str(run_dir), "flusher")
+    assert stats.maybe_write(lambda: ({}, {}, {}), force=True) is False
+    assert not (tmp_path / "base").exists()
+    run_dir.mkdir(parents=True, mode=0o700)
+    assert stats.maybe_write(lambda: ({}, {}, {}), force=True) is True
+    assert (os.stat(stats.dir).st_mode & 0o777) == 0o700
