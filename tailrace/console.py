@@ -229,6 +229,8 @@ def _pump_stdin(prod: Producer, lines: LineProducer, fd: int) -> None:
             if not data:
                 return
             lines.feed(data)
+            if not lines.full() and poller.poll(0):
+                continue  # more is there already (a file, a backed-up pipe): one handoff takes it all
         prod.poll(0)
         _raise_first(prod)
         if lines.due(time.monotonic()):
