@@ -574,6 +574,8 @@ class AsyncProducer(ProducerCore):
                 fut.set_exception(exc)
                 return
             nbytes = len(values) + (0 if keys is None else len(keys))
+        elif kind == "buffers":  # values: (values, value_offsets, keys, key_offsets) of one joined batch
+            nbytes = len(values[0]) + (0 if values[2] is None else len(values[2]))
         else:
             nbytes = sum(map(len, values)) + (0 if keys is None else sum(map(len, keys)))
         if self._blocked or not self._room(nbytes):
@@ -581,6 +583,12 @@ class AsyncProducer(ProducerCore):
             return
         if kind == "one":
             self._add((topic, self._choose(topic, keys, partition, n)), values, keys, fut)
+            return
+        if kind == "buffers":
+            tp = (topic, partition)
+            self._queue_buffers(tp, *values)
+            frame, count, _w = self._ready[tp][-1]
+            self._ready[tp][-1] = (frame, count, [fut])
             return
         futs = []
         groups = [(partition, values, keys)] if partition is not None else self._split_batch(topic, values, keys, n)
@@ -639,11 +647,9 @@ class AsyncProducer(ProducerCore):
             if n is None:
                 raise ValueError(f"partitions of {topic!r} not known yet: await partitions_for({topic!r}) first")
             partition = self._choose(topic, None, None, n)
-        tp = (topic, partition)
-        self._queue_buffers(tp, values, value_offsets, keys, key_offsets)
         f = self.loop.create_future()
-        frame, count, _w = self._ready[tp][-1]
-        self._ready[tp][-1] = (frame, count, [f])
+        # held back like every send while buffer_memory is full (``_queue_item``)
+        self._queue_item(topic, ("buffers", (values, value_offsets, keys, key_offsets), None, partition, f), 0)
         self._kick()
         return f
 

@@ -103,10 +103,15 @@ def test_keyed_records_go_by_the_key_hash_by_default_in_send_and_send_batch(brok
     assert len({r.partition for r in recs if not r.key}) == 4  # unkeyed: round robin
 
 
-def test_send_blocks_when_buffer_memory_is_full_and_raises_after_max_block_ms(broker, client):
+@pytest.mark.parametrize("how", ["send", "send_buffers"])
+def test_send_blocks_when_buffer_memory_is_full_and_raises_after_max_block_ms(broker, client, how):
     """The router is frozen, so nothing is acknowledged: sends fill buffer_memory, then a send
     waits max_block_ms and raises (asyncio: its future does); once the router runs again
-    everything that was queued is stored. Before, the buffer grew without bound."""
+    everything that was queued is stored. Before, the buffer grew without bound (the asyncio
+    send_buffers too, until it was held back like the others)."""
+    import numpy as np
+
+    offsets = np.array([0, 100_000], dtype=np.int32)
     Admin(broker.bootstrap).create_topic("bounded", 1)
     router = broker.pids()["router"]
     prod = client.Producer(broker.bootstrap, acks="memory", direct=False, buffer_memory=1 << 20,
@@ -117,7 +122,10 @@ def test_send_blocks_when_buffer_memory_is_full_and_raises_after_max_block_ms(br
         queued, t0 = 0, time.monotonic()
         for _ in range(20):
             try:
-                prod.send("bounded", b"r" * 100_000)
+                if how == "send":
+                    prod.send("bounded", b"r" * 100_000)
+                else:
+                    prod.send_buffers("bounded", b"r" * 100_000, offsets, partition=0)
             except TimeoutError_ as exc:
                 assert "buffer_memory" in str(exc)
                 assert 0.4 < time.monotonic() - t0 < 5
