@@ -34,6 +34,7 @@ import posix_ipc
 import zmq
 
 from tailrace.broker import acl, auth, datadir, quota
+from tailrace.broker.envelope import Envelope, refusal
 from tailrace.broker.reply_port import ReplyPort
 from tailrace.broker.stats import Histogram, StatsFile, label_key
 from tailrace.client import protocol as P
@@ -166,10 +167,9 @@ class DiskReader(threading.Thread):
 _produce_dec = P.decoder(P.ProduceRequest)
 _fetch_dec = P.decoder(P.FetchRequest)
 _list_offsets_dec = P.decoder(P.ListOffsetsRequest)
-# op -> request frames (routing header included) of the ops a worker serves; the router's
-# metadata ops are UNKNOWN_OP here (PROTOCOL.md, 3).
-SERVED_FRAMES = {op: P.REQUEST_FRAMES[op] for op in (P.Op.PRODUCE, P.Op.FETCH, P.Op.LIST_OFFSETS, P.Op.WATCH, P.Op.PING,
-                                                     P.Op.ADOPT)}
+# the routing-header checks of every request (broker/envelope.py, over client/ops.py's SPEC): the
+# router's ops are UNKNOWN_OP here, and so are PING and ADOPT unless the router sent them
+ENVELOPE = Envelope("worker")
 _watch_dec = msgspec.msgpack.Decoder(P.WatchRequest)
 
 
@@ -278,16 +278,9 @@ class Worker:
             head = P.encode(body) if body is not None else P.EMPTY_MAP
             self.port.send([*ident, P.pack_routing(op, partition, request_id, P.echo_topic(topic), code), head, *extra])
         try:
-            if len(topic) > P.MAX_TOPIC_BYTES:
-                return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
-                    f"topic name of {len(topic)} bytes: at most {P.MAX_TOPIC_BYTES}"))
-            if version != P.PROTOCOL_VERSION:
-                return reply(P.ErrorCode.UNSUPPORTED_VERSION, P.ErrorReply(f"protocol version {version} unsupported; this broker speaks {P.PROTOCOL_VERSION}"))
-            want = SERVED_FRAMES.get(op)
-            if want is None:
-                return reply(P.ErrorCode.UNKNOWN_OP, P.ErrorReply(f"unknown op {op}"))
-            if len(rest) != want:
-                return reply(P.ErrorCode.MALFORMED, P.ErrorReply(P.frame_count_message(op, len(rest))))
+            why = ENVELOPE.check(version, op, topic, len(rest), assign is not None)
+            if why is not None:
+                return reply(why[0], P.ErrorReply(why[1]))
             if op == P.Op.PRODUCE:
                 self.produce(ident, assign, topic, partition, rest, reply)
             elif op == P.Op.FETCH:
@@ -305,11 +298,8 @@ class Worker:
                 reply(P.ErrorCode.OK, P.PingReply(self.worker_id, os.getpid(), self.boot_ns, len(self.actors),
                                                   self.appended_bytes, list(held), held, self.totals, unflushed))
                 self.appended_bytes = {}
-            else:  # ADOPT: SERVED_FRAMES let no other op through
-                if assign is None:  # only the router hands partitions over
-                    reply(P.ErrorCode.UNKNOWN_OP, P.ErrorReply(f"op {op} (ADOPT) is internal: router to worker only"))
-                elif self.actor_for(assign, topic, partition, reply) is not None:
-                    reply(P.ErrorCode.OK)
+            elif self.actor_for(assign, topic, partition, reply) is not None:  # ADOPT, from the router (the envelope)
+                reply(P.ErrorCode.OK)
         except P.DECODE_ERRORS as exc:
             reply(P.ErrorCode.MALFORMED, P.ErrorReply(f"undecodable header: {type(exc).__name__}: {exc}"))
         except Exception as exc:  # a bug must not take the worker down with it
@@ -928,16 +918,10 @@ class WorkerProcess:
 
     def permitted(self, frames: list[bytes], principal: str) -> bool:
         """Whether ``principal``'s ACL rules allow this client request (else NOT_AUTHORIZED sent)."""
-        if not self.acls.enabled or len(frames) < 2:
+        refused = refusal(self.acls, principal, frames[:1], frames)  # broker/envelope.py, as the router checks it
+        if refused is None:
             return True
-        try:
-            _v, op, _c, _p, _r, topic = P.unpack_routing(frames[1])
-        except struct.error:
-            return True  # answered MALFORMED by the worker
-        why = self.acls.refusal_for(principal, op, topic)
-        if why is None:
-            return True
-        self.worker.port.send(auth.refusal(frames[:1], frames[1], why))
+        self.worker.port.send(refused)
         return False
 
     def refuse(self, frames: list[bytes]) -> None:

@@ -11,6 +11,11 @@ allow-list) some operations on topics named exactly, by prefix, or all (``*``):
     admin    STATUS, SET_WORKERS              alter    CREATE_PARTITIONS, ALTER_CONFIGS
     delete   DELETE_TOPIC                     group    the group ops on the group named (LIST_GROUPS: admin)
 
+(each op's row in client/ops.py says which; an op with no need there does not import, and the
+internal ops, PING and ADOPT, are refused to every client). An op that names nothing in its
+routing header needs its operation on anything: LIST_TOPICS is refused to a principal that may
+describe no topic, and lists only what it may describe otherwise.
+
 As in Kafka, produce, consume, alter and delete on a topic each allow describing it: a producer
 that may write a topic may learn its partitions. A refusal names what the request was for
 (``may not produce to topic 'events'``, ``may not use group 'gg'``). Group rules match the
@@ -29,6 +34,7 @@ import os
 
 import msgspec
 
+from tailrace.client import ops
 from tailrace.client import protocol as P
 
 from . import datadir
@@ -42,15 +48,32 @@ REFUSALS = {"produce": "produce to topic {name!r}", "consume": "consume from top
             "describe": "describe topic {name!r} (no rule gives it produce, consume, describe, alter or delete there)",
             "group": "use group {name!r}", "admin": "administer the broker"}
 assert set(REFUSALS) == set(OPERATIONS)
+LIST_REFUSAL = "list topics (no rule gives it produce, consume, describe, alter or delete on any topic)"
 # Kafka's rule: each of these on a topic allows DESCRIBE on it too (a producer learns where to send)
 IMPLY_DESCRIBE = ("describe", "produce", "consume", "alter", "delete")
 
-# op -> the operation it needs (LIST_TOPICS is filtered by describe instead)
-OP_NEEDS = {P.Op.PRODUCE: "produce", P.Op.FETCH: "consume", P.Op.WATCH: "consume", P.Op.CREATE_TOPIC: "create",
-            P.Op.DESCRIBE_TOPIC: "describe", P.Op.LIST_OFFSETS: "describe",
-            P.Op.CREATE_PARTITIONS: "alter", P.Op.ALTER_CONFIGS: "alter", P.Op.DELETE_TOPIC: "delete",
-            P.Op.GROUP_HEARTBEAT: "group", P.Op.OFFSET_COMMIT: "group", P.Op.OFFSET_FETCH: "group", P.Op.DESCRIBE_GROUP: "group",
-            P.Op.DELETE_GROUP: "group", P.Op.LIST_GROUPS: "admin", P.Op.STATUS: "admin", P.Op.SET_WORKERS: "admin"}
+
+def check_needs(spec) -> dict[int, str]:
+    """op -> the operation it needs, from the op spec (client/ops.py); raises ImportError for a
+    client-facing op whose need is not one of OPERATIONS, so access control fails closed: an op
+    that nobody said who may use does not exist in a running broker."""
+    needs = {}
+    for row in spec:
+        if row.served == ops.INTERNAL:
+            continue
+        if row.acl not in OPERATIONS:
+            raise ImportError(f"op {row.op.name} ({int(row.op)}) needs acl={row.acl!r}: each client-facing op "
+                              f"needs one of {', '.join(OPERATIONS)} (client/ops.py SPEC)")
+        if (row.acl == "group") != (row.names == ops.GROUP):
+            raise ImportError(f"op {row.op.name}: the group operation is for ops that name a group, and they need it")
+        needs[row.op] = row.acl
+    return needs
+
+
+# op -> the operation it needs (every client-facing op; internal ones are refused to clients)
+OP_NEEDS = check_needs(ops.SPEC)
+# op -> (need, the routing topic's meaning), for refusal_for: one dict lookup per request
+_CHECKS = {row.op: (row.acl, row.names) for row in ops.SPEC}
 
 
 class Rule(msgspec.Struct, frozen=True):
@@ -153,14 +176,20 @@ class Acls:
 
     def refusal_for(self, principal: str, op: int, topic: bytes) -> str | None:
         """Why ``principal`` may not make request ``op`` on ``topic`` (None: it may), in the words
-        of what the request was for (``REFUSALS``)."""
-        need = OP_NEEDS.get(op)
-        if need is None or not self.rules:
+        of what the request was for (``REFUSALS``). An internal op is refused whatever the rules;
+        an op id not in the spec passes (nothing to authorize: the endpoint answers UNKNOWN_OP)."""
+        check = _CHECKS.get(op)
+        if check is None or not self.rules:
             return None
+        need, names = check
+        if need == ops.INTERNAL:
+            return f"op {P.Op(op).name} ({op}) is internal: router to worker only"
         name = topic.decode("utf-8", "replace")
-        if need == "admin":
-            ok = any(r.principal == principal and "admin" in r.ops for r in self.rules)
-        elif need == "describe":  # Kafka's implied DESCRIBE: a client finds what it may use
+        if names == ops.NOTHING:  # names no resource: its operation anywhere (LIST_TOPICS then lists what it may describe)
+            wanted = IMPLY_DESCRIBE if need == "describe" else (need,)
+            ok = any(r.principal == principal and any(o in r.ops for o in wanted) for r in self.rules)
+            return None if ok else f"principal {principal!r} may not " + (LIST_REFUSAL if need == "describe" else REFUSALS[need])
+        if need == "describe":  # Kafka's implied DESCRIBE: a client finds what it may use
             ok = self.may_describe(principal, name)
         else:
             ok = self.allows(principal, need, name)

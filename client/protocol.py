@@ -136,22 +136,7 @@ class AlterConfigsRequest(msgspec.Struct):
     config: dict[str, str]  # name -> value; "" resets the name to the broker's default
 
 
-# Frames in a request of each op, the routing header included (PROTOCOL.md section 2): routing
-# header, header map, and for PRODUCE one record batch. Any other count is MALFORMED, except that
-# the router also takes the ops in HEADER_OPTIONAL, whose header it never reads, without frame 1.
-REQUEST_FRAMES = {Op.PRODUCE: 3, Op.FETCH: 2, Op.LIST_OFFSETS: 2, Op.WATCH: 2, Op.CREATE_TOPIC: 2, Op.LIST_TOPICS: 2,
-                  Op.DESCRIBE_TOPIC: 2, Op.STATUS: 2, Op.SET_WORKERS: 2, Op.CREATE_PARTITIONS: 2, Op.ALTER_CONFIGS: 2, Op.DELETE_TOPIC: 2, Op.GROUP_HEARTBEAT: 2, Op.OFFSET_COMMIT: 2,
-                  Op.OFFSET_FETCH: 2, Op.LIST_GROUPS: 2, Op.DESCRIBE_GROUP: 2, Op.DELETE_GROUP: 2, Op.PING: 2,
-                  Op.ADOPT: 2}
-HEADER_OPTIONAL = frozenset({Op.LIST_OFFSETS, Op.LIST_TOPICS, Op.DESCRIBE_TOPIC, Op.STATUS})  # at the router
-_FRAME_NAMES = ("routing header", "header map", "one record batch")
-
-
-def frame_count_message(op: int, got: int, header_optional: bool = False) -> str:
-    """The MALFORMED message for a request of ``op`` that came with ``got`` frames."""
-    want = REQUEST_FRAMES[op]
-    alt = " or 1 (the routing header alone)" if header_optional else ""
-    return f"op {Op(op).name} ({int(op)}) takes {want} frames ({', '.join(_FRAME_NAMES[:want])}){alt}, got {got}"
+# What each op takes (frames, the header rule, who serves it, its ACL need): client/ops.py, SPEC.
 
 
 class Acks(enum.IntEnum):

@@ -28,7 +28,9 @@ from zmq.utils.monitor import recv_monitor_message
 from tailrace.broker import acl, auth, datadir
 from tailrace.broker.reply_port import ReplyPort
 from tailrace.broker.datadir import ROUTER_FILE, journal_usage, write_atomic
+from tailrace.broker.envelope import Envelope, refusal
 from tailrace.broker.stats import StatsFile, flusher_disk
+from tailrace.client import ops
 from tailrace.client import protocol as P
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import INTERNAL_TOPICS, Catalog, internal_topic_refusal, stored_worker_count, valid_topic_name
@@ -58,17 +60,14 @@ _alter_configs_dec = P.decoder(P.AlterConfigsRequest)
 _list_offsets_dec = P.decoder(P.ListOffsetsReply)
 _list_topics_dec = P.decoder(P.ListTopicsRequest)
 
-# op -> the request frame counts the router takes (routing header included, client identity
-# not): the ops it serves, PING and ADOPT being internal (PROTOCOL.md, 2 and 3).
-ACCEPTED_FRAMES = {op: (n, 1) if op in P.HEADER_OPTIONAL else (n,)
-                   for op, n in P.REQUEST_FRAMES.items() if op not in (P.Op.PING, P.Op.ADOPT, P.Op.WATCH)}
+# the routing-header checks of every client request (broker/envelope.py, over client/ops.py's SPEC)
+ENVELOPE = Envelope("router")
 
 
 # topic admin refused on the broker's own topics (INTERNAL_TOPIC), with what it would do
 TOPIC_ADMIN = {P.Op.CREATE_TOPIC: "created", P.Op.CREATE_PARTITIONS: "altered", P.Op.ALTER_CONFIGS: "altered", P.Op.DELETE_TOPIC: "deleted"}
 
-GROUP_OPS = frozenset({P.Op.GROUP_HEARTBEAT, P.Op.OFFSET_COMMIT, P.Op.OFFSET_FETCH, P.Op.LIST_GROUPS,
-                       P.Op.DESCRIBE_GROUP, P.Op.DELETE_GROUP})
+GROUP_OPS = ops.GROUP_OPS  # answered by the group coordinator (router/groups.py)
 
 
 def next_generation(data_dir: str) -> int:
@@ -156,21 +155,10 @@ class Router(WorkerLiveness):
             self.port.send([ident, P.pack_routing(op, partition, request_id, P.echo_topic(topic), code),
                                        P.encode(body) if body is not None else P.EMPTY_MAP])
 
-        if len(topic) > P.MAX_TOPIC_BYTES:
-            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
-                f"topic name of {len(topic)} bytes: at most {P.MAX_TOPIC_BYTES}"))
-
-        if version != P.PROTOCOL_VERSION:
-            return reply(P.ErrorCode.UNSUPPORTED_VERSION, P.ErrorReply(f"protocol version {version} unsupported; this broker speaks {P.PROTOCOL_VERSION}"))
-        accepted = ACCEPTED_FRAMES.get(op)
-        if accepted is None:
-            if op == P.Op.WATCH:
-                return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
-                    "WATCH is served on a worker's Unix socket only (same host: docs/PROTOCOL.md 8d)"))
-            return reply(P.ErrorCode.UNKNOWN_OP, P.ErrorReply(f"unknown op {op}"))
-        if len(frames) - 1 not in accepted:  # before forwarding; a worker checks again for direct clients
-            return reply(P.ErrorCode.MALFORMED, P.ErrorReply(P.frame_count_message(op, len(frames) - 1, len(accepted) > 1)))
-        if op in (P.Op.PRODUCE, P.Op.FETCH):
+        why = ENVELOPE.check(version, op, topic, len(frames) - 1)  # before forwarding; a worker checks again
+        if why is not None:
+            return reply(why[0], P.ErrorReply(why[1]))
+        if op in ops.FORWARDED:
             route = self.routes.get((topic, partition))
             if route is None:
                 self._refresh_routes()
@@ -210,7 +198,7 @@ class Router(WorkerLiveness):
                 self.delete_topic(topic, reply)
             elif op in GROUP_OPS:
                 self.groups.handle(op, topic.decode("utf-8", "replace"), frames[2], reply)
-            else:  # SET_WORKERS: ACCEPTED_FRAMES let no other op through
+            else:  # SET_WORKERS: the envelope let no other op through
                 n = _set_workers_dec.decode(frames[2]).workers
                 if not 1 <= n <= MAX_WORKERS:
                     return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"workers={n} must be 1..{MAX_WORKERS}"))
@@ -224,15 +212,10 @@ class Router(WorkerLiveness):
 
     def on_client_as(self, frames: list[bytes], principal: str) -> None:
         """A request from an authenticated connection (--auth curve): its principal's rules first."""
-        if self.acls is not None and self.acls.enabled and len(frames) > 1:
-            try:
-                _v, op, _c, _p, _r, topic = P.unpack_routing(frames[1])
-            except struct.error:
-                return self.on_client(frames)  # answered MALFORMED there
-            why = self.acls.refusal_for(principal, op, topic)
-            if why is not None:
-                self.port.send(auth.refusal(frames[:1], frames[1], why))
-                return
+        refused = refusal(self.acls, principal, frames[:1], frames)  # broker/envelope.py, as a worker checks it
+        if refused is not None:
+            self.port.send(refused)
+            return
         self.principal = principal
         try:
             self.on_client(frames)

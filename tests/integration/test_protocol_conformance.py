@@ -206,6 +206,36 @@ def test_wrong_frame_counts_straight_to_a_worker_get_malformed_and_the_worker_ke
     assert broker.proc.poll() is None and len(broker.pids()) == PROGRAMS, "a broker process died"
 
 
+@pytest.mark.parametrize("transport", ["zeromq", "unix"])
+def test_internal_ops_from_a_client_get_unknown_op_at_the_router_and_at_a_worker(broker, router, transport):
+    """PING and ADOPT are the router's commands to its workers (section 3): a client sending them
+    gets UNKNOWN_OP and no worker facts (pid, boot time, traffic), and no partition moves."""
+    topic = f"internal-{transport}"
+    create_topic(router, topic)
+    produce(router, topic, encode_batch([b"x"]))  # the owner adopts the partition
+    where = described(router, topic)
+    worker = Wire(where.endpoint if transport == "zeromq" else where.local_endpoint)
+    try:
+        for wire in (router, worker):
+            for frames in ([routing(P.Op.PING), P.EMPTY_MAP], [routing(P.Op.ADOPT, topic, 0), P.EMPTY_MAP]):
+                code, message = error(wire, frames)
+                assert code == E.UNKNOWN_OP and "internal" in message, f"{frames!r}: got {E(code).name} ({message})"
+        assert produce(worker, topic, encode_batch([b"y"])).base_offset == 1  # still the owner, still serving
+    finally:
+        worker.close()
+
+
+# --- section 3: a routing topic over 200 bytes -------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", [P.Op.PRODUCE, P.Op.LIST_OFFSETS, P.Op.DESCRIBE_TOPIC, P.Op.CREATE_TOPIC])
+def test_a_topic_over_200_bytes_gets_invalid_request_with_the_topic_left_out_of_the_reply(router, op):
+    frames = [routing(op, "t" * (P.MAX_TOPIC_BYTES + 1), 0), P.EMPTY_MAP] + ([b"x"] if op == P.Op.PRODUCE else [])
+    code, reply = router.ask(frames)
+    _v, rop, _c, _p, _rid, topic = P.unpack_routing(reply[0])
+    assert (code, rop, topic) == (E.INVALID_REQUEST, op, b"")
+
+
 # --- sections 4.1 and 6: acks ----------------------------------------------------------------------
 
 

@@ -547,3 +547,60 @@ def test_the_readme_acl_example_followed_lets_alice_produce_and_consume_in_a_gro
             got += c.poll(100)
         assert sorted(r.value for r in got) == sorted(b"o%d" % i for i in range(20))
         assert sum(c.commit().values()) == 20
+
+
+def _every_op(topic: bytes, group: bytes) -> list[tuple[P.Op, list[bytes]]]:
+    """One well-formed request of every op of the spec (client/ops.py), as a client would send it."""
+    from tailrace.client import ops
+    from tailrace.client.records import encode_batch
+
+    out = []
+    for rid, row in enumerate(ops.SPEC, start=1):
+        names = {ops.TOPIC: topic, ops.GROUP: group, ops.NOTHING: b""}[row.names]
+        frames = [P.pack_routing(row.op, 0 if row.served == ops.OWNER else -1, rid, names), P.EMPTY_MAP]
+        if row.frames == 3:
+            frames.append(encode_batch([b"never"]))
+        out.append((row.op, frames))
+    return out
+
+
+def test_a_principal_with_no_rights_is_refused_every_op_on_the_router_and_on_a_worker(secured, tmp_path):
+    """Access control fails closed: with rules in place, an allowed key with no rule of its own
+    gets NOT_AUTHORIZED for every op of the spec, PING and ADOPT included, through the router,
+    on a worker's ZeroMQ endpoint and on its Unix socket; nothing changes."""
+    b = secured
+    zed = _principal(b, tmp_path, "zed")
+    with Admin(b.bootstrap, **b.alice) as a, Producer(b.bootstrap, linger_ms=0, acks="durable", **b.alice) as p:
+        a.create_topic("held", 1)
+        p.send("held", b"first", partition=0)  # through the router: the owner adopts the partition
+        assert p.flush() == 1
+        where = a.describe_topic("held").partitions[0]
+    _acl(b, "add", "alice", "--topic", "*", "--ops", ",".join(("produce", "consume", "create", "delete", "alter",
+                                                               "describe", "group", "admin")))
+    time.sleep(1.5)
+    pids = b.pids()
+    for endpoint in (b.bootstrap, where.endpoint, where.local_endpoint):
+        if endpoint.startswith(unixwire.SCHEME):
+            sock = unixwire.UnixSocket(endpoint)
+            send, recv = sock.send_frames, lambda: sock.recv_frames() if sock.poll(5000) else None
+        else:
+            ctx = zmq.Context()
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            curve_keys(**zed).apply(sock)
+            sock.connect(endpoint)
+            send, recv = sock.send_multipart, lambda: sock.recv_multipart() if sock.poll(5000) else None
+        try:
+            for op, frames in _every_op(b"held", b"g"):
+                send(frames)
+                reply = recv()
+                assert reply is not None, f"{op.name} at {endpoint}: no answer"
+                _v, rop, code, _p, _rid, _t = P.unpack_routing(reply[0])
+                message = P.decoder(P.ErrorReply).decode(reply[1]).message if code else "(answered OK)"
+                assert (rop, code) == (op, P.ErrorCode.NOT_AUTHORIZED), f"{op.name} at {endpoint}: {P.ErrorCode(code).name} {message}"
+        finally:
+            sock.close() if endpoint.startswith(unixwire.SCHEME) else (sock.close(0), ctx.term())
+    with Admin(b.bootstrap, **b.alice) as a:
+        assert [t.name for t in a.list_topics()] == ["held"] and a.list_offsets("held")[0].high_watermark == 1
+        assert a.describe_topic("held").partitions[0].worker == where.worker
+    assert b.pids() == pids
