@@ -12,6 +12,13 @@ The flusher is the boot owner. At its start it finds the control table in one of
    yet published), so nothing is written twice and nothing is skipped.
 
 Either way the table is marked READY last; workers serve only after that (actors/worker.py).
+
+The steps, as the flusher (``Flusher.boot``) calls them: ``open_table``; ``recover_into`` (the
+journal recovered and opened at its end, the rows set through the flusher's typed view,
+shm/rows.py ``FlusherColumns``: ``init_row`` on a fresh table, line 2 stores on a live one);
+the flusher's pieces built over narrow handles (persistence/handles.py) and retention's stored
+log starts published; ``ready``. Boot takes the handles it needs (settings, catalog, journal,
+the ring cache), never the flusher.
 """
 
 from __future__ import annotations
@@ -19,56 +26,77 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import posix_ipc
 
+from tailrace.broker.catalog import Catalog
+from tailrace.broker.settings import Settings
 from tailrace.client.records import align8
 from tailrace.shm import layout, region
 from tailrace.shm.layout import COL
 from tailrace.shm.ring import ControlTable, LayoutMismatch
+from tailrace.shm.rows import FlusherColumns
 
-from .journal import BLOCK
+from .handles import RingCache, RingGone
+from .journal import BLOCK, Journal
 from .recovery import data_dir_id, recover
-
-
-class RingGone(Exception):
-    """An active row's ring region does not exist (``Flusher.ring_gone``)."""
-
-    def __init__(self, slot: int):
-        super().__init__(f"slot {slot}: ring region gone")
-        self.slot = slot
-
 
 log = logging.getLogger("tailrace.flusher")
 
 
-def boot(f) -> None:
-    """Boot the flusher ``f`` (persistence/flusher.py ``Flusher``): table, recovery, READY."""
-    instance = f.s.instance
-    data_id = data_dir_id(f.s.data_dir, create=True)
-    f.table, fresh = _attach_or_discard(instance, data_id)
+@dataclass
+class Booted:
+    """What boot found and made, for the flusher to take over."""
+
+    table: ControlTable
+    end_position: int  # the journal's recovered end: writing goes on here (recovery checkpointed it)
+    head: bytes  # the journal's bytes from the 4 KiB block holding end_position up to it (carried)
+    fresh: bool  # the table was made now, not found live
+    partitions: int  # partitions recovery found
+    gone: list[int] = field(default_factory=list)  # active slots whose ring region is gone (reconcile)
+
+
+def open_table(s: Settings) -> tuple[ControlTable, bool]:
+    """Attach the live control table, or make a fresh one (stale rings unlinked first):
+    (the table, whether it is fresh). Its rows are set by ``recover_into``."""
+    instance = s.instance
+    data_id = data_dir_id(s.data_dir, create=True)
+    table, fresh = _attach_or_discard(instance, data_id)
     if fresh:
         stale = region.reclaim_rings(instance)
         if stale:
             log.info("reclaimed %d stale ring regions", len(stale))
-        f.table = ControlTable.create(instance, f.s.max_slots)
-        f.table.header["data_id"] = data_id
-    rec = recover(f.s.data_dir, f.s.segment_bytes, f.s.max_batch_bytes, f.catalog)
+        table = ControlTable.create(instance, s.max_slots)
+        table.header["data_id"] = data_id
+    return table, fresh
+
+
+def recover_into(s: Settings, catalog: Catalog, journal: Journal, rings: RingCache, table: ControlTable,
+                 cols: FlusherColumns, fresh: bool) -> Booted:
+    """Recover the journal, open it at its end and set the rows (fresh: from recovery; live:
+    reconciled). The table is not READY yet: ``ready`` is the flusher's last step of boot, after
+    its pieces have published what they keep (retention's log starts)."""
+    rec = recover(s.data_dir, s.segment_bytes, s.max_batch_bytes, catalog)
     if rec.cut_bytes:
         log.warning("recovery cut %d bytes of torn journal tail", rec.cut_bytes)
-    _open_at(f, rec.end_position)
-    f.checkpointed_at = rec.end_position  # recovery checkpointed its end
+    head = _open_at(journal, rec.end_position)
+    booted = Booted(table, rec.end_position, head, fresh, len(rec.next_offsets))
     if fresh:
-        _init_rows(f, rec.next_offsets)
-        f.table.header["boot_id"] = time.time_ns()
+        _init_rows(cols, table.max_slots, catalog, rec.next_offsets)
+        table.header["boot_id"] = time.time_ns()
     else:
-        _reconcile(f, rec.next_offsets)
-    f.retention.publish()  # the stored log starts (persistence/retention.py) into the rows
-    f.rescan()
-    f.table.header["flusher_pid"] = os.getpid()
-    f.table.header["state"] = layout.STATE_READY
-    log.info("flusher ready: journal end %d, %d partitions, fresh=%s", rec.end_position, len(rec.next_offsets), fresh)
+        booted.gone = _reconcile(cols, rings, rec.next_offsets)
+    return booted
+
+
+def ready(booted: Booted) -> None:
+    """Publish READY: workers serve from here on (the last store of boot)."""
+    booted.table.header["flusher_pid"] = os.getpid()
+    booted.table.header["state"] = layout.STATE_READY
+    log.info("flusher ready: journal end %d, %d partitions, fresh=%s", booted.end_position, booted.partitions,
+             booted.fresh)
 
 
 def _attach_or_discard(instance: str, data_id: int) -> tuple[ControlTable | None, bool]:
@@ -90,57 +118,50 @@ def _attach_or_discard(instance: str, data_id: int) -> tuple[ControlTable | None
     return table, False
 
 
-def _open_at(f, position: int) -> None:
-    """Go on writing at the journal's recovered end: its unaligned head block is carried."""
-    seg = f.journal.segment_of(position)
-    f.journal.open_segment(seg)
-    f.buf_base = position - position % BLOCK
-    f.buf_len = position - f.buf_base
-    if f.buf_len:
-        with open(f.journal.path(seg), "rb") as fh:
-            fh.seek(f.buf_base - seg)
-            f.buf[: f.buf_len] = fh.read(f.buf_len)
+def _open_at(journal: Journal, position: int) -> bytes:
+    """Go on writing at the journal's recovered end; its unaligned head block is returned, for
+    the flusher to carry in its staging buffer."""
+    seg = journal.segment_of(position)
+    journal.open_segment(seg)
+    base = position - position % BLOCK
+    if position == base:
+        return b""
+    with open(journal.path(seg), "rb") as fh:
+        fh.seek(base - seg)
+        return fh.read(position - base)
 
 
-def _init_rows(f, next_offsets: dict[int, int]) -> None:
-    rows = f.table.rows
-    for slot, (topic, partition) in f.catalog.by_slot.items():
-        if slot >= f.table.max_slots:
+def _init_rows(cols: FlusherColumns, max_slots: int, catalog: Catalog, next_offsets: dict[int, int]) -> None:
+    for slot, (topic, partition) in catalog.by_slot.items():
+        if slot >= max_slots:
             continue
-        nxt = next_offsets.get(slot, 0)
-        r = rows[slot]
-        r[:] = 0
-        r[COL["slot"]] = slot
-        r[COL["topic_id"]] = topic.topic_id
-        r[COL["partition"]] = partition
-        r[COL["ring_bytes"]] = topic.ring_bytes
-        r[COL["desc_capacity"]] = layout.desc_capacity_for(topic.ring_bytes)
-        for name in ("next_offset", "ring_start_offset", "flushed_offset", "durable_offset"):
-            r[COL[name]] = nxt
-        r[COL["active"]] = 1
+        cols.init_row(slot, topic.topic_id, partition, topic.ring_bytes, layout.desc_capacity_for(topic.ring_bytes),
+                      next_offsets.get(slot, 0))
 
 
-def _reconcile(f, next_offsets: dict[int, int]) -> None:
-    """After a flusher-only restart: the journal is the truth for what was flushed."""
-    rows = f.table.rows
+def _reconcile(cols: FlusherColumns, rings: RingCache, next_offsets: dict[int, int]) -> list[int]:
+    """After a flusher-only restart: the journal is the truth for what was flushed. Returns the
+    active slots whose ring region is gone."""
+    rows, gone = cols.rows, []
     for slot, journal_next in next_offsets.items():
         r = rows[slot]
         if not r[COL["active"]]:
             continue
         if int(r[COL["flushed_offset"]]) < journal_next:
             try:
-                ring = f._ring(slot)
+                ring = rings.get(slot, int(r[COL["ring_bytes"]]))
             except RingGone:
-                f.ring_gone(slot)
+                gone.append(slot)
                 continue
             first, head = int(r[COL["flushed_desc"]]), int(r[COL["desc_head"]])
             descs = ring.descriptors(first, head)
             k = int(np.searchsorted(descs["base_offset"], journal_next, side="left"))
             if k:
                 last = descs[k - 1]
-                r[COL["flushed_position"]] = int(last["position"]) + align8(int(last["length"]))
-                r[COL["flushed_desc"]] = first + k
-            r[COL["flushed_offset"]] = journal_next
+                cols.store(slot, "flushed_position", int(last["position"]) + align8(int(last["length"])))
+                cols.store(slot, "flushed_desc", first + k)
+            cols.store(slot, "flushed_offset", journal_next)
             log.info("slot %d: journal already held offsets up to %d", slot, journal_next)
-        r[COL["durable_offset"]] = max(int(r[COL["durable_offset"]]), journal_next)
-        r[COL["io_error"]] = 0
+        cols.store(slot, "durable_offset", max(int(r[COL["durable_offset"]]), journal_next))
+        cols.store(slot, "io_error", 0)
+    return gone

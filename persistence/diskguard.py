@@ -26,7 +26,7 @@ looks at the filesystem (one ``statvfs``). Fuller than ``disk_max_used_ratio`` i
 - ``disk_full_policy = delete_oldest`` (opt in, RocketMQ's): first the oldest journal segments
   go, inside retention, one at a time while the filesystem is still too full; every partition
   with records in a deleted segment has its log start moved past it (durably first,
-  ``Retention._expire_below``). Never a segment written to within
+  ``Retention.expire_below``). Never a segment written to within
   ``disk_force_delete_min_age_ms`` (default 1 hour): its modification time is at or after the
   append time of its youngest record, so no record younger than that is ever deleted. Nor the
   checkpoint's segment or a later one (recovery needs them). Every record and segment deleted
@@ -36,6 +36,10 @@ looks at the filesystem (one ``statvfs``). Fuller than ``disk_max_used_ratio`` i
 
 ``disk_max_used_ratio = 1`` turns the guard off (a disk that fills then fails as described first).
 
+The guard takes narrow handles (persistence/handles.py): the ``Storage`` (settings, the
+journal bounds), the header word it owns (shm/rows.py ``FlusherHeader``) and the retention pass
+whose public ``expire_below`` and ``delete_segments`` it asks to delete; never the flusher.
+
 Thread-safety: the flusher's main thread only; the header word has this one writer.
 """
 
@@ -44,10 +48,12 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 
-from tailrace.broker.datadir import segment_name
+from tailrace.broker.datadir import JOURNAL_DIR, segment_name
 from tailrace.shm.rows import FlusherHeader
 
+from .handles import Storage
 from .journal import list_segments
 
 log = logging.getLogger("tailrace.diskguard")
@@ -67,11 +73,14 @@ def used_ratio(path) -> float:
 class DiskGuard:
     """The flusher's disk check (``check``), its ``storage_full`` word and what it deleted."""
 
-    def __init__(self, retention):
-        self.r = retention
-        self.s = retention.s
-        self.header: FlusherHeader | None = None  # bound at the first check after boot (the table exists then)
+    def __init__(self, store: Storage, header: FlusherHeader, retention):
+        self.s = store.s
+        self.bounds = store.bounds
+        self.journal_dir = Path(self.s.data_dir) / JOURNAL_DIR
+        self.r = retention  # persistence/retention.py Retention: expire_below, delete_segments
+        self.header = header
         self.full = False  # as last published in the header
+        self.header.storage_full = 0  # a word left by the flusher before us is stale (boot: nothing is served yet)
         self.used = 0.0  # the used ratio at the last check
         self.next_ns = 0
         self.segments_forced = 0  # segments deleted inside retention (delete_oldest)
@@ -84,16 +93,10 @@ class DiskGuard:
     def check(self, now_ns: int) -> None:
         """Look at the filesystem, force-delete if the policy says so, publish storage full or not."""
         self.next_ns = now_ns + DISK_CHECK_NS
-        table = self.r.f.table
-        if table is None:
-            return
-        if self.header is None:
-            self.header = FlusherHeader(table.header_words)
-            self.header.storage_full = int(self.full)  # a word left by the flusher before us is stale
         ratio = self.s.disk_max_used_ratio
         if ratio >= 1.0:
             return self._publish(False)
-        used = self.used = used_ratio(self.r.journal_dir)
+        used = self.used = used_ratio(self.journal_dir)
         if used > ratio and self.s.disk_full_policy == DELETE_OLDEST:
             used = self.used = self._force_delete(used, ratio)
         self._publish(used > ratio if not self.full else used > ratio - RESUME_MARGIN)
@@ -116,30 +119,29 @@ class DiskGuard:
         """Delete the oldest segments inside retention while ``used`` is over ``ratio`` and one may
         go (older than the minimum age, below the checkpoint's segment); the used ratio after."""
         r, seg_bytes = self.r, self.s.segment_bytes
-        keep = min(r.f.checkpointed_at, r.f.journal.segment_start)
-        keep -= keep % seg_bytes
+        keep = self.bounds.keep_from(seg_bytes)
         written_before_s = time.time() - self.s.disk_force_delete_min_age_ms / 1000
-        for seg in list_segments(r.journal_dir):
+        for seg in list_segments(self.journal_dir):
             if used <= ratio:
                 self.stuck = False
                 return used
-            path = r.journal_dir / segment_name(seg)
+            path = self.journal_dir / segment_name(seg)
             try:
                 young = os.stat(path).st_mtime > written_before_s
             except FileNotFoundError:
                 continue  # retention deleted it just now
             if seg + seg_bytes > keep or young:
                 break
-            records = r._expire_below(seg + seg_bytes)
+            records = r.expire_below(seg + seg_bytes)
             deleted = r.segments_deleted
-            r._delete_segments(r.starts)
+            r.delete_segments()
             self.segments_forced += r.segments_deleted - deleted
             self.records_forced += records
             log.warning("disk guard (disk_full_policy=delete_oldest): the journal's filesystem was %.1f%% used (limit "
                         "%.0f%%): deleted segment %s inside retention, %d records below their retention "
                         "(%d records in %d segments so far)", used * 100, ratio * 100, segment_name(seg), records,
                         self.records_forced, self.segments_forced)
-            used = used_ratio(r.journal_dir)
+            used = used_ratio(self.journal_dir)
         if used > ratio and not self.stuck:
             self.stuck = True
             log.error("disk guard: the journal's filesystem is %.1f%% used (limit %.0f%%) and no segment may be deleted "

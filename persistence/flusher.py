@@ -17,6 +17,11 @@ I/O error.
 
 The flusher is also the boot owner: it creates the control table, runs recovery and marks the
 table READY; workers wait for that before they serve (persistence/boot.py).
+
+Its pieces (boot, retention, the disk guard, the retirer) take narrow handles
+(persistence/handles.py), never the Flusher; every store to a control-table row, here and in
+them, goes through the flusher's typed view of the table (shm/rows.py ``FlusherColumns``): its
+own line 2, and three named, documented exceptions to line 0.
 """
 
 from __future__ import annotations
@@ -39,10 +44,11 @@ from tailrace.shm import layout, region
 from tailrace.shm.doorbell import IO_ERROR, KICK_ADOPTED, KICK_DURABLE, SYNCED, Doorbell, Ringer
 from tailrace.shm.layout import COL
 from tailrace.shm.ring import ControlTable, Ring
+from tailrace.shm.rows import FlusherColumns, FlusherHeader
 
 from . import boot as boot_mod
-from .boot import RingGone
-from .index import ENTRY, IndexFile, entries_for
+from .handles import IndexCache, JournalBounds, RingCache, RingGone, Storage
+from .index import ENTRY, entries_for
 from .journal import BLOCK, Journal, StorageError
 from .recovery import write_checkpoint
 from .retention import Retention
@@ -83,9 +89,11 @@ class Flusher:
         self.buf_base = 0  # journal position of buf[0]; always 4 KiB aligned
         self.buf_len = 0  # bytes staged in buf, counting the carried head block
         self.staged: list[tuple[int, int, np.ndarray | bytes, int, int, int]] = []  # (slot, first_offset, entries, flushed_desc, flushed_position, flushed_offset)
-        self.rings: dict[int, Ring] = {}  # slot -> attached ring
-        self.indexes: dict[int, IndexFile] = {}  # slot -> writable index
+        self.rings = RingCache(settings.instance)  # slot -> attached ring
+        self.indexes = IndexCache(settings.data_dir)  # slot -> writable index
+        self.bounds = JournalBounds(self.journal)  # checkpointed_at, segment_start: retention keeps from there
         self.table: ControlTable | None = None
+        self.cols: FlusherColumns | None = None  # the table's rows: reads, and every store (bound at boot)
         self.durable_wanted = False
         self.unsynced_bytes = 0
         self.last_sync_ns = time.monotonic_ns()
@@ -103,17 +111,16 @@ class Flusher:
         self.stats = StatsFile(settings.ipc_path(), "flusher")
         self.cycles = self.bytes_written = self.syncs = 0
         self.write_hist, self.fsync_hist = Histogram(), Histogram()
-        self.checkpointed_at = 0  # the journal position of the last checkpoint (retention keeps its segment)
         self.rolled = False  # this cycle moved to a new segment (it then stops: see do_work)
         self.next_first_slot = 0  # where the next cycle starts staging (round robin over the dirty slots)
-        self.retention = Retention(self)  # log starts and segment deletion (persistence/retention.py)
-        self.retirer = Retirer(self)  # deleted topics' slots (persistence/retire.py)
+        self.retention: Retention | None = None  # log starts, segment deletion, disk guard (built at boot)
+        self.retirer: Retirer | None = None  # deleted topics' slots (built at boot)
         self.gone: set[int] = set()  # active slots whose ring region is gone, until a rescan (ring_gone)
         self.gone_logged: set[int] = set()
 
     def rescan(self) -> None:
         """Find the active rows again (a full scan of the control table), and the workers' bells."""
-        self.slots = np.flatnonzero(self.table.rows[:, COL["active"]] == 1)
+        self.slots = np.flatnonzero(self.cols.rows[:, COL["active"]] == 1)
         self.rescanned_ns = time.monotonic_ns()
         self.gone.clear()  # a ring made again since is staged again (ring_gone)
         if self.ringer is not None:
@@ -137,21 +144,27 @@ class Flusher:
 
     # --- boot (persistence/boot.py) ----------------------------------------------------
     def boot(self) -> None:
-        """Attach or create the control table, recover the journal, publish READY."""
-        boot_mod.boot(self)
+        """Attach or create the control table, recover the journal, build the pieces over their
+        handles, publish the stored log starts, then READY."""
+        self.table, fresh = boot_mod.open_table(self.s)
+        self.cols = FlusherColumns(self.table.rows)
+        booted = boot_mod.recover_into(self.s, self.catalog, self.journal, self.rings, self.table, self.cols, fresh)
+        self.buf_base = booted.end_position - booted.end_position % BLOCK
+        self.buf_len = len(booted.head)
+        self.buf[: self.buf_len] = booted.head  # the unaligned head block, carried
+        self.bounds.checkpointed_at = booted.end_position  # recovery checkpointed its end
+        for slot in booted.gone:
+            self.ring_gone(slot)
+        store = Storage(self.s, self.catalog, self.cols, self.indexes, self.bounds)
+        self.retention = Retention(store, FlusherHeader(self.table.header_words))
+        self.retirer = Retirer(store, self.rings, self.retention, rescan=self.rescan, checkpoint=self.checkpoint)
+        self.retention.publish()  # the stored log starts into the rows
+        self.rescan()
+        boot_mod.ready(booted)
 
     # --- the cycle -----------------------------------------------------------------------
     def _ring(self, slot: int) -> Ring:
-        ring = self.rings.get(slot)
-        if ring is None:
-            try:
-                ring = Ring.attach(self.s.instance, slot, int(self.table.rows[slot, COL["ring_bytes"]]))
-            except Exception as exc:  # posix_ipc.ExistentialError: the region is gone
-                if type(exc).__name__ != "ExistentialError":
-                    raise
-                raise RingGone(slot) from exc
-            self.rings[slot] = ring
-        return ring
+        return self.rings.get(slot, int(self.cols.rows[slot, COL["ring_bytes"]]))
 
     def ring_gone(self, slot: int) -> None:
         """An active row whose ring region is gone: nothing of it can be staged. The slot is
@@ -162,24 +175,18 @@ class Flusher:
         if slot not in self.gone_logged:
             self.gone_logged.add(slot)
             log.error("slot %d: an active row with batches to stage, and its ring region is gone; passed over; row %s",
-                      slot, self.table.rows[slot].tolist())
-
-    def _index(self, slot: int) -> IndexFile:
-        idx = self.indexes.get(slot)
-        if idx is None:
-            idx = self.indexes[slot] = IndexFile(self.s.data_dir, slot, writable=True)
-        return idx
+                      slot, self.cols.rows[slot].tolist())
 
     def unflushed_bytes(self) -> int:
         """Bytes appended to the rings and not yet staged for the journal, over all partitions."""
-        rows, slots = self.table.rows, self._active_slots()
+        rows, slots = self.cols.rows, self._active_slots()
         return int((rows[slots, COL["write_position"]] - rows[slots, COL["flushed_position"]]).sum())
 
     def do_work(self) -> int:
         """One cycle; returns the number of journal bytes staged (0 = idle)."""
         if self.failed:
             return 0
-        rows, slots = self.table.rows, self._active_slots()
+        rows, slots = self.cols.rows, self._active_slots()
         heads = rows[slots, COL["desc_head"]]
         dirty = np.flatnonzero(heads > rows[slots, COL["flushed_desc"]])
         staged = 0
@@ -216,7 +223,7 @@ class Flusher:
 
     def _stage_slot(self, slot: int, head: int) -> int:
         ring = self._ring(slot)
-        row = self.table.rows[slot]
+        row = self.cols.rows[slot]
         first = int(row[COL["flushed_desc"]])
         staged = 0
         if first < head:
@@ -281,7 +288,7 @@ class Flusher:
         for pos, base, length, _count in descs:
             if base != expect:
                 log.error("slot %d: descriptors not contiguous: offset %d where %d was due; row %s", slot, base,
-                          expect, self.table.rows[slot].tolist())
+                          expect, self.cols.rows[slot].tolist())
             size, at, jpos = align8(length), pos % ring_bytes, self.buf_base + self.buf_len
             buf[self.buf_len : self.buf_len + size] = mv[at : at + size]
             self.buf_len += size
@@ -313,13 +320,10 @@ class Flusher:
         self.write_hist.observe_ns(time.perf_counter_ns() - t0)
         self.bytes_written += aligned
         self.cycles += 1
-        rows = self.table.rows
-        for slot, first_offset, entries, fdesc, fpos, foff in self.staged:
-            self._index(slot).write(first_offset, entries)
-            r = rows[slot]
-            r[COL["flushed_position"]] = fpos
-            r[COL["flushed_desc"]] = fdesc
-            r[COL["flushed_offset"]] = foff
+        indexes, cols = self.indexes, self.cols
+        for slot, first_offset, entries, fdesc, fpos, foff in self.staged:  # one index pwrite per partition anyway
+            indexes.get(slot).write(first_offset, entries)
+            cols.publish_flushed(slot, fpos, fdesc, foff)
         self.unsynced_bytes += end - self.buf_base
         self.staged.clear()
         head = end - end % BLOCK
@@ -361,8 +365,8 @@ class Flusher:
         self.journal.sync()
         self.fsync_hist.observe_ns(time.perf_counter_ns() - t0)
         self.syncs += 1
-        rows, slots = self.table.rows, self.slots  # only rows staged since the last scan moved
-        rows[slots, COL["durable_offset"]] = rows[slots, COL["flushed_offset"]]
+        slots = self.slots  # only rows staged since the last scan moved
+        self.cols.set(slots, "durable_offset", self.cols.rows[slots, COL["flushed_offset"]])
         self.durable_wanted = False
         self.unsynced_bytes = 0
         self.last_sync_ns = time.monotonic_ns()
@@ -375,18 +379,17 @@ class Flusher:
             idx.sync()
         if self.journal.dirty:
             self.sync()
-        rows = self.table.rows
+        rows = self.cols.rows
         active = np.flatnonzero(rows[:, COL["active"]] == 1)
         next_offsets = dict(zip(active.tolist(), rows[active, COL["flushed_offset"]].tolist()))
         write_checkpoint(self.s.data_dir, self.buf_base + self.buf_len, next_offsets)
-        self.checkpointed_at = self.buf_base + self.buf_len
+        self.bounds.checkpointed_at = self.buf_base + self.buf_len
         self.last_checkpoint_ns = time.monotonic_ns()
 
     def _fail(self, exc: BaseException) -> None:
         log.error("storage unavailable: %s", exc)
         self.failed = True
-        rows = self.table.rows
-        rows[rows[:, COL["active"]] == 1, COL["io_error"]] = 1
+        self.cols.set(self.cols.rows[:, COL["active"]] == 1, "io_error", 1)
         self.notify(IO_ERROR)
 
     # --- shutdown ------------------------------------------------------------------------
@@ -418,7 +421,7 @@ class Flusher:
     def _all_flushed(self) -> bool:
         """Every active row staged to its head, a row whose ring region is gone apart (nothing
         of it is in shared memory to keep for the next boot: ``ring_gone``)."""
-        rows = self.table.rows
+        rows = self.cols.rows
         active = np.flatnonzero(rows[:, COL["active"]] == 1)
         behind = active[rows[active, COL["desc_head"]] != rows[active, COL["flushed_desc"]]]
         return all(not region.exists(region.ring_name(self.s.instance, int(slot))) for slot in behind)

@@ -29,7 +29,13 @@ Crash safety, in this order, each step durable before the next:
 
 A full disk deletes nothing inside retention by default: the flusher refuses produce until
 there is room again (persistence/diskguard.py; RocketMQ's delete-the-oldest is an opt-in policy
-there, which uses ``_expire_below`` below).
+there, which uses ``expire_below`` below).
+
+The pass takes a narrow handle (persistence/handles.py ``Storage``: settings, catalog, the
+table's columns, the index cache, the journal bounds), never the flusher. It stores one word of
+the control table, ``log_start_offset``, through the documented exception for it
+(shm/rows.py ``FlusherColumns.advance_log_starts``: the flusher is that word's one writer once
+a row is active; a start never moves down).
 
 Index files shrink with the log: the entries below a log start are punched out of the file
 (``fallocate(PUNCH_HOLE)``: the file keeps its offsets, the blocks are freed).
@@ -51,8 +57,10 @@ import numpy as np
 from tailrace.broker.datadir import JOURNAL_DIR, fsync_dir, segment_name, write_atomic
 from tailrace.client.records import align8_array
 from tailrace.shm.layout import COL
+from tailrace.shm.rows import FlusherHeader
 
 from .diskguard import DiskGuard
+from .handles import Storage
 from .index import ENTRY_BYTES, first_at_position
 from .journal import JournalReader, list_segments
 from .timesearch import first_at_or_after
@@ -193,12 +201,27 @@ def _next_start(index, a: int, end: int) -> int:
     return end
 
 
+def crash_point(s, step: str) -> None:
+    """Fault injection (``debug_crash_at``): die here as a kill -9 would, once per data directory."""
+    if s.debug_crash_at != step:
+        return
+    marker = Path(s.data_dir) / f"debug-crashed-{step}"
+    if marker.exists():
+        return
+    marker.write_text(str(os.getpid()))
+    log.error("debug_crash_at=%s: dying here", step)
+    os._exit(137)
+
+
 class Retention:
     """The flusher's retention pass (``run``), with what it has published and deleted."""
 
-    def __init__(self, flusher):
-        self.f = flusher
-        self.s = flusher.s
+    def __init__(self, store: Storage, header: FlusherHeader):
+        self.s = store.s
+        self.cols = store.cols  # the control table (reads; log starts through advance_log_starts)
+        self.catalog = store.catalog
+        self.indexes = store.indexes
+        self.bounds = store.bounds
         self.journal_dir = Path(self.s.data_dir) / JOURNAL_DIR
         self.starts: dict[int, int] = read_log_starts(self.s.data_dir)  # slot -> log start, as written
         self.start_topics: dict[int, int] = read_log_start_topics(self.s.data_dir)  # slot -> topic id of its stored start
@@ -210,11 +233,11 @@ class Retention:
         self.pinned_by = -1  # the slot whose log start keeps the oldest segment (-1: none)
         self.counts: dict[int, ByteCount] = {}  # slot -> bytes kept, for partitions with a byte limit
         self.first_times: dict[int, tuple[int, int]] = {}  # slot -> (log start, its append time us), as last read
-        self.guard = DiskGuard(self)  # storage full: refuse produce, or delete inside retention (opt in)
+        self.guard = DiskGuard(store, header, self)  # storage full: refuse produce, or delete inside retention (opt in)
 
-    def forget(self, slots) -> bool:
-        """Drop what is kept of ``slots`` (a deleted topic's, persistence/retire.py); True if a
-        stored log start went with them (the caller writes the file)."""
+    def forget(self, slots) -> None:
+        """Drop what is kept of ``slots`` (a deleted topic's, persistence/retire.py); if a stored
+        log start went with them, write the file without it."""
         stored = False
         for slot in slots:
             stored |= self.starts.pop(slot, None) is not None
@@ -223,15 +246,18 @@ class Retention:
                 d.pop(slot, None)
         if self.pinned_by in slots:
             self.pinned_by = -1
-        return stored
+        if stored:
+            write_log_starts(self.s.data_dir, self.starts, self.start_topics)
 
     def publish(self) -> None:
         """Put the stored log starts into the control table (at boot, after recovery)."""
-        rows = self.f.table.rows
+        rows = self.cols.rows
+        slots, starts = [], []
         for slot, start in self.starts.items():
             if slot < len(rows) and rows[slot, COL["active"]] and self._owns(slot, int(rows[slot, COL["topic_id"]])):
-                rows[slot, COL["log_start_offset"]] = max(int(rows[slot, COL["log_start_offset"]]),
-                                                          min(start, int(rows[slot, COL["next_offset"]])))
+                slots.append(slot)
+                starts.append(min(start, int(rows[slot, COL["next_offset"]])))
+        self.cols.advance_log_starts(slots, starts)
 
     def _owns(self, slot: int, topic_id: int) -> bool:
         """Whether the stored start of ``slot`` belongs to topic ``topic_id`` (a start stored
@@ -245,9 +271,9 @@ class Retention:
         if slot not in self.starts:
             return 0
         if active:
-            topic_id = int(self.f.table.rows[slot, COL["topic_id"]])
+            topic_id = int(self.cols.rows[slot, COL["topic_id"]])
         else:
-            entry = self.f.catalog.by_slot.get(slot)
+            entry = self.catalog.by_slot.get(slot)
             if entry is None:
                 return 0
             topic_id = entry[0].topic_id
@@ -255,10 +281,10 @@ class Retention:
 
     def _store(self, moved: dict[int, int]) -> None:
         """Record new starts with their topics' ids and write them, durably."""
-        rows = self.f.table.rows
+        rows = self.cols.rows
         for slot in moved:
             row_topic = int(rows[slot, COL["topic_id"]]) if slot < len(rows) and rows[slot, COL["active"]] else 0
-            entry = self.f.catalog.by_slot.get(slot)
+            entry = self.catalog.by_slot.get(slot)
             self.start_topics[slot] = row_topic or (entry[0].topic_id if entry else 0)
         self.starts.update(moved)
         write_log_starts(self.s.data_dir, self.starts, self.start_topics)
@@ -272,20 +298,20 @@ class Retention:
         up with the writes, times need not."""
         if not bytes_only:
             self.next_ns = now_ns + self.s.retention_check_ms * 1_000_000
-        self.f.catalog.reload()  # one stat; a topic it did not know would pin nothing
+        self.catalog.reload()  # one stat; a topic it did not know would pin nothing
         if self.reader is None:
             self.reader = JournalReader(self.s.data_dir, self.s.segment_bytes)
         self._advance(bytes_only)
-        self._delete_segments(self.starts)
+        self.delete_segments()
         self.guard.check(now_ns)
         self._punch(self.starts)
 
     # --- 1. log starts -------------------------------------------------------------------
     def _advance(self, bytes_only: bool = False) -> None:
-        rows = self.f.table.rows
+        rows = self.cols.rows
         now_us = time.time_ns() // 1000
         moved: dict[int, int] = {}
-        for slot, (topic, _p) in self.f.catalog.by_slot.items():
+        for slot, (topic, _p) in self.catalog.by_slot.items():
             keep_ms = -1 if bytes_only else retention_ms(topic, self.s.retention_ms)
             keep_bytes = retention_bytes(topic, self.s.retention_bytes)
             if bytes_only and keep_bytes < 0:
@@ -298,7 +324,7 @@ class Retention:
             end = min(int(r[COL["durable_offset"]]), int(r[COL["flushed_offset"]]))  # durable and indexed
             if end <= start:
                 continue
-            index = self.f._index(slot)
+            index = self.indexes.get(slot)
             new = start
             if keep_ms >= 0:
                 cutoff = now_us - keep_ms * 1000
@@ -322,37 +348,37 @@ class Retention:
         if not moved:
             return
         self._store(moved)  # durable before any reader sees them
-        self._crash_point("log_starts_written")
-        for slot, new in moved.items():
-            rows[slot, COL["log_start_offset"]] = new
+        crash_point(self.s, "log_starts_written")
+        self.cols.advance_log_starts(list(moved), list(moved.values()))
         log.info("retention: log start moved in %d partitions (%s)", len(moved),
                  ", ".join(f"slot {s} -> {o}" for s, o in list(moved.items())[:8]))
 
     # --- 2. segments ---------------------------------------------------------------------
     def pin(self, starts: dict[int, int]) -> tuple[int, int]:
         """(the lowest journal position a partition still needs, the slot that needs it)."""
-        rows = self.f.table.rows
+        rows = self.cols.rows
         low, who = 1 << 62, -1
         active = set(np.flatnonzero(rows[:, COL["active"]] == 1).tolist())
-        for slot in sorted(active | set(self.f.catalog.by_slot)):  # every partition there is, by either account
+        for slot in sorted(active | set(self.catalog.by_slot)):  # every partition there is, by either account
             # the stored start only if it is this topic's: a deleted topic's start on a slot a new
             # topic took would say the new one's records had all expired, and its segments would go
             stored = self.stored_start(slot, slot in active) if starts is self.starts else starts.get(slot, 0)
             start = max(stored, int(rows[slot, COL["log_start_offset"]]) if slot in active else 0)
-            end = int(rows[slot, COL["flushed_offset"]]) if slot in active else self.f._index(slot).entry_count()
+            end = int(rows[slot, COL["flushed_offset"]]) if slot in active else self.indexes.get(slot).entry_count()
             if start >= end:
                 continue  # every record expired (or none): pins nothing
-            e = self.f._index(slot).read(start, 1)
+            e = self.indexes.get(slot).read(start, 1)
             position = int(e["position"][0]) if len(e) else 0  # no entry where one must be: keep everything
             if position < low:
                 low, who = position, slot
         return low, who
 
-    def _delete_segments(self, starts: dict[int, int]) -> None:
-        low, who = self.pin(starts)
+    def delete_segments(self) -> None:
+        """Delete the segments below every partition's log-start record (as stored), the
+        checkpoint's segment and the one being written."""
+        low, who = self.pin(self.starts)
         self.pinned_by = who
-        keep = min(low, self.f.checkpointed_at, self.f.journal.segment_start)
-        keep -= keep % self.s.segment_bytes
+        keep = min(low - low % self.s.segment_bytes, self.bounds.keep_from(self.s.segment_bytes))
         gone = [seg for seg in list_segments(self.journal_dir) if seg + self.s.segment_bytes <= keep]
         for seg in gone:
             path = self.journal_dir / segment_name(seg)
@@ -361,7 +387,7 @@ class Retention:
             self.segments_deleted += 1
             self.bytes_deleted += size
             if len(gone) > 1:
-                self._crash_point("one_segment_deleted")
+                crash_point(self.s, "one_segment_deleted")
         if gone:
             fsync_dir(self.journal_dir)
             if self.reader is not None:
@@ -370,27 +396,26 @@ class Retention:
                      len(gone), keep, who)
 
     # --- the disk guard (persistence/diskguard.py) ---------------------------------------
-    def _expire_below(self, position: int) -> int:
+    def expire_below(self, position: int) -> int:
         """Move every log start whose record lies below journal ``position`` past it, durably
         first (the disk guard's ``delete_oldest`` only); the number of records it took."""
-        rows = self.f.table.rows
+        rows = self.cols.rows
         active = set(np.flatnonzero(rows[:, COL["active"]] == 1).tolist())
         moved, was = {}, {}  # slot -> new log start, slot -> the start it had
-        for slot in sorted(active | set(self.f.catalog.by_slot)):
+        for slot in sorted(active | set(self.catalog.by_slot)):
             start = max(self.stored_start(slot, slot in active), int(rows[slot, COL["log_start_offset"]]) if slot in active else 0)
-            end = int(rows[slot, COL["flushed_offset"]]) if slot in active else self.f._index(slot).entry_count()
+            end = int(rows[slot, COL["flushed_offset"]]) if slot in active else self.indexes.get(slot).entry_count()
             if start >= end:
                 continue
-            index = self.f._index(slot)
+            index = self.indexes.get(slot)
             e = index.read(start, 1)
             if len(e) and int(e["position"][0]) < position:
                 moved[slot], was[slot] = first_at_position(index, start, end, position), start
         if not moved:
             return 0
         self._store(moved)
-        for slot, new in moved.items():
-            if slot in active:
-                rows[slot, COL["log_start_offset"]] = new
+        shown = [slot for slot in moved if slot in active]
+        self.cols.advance_log_starts(shown, [moved[slot] for slot in shown])
         log.warning("disk guard: log start moved inside retention in %d partitions (%s)", len(moved),
                     ", ".join(f"slot {s} -> {o} ({o - was[s]} records)" for s, o in list(moved.items())[:8]))
         return sum(new - was[slot] for slot, new in moved.items())
@@ -398,21 +423,10 @@ class Retention:
     # --- 3. indexes ----------------------------------------------------------------------
     def _punch(self, starts: dict[int, int]) -> None:
         for slot, start in starts.items():
-            if start - self.punched.get(slot, 0) >= _PAGE // ENTRY_BYTES and slot in self.f.catalog.by_slot \
+            if start - self.punched.get(slot, 0) >= _PAGE // ENTRY_BYTES and slot in self.catalog.by_slot \
                     and self.stored_start(slot, False) == start:  # this topic's start, not a deleted one's
-                if punch_below(self.f._index(slot).fd, start):
+                if punch_below(self.indexes.get(slot).fd, start):
                     self.punched[slot] = start
-
-    def _crash_point(self, step: str) -> None:
-        """Fault injection (``debug_crash_at``): die here as a kill -9 would, once per data directory."""
-        if self.s.debug_crash_at != step:
-            return
-        marker = Path(self.s.data_dir) / f"debug-crashed-{step}"
-        if marker.exists():
-            return
-        marker.write_text(str(os.getpid()))
-        log.error("debug_crash_at=%s: dying here", step)
-        os._exit(137)
 
     def close(self) -> None:
         if self.reader is not None:

@@ -24,20 +24,28 @@ done again:
 The deleted topic's batches stay in the journal until retention deletes their segments (a deleted
 topic pins nothing: it has no log start); recovery skips them, knowing their topic id was given
 out once and is listed no more (catalog ``deleted_topic_ids``).
+
+The retirer takes narrow handles (persistence/handles.py), never the flusher: the ``Storage``
+(settings, catalog, the table's columns, the index cache), the ``RingCache`` (to unmap a slot's
+ring), the ``Retention`` (to forget a slot's log start) and two of the flusher's own steps as
+callbacks, ``rescan`` and ``checkpoint``. The row is cleared through the documented exception
+for it, shm/rows.py ``FlusherColumns.clear_retired``, which takes the held owner lock: the row's
+line 1 is the owning actor's and line 0 is nobody's while the row is active.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from typing import Callable
 
 from tailrace.shm.fence import OwnerLock
 from tailrace.broker import datadir
 from tailrace.shm import region
-from tailrace.shm.layout import COL
 
+from .handles import RingCache, Storage
 from .index import index_path
-from .retention import write_log_starts
+from .retention import Retention, crash_point
 
 log = logging.getLogger("tailrace.retire")
 
@@ -58,9 +66,16 @@ def free_slots(catalog, settings) -> list[int]:
 class Retirer:
     """The flusher's side of topic deletion (``run``, between its cycles)."""
 
-    def __init__(self, flusher):
-        self.f = flusher
-        self.s = flusher.s
+    def __init__(self, store: Storage, rings: RingCache, retention: Retention, rescan: Callable[[], None],
+                 checkpoint: Callable[[], None]):
+        self.s = store.s
+        self.catalog = store.catalog
+        self.cols = store.cols
+        self.indexes = store.indexes
+        self.rings = rings
+        self.retention = retention
+        self.rescan = rescan  # the flusher finds its active rows again
+        self.checkpoint = checkpoint  # the flusher syncs and names its journal end as the recovery start
         self.next_ns = 0
         self.slots_retired = 0  # slots cleared by this flusher
 
@@ -69,13 +84,13 @@ class Retirer:
 
     def pending(self) -> list[int]:
         """Retired slots not cleared yet (an index file or a ring left)."""
-        return [slot for slot in self.f.catalog.data.retired if not cleared(self.s, slot)]
+        return [slot for slot in self.catalog.data.retired if not cleared(self.s, slot)]
 
     def run(self, now_ns: int) -> int:
         """Clear every retired slot whose owner has let go; return how many were cleared."""
         self.next_ns = now_ns + RETIRE_CHECK_NS
-        self.f.catalog.reload()  # one stat
-        if not self.f.catalog.data.retired:
+        self.catalog.reload()  # one stat
+        if not self.catalog.data.retired:
             return 0
         pending = self.pending()
         if not pending:
@@ -95,14 +110,15 @@ class Retirer:
             # the catalog, then makes its index file), and clearing it again would zero a live row
             # and unlink the ring its new owner appends to. A slot still retired now cannot be
             # taken meanwhile: it is not clear (``cleared``) until this pass removes its index file.
-            self.f.catalog.reload(force=True)
-            retired = set(self.f.catalog.data.retired)
+            self.catalog.reload(force=True)
+            retired = set(self.catalog.data.retired)
             slots = [slot for slot, _ in locks if slot in retired]
             if not slots:
                 return 0
-            self._clear_rows(slots)
+            held = dict(locks)
+            self._clear_rows({slot: held[slot] for slot in slots})
             self._crash_point("rows_cleared")
-            self.f.checkpoint()  # names only active rows: these are not any more
+            self.checkpoint()  # names only active rows: these are not any more
             for i, slot in enumerate(slots):
                 try:
                     index_path(self.s.data_dir, slot).unlink()
@@ -118,25 +134,21 @@ class Retirer:
         log.info("cleared %d slots of deleted topics: %s", len(slots), slots[:16])
         return len(slots)
 
-    def _clear_rows(self, slots: list[int]) -> None:
-        f, rows = self.f, self.f.table.rows
-        for slot in slots:
-            idx = f.indexes.pop(slot, None)
-            if idx is not None:
-                idx.close()
-            ring = f.rings.pop(slot, None)
-            if ring is not None:
-                ring.close()
-            if slot < len(rows):
-                rows[slot, COL["active"]] = 0  # first: readers and the flusher's cycle skip it from here
-                rows[slot, :] = 0
-        f.rescan()
+    def _clear_rows(self, locks: dict) -> None:
+        """Clear the rows of ``locks`` (slot -> its owner lock, held), unmap and unlink their
+        rings, forget their log starts."""
+        slots = list(locks)
+        for slot, lock in locks.items():
+            self.indexes.forget(slot)
+            self.rings.drop(slot)
+            if slot < len(self.cols.rows):
+                self.cols.clear_retired(slot, lock)  # active 0 first: readers and the cycle skip it from there
+        self.rescan()
         for slot in slots:
             region.unlink(region.ring_name(self.s.instance, slot))
-        if f.retention.forget(slots):
-            write_log_starts(self.s.data_dir, f.retention.starts, f.retention.start_topics)
+        self.retention.forget(slots)
 
     def _crash_point(self, step: str) -> None:
         """Fault injection (``debug_crash_at``): die here as a kill -9 would, once per data directory."""
-        self.f.retention._crash_point(f"retire_{step}")
+        crash_point(self.s, f"retire_{step}")
 

@@ -14,7 +14,9 @@ Two kinds of POSIX shared-memory region exist per broker instance (one instance 
     it once per produce request: shm/rows.py ``HeaderView``), then reserved
 
     row, one int64 per field; each cache line has exactly one writer:
-    line 0  (set when the slot is recovered or created; flusher at boot, actor at attach)
+    line 0  (set when the slot is recovered or created; flusher at boot, actor at attach; after
+            that only the flusher's named exceptions in shm/rows.py FlusherColumns: the log
+            start moved by retention, the row cleared by the retirer)
         slot | topic_id | partition | active | ring_bytes | desc_capacity | log_start_offset | -
     line 1  (written only by the actor that owns the partition)
         owner_epoch | write_position | next_offset | desc_head | desc_tail | ring_start_offset

@@ -3,9 +3,18 @@
 Each cache line of a row (shm/layout.py) has exactly one writer. Instead of a comment at every
 store, each writer holds the view of its own line::
 
-    RowView     reads every field, writes none        same-host readers, anyone else
-    OwnerRow    + writes line 1                       the partition actor (RingWriter)
-    FlusherRow  + writes line 2                       the flusher
+    RowView         reads every field, writes none        same-host readers, anyone else
+    OwnerRow        + writes line 1                       the partition actor (RingWriter)
+    FlusherRow      + writes line 2                       the flusher, one row
+    FlusherColumns  every row: reads all, writes line 2   the flusher and its pieces (boot,
+                    (vectorised), plus three named           retention, retire), the whole table
+                    exceptions to line 0
+
+Line 0 (identity) is written by no one while its row is active, with three exceptions, each a
+named ``FlusherColumns`` method whose docstring says why it is safe: ``init_row`` (boot, on a
+table no worker serves yet), ``advance_log_starts`` (``log_start_offset``: the flusher is its one
+writer once the row is active) and ``clear_retired`` (a deleted topic's row, with the slot's owner
+lock held).
 
 The table header has one such word today, ``storage_full``: ``HeaderView`` loads it (a worker,
 once per produce request), ``FlusherHeader`` stores it (the flusher's disk guard).
@@ -26,10 +35,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout import COL, FLUSHER_COLUMNS, IDENTITY_COLUMNS, OWNER_COLUMNS, ROW_WORDS, STORAGE_FULL_AT, TABLE_HEADER_BYTES
+from .layout import C_ACTIVE, C_LOG_START_OFFSET, COL, FLUSHER_COLUMNS, IDENTITY_COLUMNS, OWNER_COLUMNS, ROW_WORDS, STORAGE_FULL_AT, TABLE_HEADER_BYTES
 
 _WRITER = {
     **{c: "line 0 (identity): written at boot or by OwnerRow.init_identity" for c in IDENTITY_COLUMNS},
+    COL["log_start_offset"]: "line 0: log_start_offset, stored only by the flusher's retention (FlusherColumns.advance_log_starts)",
     **{c: "line 1: written only by the owning actor (OwnerRow)" for c in OWNER_COLUMNS},
     **{c: "line 2: written only by the flusher (FlusherRow)" for c in FLUSHER_COLUMNS},
 }
@@ -128,6 +138,104 @@ class FlusherRow(RowView):
     io_error = _field("io_error", True)
 
 
+_FLUSHER_STORES = {n: COL[n] for n in COL if COL[n] in FLUSHER_COLUMNS and not n.startswith("_")}
+
+
+class FlusherColumns:
+    """The flusher's view of the whole control table: every row readable, line 2 storable.
+
+    ``rows`` is the table as ``int64[max_slots, ROW_WORDS]`` **read only** (numpy refuses a
+    store through it): a store goes through a method here, which names the column and checks
+    it is the flusher's. ``set`` stores one column of many rows at once (numpy, no Python step
+    per row: ``durable_offset`` after a sync, ``io_error`` on a latched error); ``store`` one
+    word (``_reconcile`` at boot); ``publish_flushed`` the three words of one row the cycle moves.
+
+    Line 0 is written by no one while a row is active, except by the three methods below
+    ``publish_flushed``; each says why it is safe. Everything else in line 0 or line 1 raises
+    ``AttributeError`` naming the line's writer.
+
+    Concurrency contract: one instance, in the flusher process, used from its main thread only;
+    the boot owner's lock (``flusher.lock``) makes it the only flusher of the table."""
+
+    __slots__ = ("rows", "_rows", "_cells")
+
+    def __init__(self, rows: np.ndarray):
+        assert rows.ndim == 2 and rows.shape[1] == ROW_WORDS and rows.dtype == np.int64, (rows.shape, rows.dtype)
+        self._rows = rows  # int64[max_slots, ROW_WORDS], the shared table (writable)
+        ro = rows.view()
+        ro.flags.writeable = False
+        self.rows = ro  # the same words, read only
+        self._cells = memoryview(rows).cast("B").cast("q")  # the same words, flat: slot * ROW_WORDS + column
+
+    def _col(self, name: str) -> int:
+        col = _FLUSHER_STORES.get(name)
+        if col is None:
+            raise AttributeError(f"{type(self).__name__} may not store {name}: it is {_WRITER[COL[name]]}"
+                                 if name in COL else f"no control-table column {name!r}")
+        return col
+
+    def set(self, slots, name: str, values) -> None:
+        """Store column ``name`` (the flusher's line 2 only) of rows ``slots``: one numpy store."""
+        self._rows[slots, self._col(name)] = values
+
+    def store(self, slot: int, name: str, value: int) -> None:
+        """Store one word of the flusher's line 2."""
+        self._cells[slot * ROW_WORDS + self._col(name)] = value
+
+    def publish_flushed(self, slot: int, position: int, desc: int, offset: int) -> None:
+        """After a journal write and the slot's index entries: ``flushed_position``, then
+        ``flushed_desc``, then ``flushed_offset`` (the order the cycle always used)."""
+        c, at = self._cells, slot * ROW_WORDS
+        c[at + _C_FLUSHED_POSITION] = position
+        c[at + _C_FLUSHED_DESC] = desc
+        c[at + _C_FLUSHED_OFFSET] = offset
+
+    # --- the documented exceptions: line 0 -------------------------------------------------
+    def init_row(self, slot: int, topic_id: int, partition: int, ring_bytes: int, desc_capacity: int,
+                 next_offset: int) -> None:
+        """Describe a recovered partition in a table the flusher has just made (boot, fresh).
+
+        Safe because the table is in ``STATE_INITIALIZING``: no worker serves, so no actor owns
+        line 1 of any row yet (workers wait for READY, which boot stores last). The whole row is
+        zeroed, then identity, the offsets every line starts at, and ``active`` last."""
+        w = self._rows[slot]
+        w[:] = 0
+        w[COL["slot"]], w[COL["topic_id"]], w[COL["partition"]] = slot, topic_id, partition
+        w[COL["ring_bytes"]], w[COL["desc_capacity"]] = ring_bytes, desc_capacity
+        for name in ("next_offset", "ring_start_offset", "flushed_offset", "durable_offset"):
+            w[COL[name]] = next_offset
+        w[C_ACTIVE] = 1
+
+    def advance_log_starts(self, slots, starts) -> None:
+        """Move ``log_start_offset`` of active rows ``slots`` up to ``starts`` (never down: each
+        word becomes the larger of the two). One numpy store.
+
+        Safe although the word is in line 0: once a row is active the flusher is its one writer
+        (an actor zeroes it only in ``OwnerRow.init_identity``, on a row not active yet, and never
+        stores it after); retention (persistence/retention.py) writes it only for rows it saw
+        active, from the flusher's main thread, after the new starts are durable. A reader's load
+        may be one pass stale: the bytes below a start go a pass later."""
+        slots = np.asarray(slots, dtype=np.int64)
+        rows = self._rows
+        rows[slots, C_LOG_START_OFFSET] = np.maximum(rows[slots, C_LOG_START_OFFSET], starts)
+
+    def clear_retired(self, slot: int, lock) -> None:
+        """Clear a deleted topic's row: ``active`` to 0 first (the cycle and same-host readers
+        skip the row from then on), then every word of the row, all three lines.
+
+        Safe because ``lock`` is the slot's owner lock (shm/fence.py ``OwnerLock``), held: no
+        actor owns the row, so none stores to line 1, and none may make the row anew
+        (``OwnerRow.init_identity``) until its index file is gone, which persistence/retire.py
+        removes only after this."""
+        assert getattr(lock, "held", False), f"clear_retired(slot={slot}) without the slot's owner lock held"
+        w = self._rows[slot]
+        w[C_ACTIVE] = 0
+        w[:] = 0
+
+
+_C_FLUSHED_POSITION, _C_FLUSHED_DESC, _C_FLUSHED_OFFSET = (COL[n] for n in ("flushed_position", "flushed_desc", "flushed_offset"))
+
+
 class HeaderView:
     """The control table header's ``storage_full`` word, readable (a worker's view).
 
@@ -169,3 +277,4 @@ assert {n for n in COL if not n.startswith("_")} <= set(dir(RowView))
 assert not _writable(RowView)
 assert _writable(OwnerRow) == {COL[n] for n in COL if COL[n] in OWNER_COLUMNS and not n.startswith("_")}
 assert _writable(FlusherRow) == {COL[n] for n in COL if COL[n] in FLUSHER_COLUMNS and not n.startswith("_")}
+assert set(_FLUSHER_STORES.values()) == _writable(FlusherRow)  # FlusherColumns.set stores what FlusherRow does
