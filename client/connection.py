@@ -64,15 +64,21 @@ def handshake_refused(event: int, endpoint: str, secured: bool) -> Authenticatio
     return AuthenticationFailedError(f"{endpoint}: {why}")
 
 
-def take_drops(monitor: zmq.Socket) -> bool:
+def take_drops(monitor: zmq.Socket, handshakes: list | None = None) -> bool:
     """Read every event waiting on a socket monitor (never waits); whether one was
-    ``EVENT_DISCONNECTED`` (the others, a handshake after a reconnect, need nothing)."""
+    ``EVENT_DISCONNECTED``. Handshake events go to ``handshakes`` when given (a connection that
+    has not seen its first handshake yet waits for it: ``Connection.connected``), else nowhere
+    (a handshake after a reconnect needs nothing)."""
     dropped = False
     while P.socket_events(monitor) & zmq.POLLIN:
         try:
-            dropped |= recv_monitor_message(monitor, zmq.NOBLOCK)["event"] == zmq.EVENT_DISCONNECTED
+            event = recv_monitor_message(monitor, zmq.NOBLOCK)["event"]
         except zmq.Again:
             break
+        if event == zmq.EVENT_DISCONNECTED:
+            dropped = True
+        elif handshakes is not None and event & HANDSHAKE_EVENTS:
+            handshakes.append(event)
     return dropped
 
 
@@ -177,6 +183,9 @@ class Connection:
         self._sock = None
         self._monitor = None  # the socket's monitor: handshake events (see connected), then DROP_EVENTS
         self._poller = None  # zmq.Poller of the socket and its monitor (wait_for)
+        # handshake events a look for drops took off the monitor before ``connected`` asked
+        # (a Pool polls every monitor it has: the router's first handshake may be read there)
+        self._handshakes: list[int] = []
         self._connected = self.is_unix or connect_timeout_ms <= 0  # <= 0: no check
         self._ids = itertools.count(1)
         self._early: dict[int, Reply] = {}  # replies that arrived while waiting for another id
@@ -205,6 +214,7 @@ class Connection:
             self._sock.setsockopt(zmq.RCVHWM, 100_000)
             if self.keys is not None:
                 self.keys.apply(self._sock)
+            self._handshakes.clear()  # a new socket: its own handshake
             self._monitor = self._sock.get_monitor_socket(
                 DROP_EVENTS if self._connected else HANDSHAKE_EVENTS | DROP_EVENTS)
             self._monitor.setsockopt(zmq.LINGER, 0)
@@ -272,7 +282,8 @@ class Connection:
 
     def dropped(self) -> bool:
         """Whether the monitor reported a closed connection since the last look (never waits)."""
-        return self._monitor is not None and self._pid == os.getpid() and take_drops(self._monitor)
+        return (self._monitor is not None and self._pid == os.getpid()
+                and take_drops(self._monitor, None if self._connected else self._handshakes))
 
     def _lost(self, rid: int) -> ConnectionLostError:
         return ConnectionLostError(f"{self.endpoint} closed the connection before replying to request {rid} "
@@ -316,15 +327,15 @@ class Connection:
         if self._connected:  # a connection that was up before a fork
             return
         deadline = time.monotonic() + self.connect_timeout_ms / 1000
-        while True:
+        while not self._handshakes:
             left = int((deadline - time.monotonic()) * 1000)
             if left <= 0 or not self._monitor.poll(left):
                 raise BrokerUnavailableError(
                     f"no broker answered at {self.endpoint} within {self.connect_timeout_ms / 1000:g} s "
                     "(is `tailrace serve` running?)")
-            event = recv_monitor_message(self._monitor)["event"]
-            if event & HANDSHAKE_EVENTS:
-                break  # (a connection closed before its handshake says nothing yet)
+            take_drops(self._monitor, self._handshakes)  # (a close before its handshake says nothing yet)
+        event = self._handshakes.pop(0)
+        self._handshakes.clear()
         refused = handshake_refused(event, self.endpoint, self.keys is not None)
         if refused is not None:
             self.close()  # final: nothing of it is kept (a later request starts a new handshake)

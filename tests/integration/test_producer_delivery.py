@@ -244,3 +244,24 @@ def test_a_batch_that_fails_for_good_leaves_no_gap_the_next_batches_are_stored(b
     stored = [r.value for r in read_all(client, broker.bootstrap, "gap", 20)]
     assert stored == ([b"first-%d" % i for i in range(5)] + [b"after-a-%d" % i for i in range(5)]
                       + [b"after-b-%d" % i for i in range(5)] + [b"later-%d" % i for i in range(5)])
+
+
+def test_a_look_for_closed_connections_before_the_first_request_keeps_the_handshake_for_it(broker):
+    """A Pool polls every connection's monitor (Pool.recv, settle): when the router connection's
+    first handshake came while nobody had asked for it yet, that look took the event off the
+    monitor, and the first request then waited connect_timeout_ms for a handshake already done
+    and raised BrokerUnavailableError, on every later request too (group members starved of
+    their heartbeats: test_groups' three members never balanced)."""
+    from tailrace.client import protocol as P
+    from tailrace.client.connection import Connection
+
+    c = Connection(broker.bootstrap, connect_timeout_ms=1500)
+    try:
+        c.sock  # connects; the handshake completes in the background
+        time.sleep(0.5)
+        assert c.dropped() is False  # what Pool.recv and Pool.settle do with every monitor
+        t0 = time.monotonic()
+        c.request(P.Op.LIST_TOPICS, "", header=P.encode(P.ListTopicsRequest()), timeout_ms=5000)
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        c.close()
