@@ -106,6 +106,7 @@ class RangeFetcher:
         self.timeout_ms = timeout_ms
         self.fail_on_data_loss = fail_on_data_loss
         self.conn: Connection | None = None
+        self._first = 0  # request id of the first fetch, once start() sent it
 
     def _send(self, offset: int) -> int:
         req = P.FetchRequest(offset, self.max_bytes, self.range.end - offset, 0, self.isolation)
@@ -145,14 +146,27 @@ class RangeFetcher:
         log.warning("%s; skipping (failOnDataLoss=false)", message)
         return log_start if offset < log_start else r.end
 
+    def start(self) -> None:
+        """Open the connection and send the first fetch, without waiting for its reply (so a task
+        with several ranges has them all asked for at once). Iterating starts it if not started."""
+        r = self.range
+        if self.conn is not None or r.start >= r.end:
+            return
+        self.conn = Connection(self.endpoint, keys=self.keys)
+        self._first = self._send(r.start)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
     def __iter__(self) -> Iterator[Columns]:
         r = self.range
         if r.start >= r.end:
             return
-        self.conn = Connection(self.endpoint, keys=self.keys)
+        self.start()
         try:
             offset = r.start
-            rid = self._send(offset)
+            rid = self._first
             while offset < r.end:
                 offset, info, body = self._wait(rid, offset)
                 if info is None:

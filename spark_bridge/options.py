@@ -42,6 +42,8 @@ TimeSpec = Union[int, dict[str, dict[int, int]]]
 BY_TIME_STRATEGIES = ("error", "latest")
 
 MiB = 1 << 20
+# minRecordsPerPartition's default: below this many records, ranges share a Spark task (offsets.coalesce_ranges)
+MIN_RECORDS_PER_PARTITION = 100_000
 ISOLATIONS = ("durable", "memory")
 
 
@@ -63,6 +65,9 @@ class ReadOptions:
     ending_time: TimeSpec | None = None  # endingTimestamp / endingOffsetsByTimestamp (batch): before ``ending``
     by_time_strategy: str = "error"  # startingOffsetsByTimestampStrategy: no record that recent -> fail, or latest
     group_id: str | None = None  # groupId (streams): each finished micro-batch's end offsets are committed to it, for lag
+    min_records_per_partition: int = 0  # a Spark task reads at least this many records: smaller ranges share a task
+    min_offsets_per_trigger: int | None = None  # streams: wait for this many new records (up to max_trigger_delay_ms)
+    max_trigger_delay_ms: int = 15 * 60_000  # streams: the longest a micro-batch waits for min_offsets_per_trigger
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,23 @@ def _int(opts: dict, name: str, default: int | None, minimum: int) -> int | None
     if value < minimum:
         raise OptionError(f"option {name} must be >= {minimum}: {name}={value}")
     return value
+
+
+_DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _duration_ms(opts: dict, name: str, default: int) -> int:
+    """Spark's time strings, as Kafka's ``maxTriggerDelay``: ``500ms``, ``30s``, ``15m``, ``1h``;
+    a bare number is milliseconds."""
+    raw = opts.get(name.lower())
+    if raw is None or raw.strip() == "":
+        return default
+    text = raw.strip().lower()
+    digits = text.rstrip("abcdefghijklmnopqrstuvwxyz").strip()
+    unit = text[len(digits):].strip() or "ms"
+    if not digits.isdigit() or unit not in _DURATION_MS:
+        raise OptionError(f"option {name} must be a duration such as 500ms, 30s, 15m or 1h: {name}={raw!r}")
+    return int(digits) * _DURATION_MS[unit]
 
 
 def parse_topics(raw: str | None) -> tuple[str, ...]:
@@ -219,6 +241,13 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         if starting_time is None:  # a time takes precedence over startingOffsets, which is then not read
             _forbid(starting, "startingOffsets", "latest", LATEST, "a batch query would read nothing")
         _forbid(ending, "endingOffsets", "earliest", EARLIEST, "a batch query would read nothing")
+    max_offsets = _int(opts, "maxOffsetsPerTrigger", None, 1) if streaming else None
+    min_offsets = _int(opts, "minOffsetsPerTrigger", None, 1) if streaming else None
+    if not streaming and ("minoffsetspertrigger" in opts or "maxtriggerdelay" in opts):
+        raise OptionError("options minOffsetsPerTrigger and maxTriggerDelay are for streams: a batch query has no triggers")
+    if max_offsets is not None and min_offsets is not None and min_offsets > max_offsets:
+        raise OptionError(f"option minOffsetsPerTrigger must not exceed maxOffsetsPerTrigger: "
+                          f"minOffsetsPerTrigger={min_offsets} maxOffsetsPerTrigger={max_offsets}")
     isolation = opts.get("isolation", "durable").lower()
     if isolation not in ISOLATIONS:
         raise OptionError(f"option isolation must be one of {ISOLATIONS}: isolation={isolation!r}")
@@ -229,7 +258,10 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         ending=ending,
         fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
         min_partitions=_int(opts, "minPartitions", None, 1),
-        max_offsets_per_trigger=_int(opts, "maxOffsetsPerTrigger", None, 1) if streaming else None,
+        max_offsets_per_trigger=max_offsets,
+        min_offsets_per_trigger=min_offsets,
+        max_trigger_delay_ms=_duration_ms(opts, "maxTriggerDelay", 15 * 60_000),
+        min_records_per_partition=_int(opts, "minRecordsPerPartition", MIN_RECORDS_PER_PARTITION, 0),
         isolation=isolation,
         fetch_max_bytes=_int(opts, "fetchMaxBytes", 16 * MiB, 64 * 1024),
         fetch_timeout_ms=_int(opts, "fetchTimeoutMs", 30_000, 100),

@@ -19,6 +19,7 @@ streaming query reads the same records.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Iterator
 
 import pyarrow as pa
@@ -36,8 +37,8 @@ from .arrow import SCHEMA, to_record_batch
 from .errors import OptionError
 from .fetch import RangeFetcher, place
 from .offsets import (
-    EARLIEST, LATEST, Logs, OffsetRange, Positions, TopicPartition, check_ranges, from_json, rate_limit, resolve,
-    resolve_times, split_ranges, to_json, watermark,
+    EARLIEST, LATEST, Logs, admit, OffsetRange, Positions, TopicPartition, check_ranges, from_json, rate_limit, resolve,
+    resolve_times, coalesce_ranges, split_ranges, to_json, watermark,
 )
 from .options import SPECIAL, ReadOptions, parse_read_options, parse_write_options
 from .sink import TailraceArrowWriter, TailraceStreamArrowWriter, check_input_schema
@@ -47,30 +48,39 @@ log = logging.getLogger("tailrace.spark")
 
 
 class RangePartition(InputPartition):
-    """One Spark input partition: a range of one broker partition, and where to fetch it."""
+    """One Spark input partition: one or more ranges, each of one broker partition, read in turn
+    by one task (several when small ranges were coalesced, see offsets.coalesce_ranges), and
+    the endpoint to fetch each from."""
 
-    def __init__(self, r: OffsetRange, endpoint: str | None):
-        super().__init__(tuple(r))
-        self.topic, self.partition, self.start, self.end = r
-        self.endpoint = endpoint  # the owning worker's endpoint at planning time, or None
-
-    @property
-    def range(self) -> OffsetRange:
-        return OffsetRange(self.topic, self.partition, self.start, self.end)
+    def __init__(self, ranges: list[OffsetRange], endpoints: list[str | None]):
+        super().__init__(tuple(tuple(r) for r in ranges))
+        self.ranges = tuple(OffsetRange(*r) for r in ranges)
+        self.endpoints = tuple(endpoints)  # per range: the owning worker's endpoint at planning time, or None
+        assert len(self.ranges) == len(self.endpoints) > 0, "a RangePartition reads at least one range"
 
 
-def describe(admin: Admin, options: ReadOptions, endpoints_too: bool = True) -> tuple[Logs, dict[TopicPartition, str]]:
-    """Log bounds of every partition of the topics and, with ``endpoints_too``, the worker
-    endpoints tasks may fetch from directly (placed first: see fetch.place)."""
+def describe(admin: Admin, options: ReadOptions,
+             placed: dict[TopicPartition, str] | None = None) -> tuple[Logs, dict[TopicPartition, str]]:
+    """Log bounds of every partition of the topics and, with ``directFetch``, the worker
+    endpoints tasks may fetch from directly (executors decide whether they can reach them).
+
+    A partition is placed on its worker first (fetch.place) unless ``placed`` already maps it to
+    the endpoint it has now; ``placed`` is updated. A stream reader keeps that map, so a query
+    places each partition once (and again after it moved), not once per micro-batch."""
     logs: Logs = {}
     endpoints: dict[TopicPartition, str] = {}
     for topic in options.topics:
         parts = sorted(admin.describe_topic(topic).partitions, key=lambda pi: pi.partition)
         logs[topic] = [PartitionOffsets(pi.partition, pi.log_start_offset, pi.high_watermark, pi.durable_watermark)
                        for pi in parts]
-        if endpoints_too and options.direct_fetch:  # executors decide whether they can reach them
-            place(admin.conn, topic, [pi.partition for pi in parts])
-            endpoints.update({(topic, pi.partition): pi.endpoint for pi in parts})
+        if options.direct_fetch:
+            now = {(topic, pi.partition): pi.endpoint for pi in parts}
+            todo = [p for (_t, p), e in now.items() if placed is None or placed.get((topic, p)) != e]
+            if todo:
+                place(admin.conn, topic, todo)
+            endpoints.update(now)
+            if placed is not None:
+                placed.update(now)
     return logs, endpoints
 
 
@@ -86,20 +96,30 @@ def starting_positions(admin: Admin, o: ReadOptions, logs: Logs) -> Positions:
 def plan(options: ReadOptions, ranges: list[OffsetRange], logs: Logs, endpoints: dict) -> list[RangePartition]:
     ranges = check_ranges(ranges, logs, options.isolation, options.fail_on_data_loss)
     ranges = split_ranges(ranges, options.min_partitions)
-    return [RangePartition(r, endpoints.get((r.topic, r.partition))) for r in ranges]
+    groups = coalesce_ranges(ranges, options.min_records_per_partition, options.min_partitions or 1)
+    return [RangePartition(g, [endpoints.get((r.topic, r.partition)) for r in g]) for g in groups]
 
 
 def read_partition(options: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-    """Executor side: the records of one planned range, one Arrow batch per fetch."""
+    """Executor side: the records of the planned ranges, one Arrow batch per fetch.
+
+    Every range's first fetch is sent before any reply is read, so the workers serve a
+    coalesced task's ranges at once while it converts the first reply."""
     if not isinstance(partition, RangePartition):  # Spark's stand-in when a plan has no partitions
         return
-    r = partition.range
-    fetcher = RangeFetcher(options.bootstrap, r, endpoint=partition.endpoint,
-                           max_bytes=options.fetch_max_bytes, isolation=options.isolation,
-                           timeout_ms=options.fetch_timeout_ms, fail_on_data_loss=options.fail_on_data_loss,
-                           security=options.security)
-    for cols in fetcher:
-        yield to_record_batch(r.topic, r.partition, cols)
+    fetchers = [RangeFetcher(options.bootstrap, r, endpoint=e, max_bytes=options.fetch_max_bytes,
+                             isolation=options.isolation, timeout_ms=options.fetch_timeout_ms,
+                             fail_on_data_loss=options.fail_on_data_loss, security=options.security)
+                for r, e in zip(partition.ranges, partition.endpoints)]
+    try:
+        for f in fetchers:
+            f.start()
+        for f in fetchers:
+            for cols in f:
+                yield to_record_batch(f.range.topic, f.range.partition, cols)
+    finally:
+        for f in fetchers:
+            f.close()
 
 
 def _check_schema(schema: StructType) -> None:
@@ -143,11 +163,14 @@ class TailraceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: Positions | None = None  # (topic, partition) -> frozen end, for availableNow
         self._latest: Positions | None = None  # last watermarks seen, for reportLatestOffset
         self._group_committed: dict | None = None  # the offsets last committed to groupId
+        self._placed: dict[TopicPartition, str] = {}  # (topic, partition) -> endpoint it was placed on
+        self._planned: tuple[Logs, dict[TopicPartition, str]] | None = None  # latestOffset's describe, for partitions()
+        self._last_admitted_s: float | None = None  # monotonic time of the last batch admitted (maxTriggerDelay)
 
-    def _describe(self, endpoints_too: bool = False) -> tuple[Logs, dict[TopicPartition, str]]:
+    def _describe(self) -> tuple[Logs, dict[TopicPartition, str]]:
         if self._admin is None:
             self._admin = Admin(self.options.bootstrap, **dict(self.options.security))
-        return describe(self._admin, self.options, endpoints_too)
+        return describe(self._admin, self.options, self._placed)
 
     def _watermarks(self, logs: Logs) -> Positions:
         return {(t, po.partition): watermark(po, self.options.isolation) for t, parts in logs.items() for po in parts}
@@ -157,42 +180,66 @@ class TailraceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return to_json(starting_positions(self._admin, self.options, logs))
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        n = self.options.max_offsets_per_trigger
-        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+        """maxOffsetsPerTrigger as ReadMaxRows, else minOffsetsPerTrigger as ReadMinRows. Python
+        sources get one limit (no composite as Kafka's): with both set, Spark is handed
+        ReadMaxRows and latestOffset applies the minimum from the options itself."""
+        o = self.options
+        if o.max_offsets_per_trigger is not None:
+            return ReadMaxRows(o.max_offsets_per_trigger)
+        if o.min_offsets_per_trigger is not None:
+            return ReadMinRows(o.min_offsets_per_trigger)
+        return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
         logs, _ = self._describe()
         self._target = self._watermarks(logs)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        """One describe per topic per trigger (kept for ``partitions`` of the same trigger), then
+        admission control: Spark's limit, with the options' minimum (``admit``). ReadAllAvailable
+        (the engine's own choice) reads everything; availableNow never waits for a minimum."""
         self._commit_group(start)  # the previous batch has finished (see _commit_group)
-        logs, _ = self._describe()
+        logs, endpoints = self._planned = self._describe()
         latest = self._latest = self._watermarks(logs)
         begin = from_json(start)
         for t, parts in logs.items():  # a partition the start does not know begins at its log start
             for po in parts:
                 begin.setdefault((t, po.partition), po.log_start_offset)
-        end = {}
+        available = {}
         for k, b in begin.items():
             cap = latest.get(k, b)
             if self._target is not None:
                 cap = min(cap, self._target.get(k, b))  # nothing added after the freeze
-            end[k] = max(b, cap)
-        if isinstance(limit, ReadMaxRows):
-            end = rate_limit(begin, end, limit.max_rows)
+            available[k] = max(b, cap)
+        if isinstance(limit, ReadAllAvailable):
+            max_rows = min_rows = None
+        elif isinstance(limit, ReadMaxRows):
+            max_rows, min_rows = limit.max_rows, self.options.min_offsets_per_trigger
         elif isinstance(limit, ReadMinRows):
-            if sum(end[k] - begin[k] for k in end) < limit.min_rows:
-                end = begin
-        elif not isinstance(limit, ReadAllAvailable):
+            max_rows, min_rows = self.options.max_offsets_per_trigger, limit.min_rows
+        else:
             raise OptionError(f"the tailrace source supports ReadAllAvailable, ReadMaxRows and ReadMinRows limits, not {limit!r}")
+        if self._target is not None:
+            min_rows = None  # availableNow: nothing more will come to wait for
+        now = time.monotonic()
+        since_ms = None if self._last_admitted_s is None else (now - self._last_admitted_s) * 1000
+        end = admit(begin, available, max_rows, min_rows, since_ms, self.options.max_trigger_delay_ms)
+        if end is None:
+            return to_json(begin)
+        self._last_admitted_s = now
         return to_json(end)
 
     def reportLatestOffset(self) -> dict | None:
+        """The latest offsets, which Spark shows as the progress' ``latestOffset``: with the
+        batch's ``endOffset``, the query's lag (``offsets.behind_latest``)."""
         return None if self._latest is None else to_json(self._latest)
 
     def partitions(self, start: dict, end: dict) -> list[RangePartition]:
+        """The ranges ``[start, end)``, checked against the describe ``latestOffset`` made in this
+        trigger (a batch re-run after a restart describes again)."""
         begin, stop = from_json(start), from_json(end)
-        logs, endpoints = self._describe(endpoints_too=True)
+        logs, endpoints = self._planned if self._planned is not None else self._describe()
+        self._planned = None
         log_start = {(t, po.partition): po.log_start_offset for t, parts in logs.items() for po in parts}
         ranges = [OffsetRange(t, p, begin.get((t, p), log_start.get((t, p), 0)), e) for (t, p), e in stop.items()]
         ranges = [r for r in ranges if r.end > r.start]

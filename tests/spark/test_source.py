@@ -43,7 +43,8 @@ def test_batch_read_returns_exactly_the_produced_rows(spark, spark_broker, topic
     expected = produce(spark_broker.bootstrap, topic_name, 3, 0, 2500, keyed_every=3)
     df = reader(spark, spark_broker, topic_name, startingOffsets="earliest", endingOffsets="latest")
     assert df.columns == ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
-    assert df.rdd.getNumPartitions() == 3
+    assert df.rdd.getNumPartitions() == 1, "7,500 records are one task (minRecordsPerPartition)"
+    assert reader(spark, spark_broker, topic_name, minRecordsPerPartition=1).rdd.getNumPartitions() == 3
     rows = df.collect()
     got = {(r.partition, r.offset): (None if r.key is None else bytes(r.key), bytes(r.value)) for r in rows}
     assert len(rows) == len(expected) == 7500
