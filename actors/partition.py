@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,33 +24,24 @@ from tailrace.broker.datadir import slot_lock_name
 from tailrace.client.protocol import ErrorCode
 from tailrace.client.records import (
     BASE_OFFSET, COUNT, COUNT_AT, HEADER_BYTES, IDEMPOTENCE, IDEMPOTENCE_AT, LENGTH, STAMP, STAMP_AT, BatchError,
-    align8_array, now_us, validate_frame,
+    now_us, validate_frame,
 )
 from tailrace.shm import layout
 from tailrace.shm.ring import READ_WINDOW, ControlTable, Ring, RingFull, RingWriter, cut_batches
 from tailrace.shm.rows import OwnerRow
-from tailrace.persistence.index import IndexFile
 from tailrace.persistence.journal import JournalReader
+from tailrace.persistence.log import DiskRead, FetchResult, PartitionLog
 
 from .dedup import KEEP, ProducerState
 from tailrace.shm.fence import OwnerLock
 
 DEDUP_LOAD_BATCHES = 4096  # batch headers read from the ring at takeover
 DEDUP_DISK_BATCHES = 64  # ... and from disk when the ring holds fewer
-READ_DELAY_S = 0.0  # fault injection for tests (settings.debug_read_delay_ms): a slow disk
 log = logging.getLogger("tailrace.partition")
 
 
 class Fenced(Exception):
     """Raised when a partition is adopted with an epoch lower than the one in its row."""
-
-
-@dataclass
-class FetchResult:
-    code: int
-    parts: list  # buffers to join into the body frame
-    next_offset: int
-    source: str
 
 
 class PartitionActor:
@@ -78,7 +67,7 @@ class PartitionActor:
         self.epoch = epoch
         self.lock = OwnerLock(os.path.join(lock_dir, slot_lock_name(slot)))
         self.producers = ProducerState()
-        self.index: IndexFile | None = None
+        self.log = PartitionLog(row, data_dir, slot, journal)  # offsets, index, journal reads (persistence/log.py)
         self.durable_waiters: deque = deque()  # of (end_offset, reply frames)
         self.parked: list = []  # of (deadline_ns, ident frames, routing, FetchRequest)
         self.check_ownership()
@@ -132,12 +121,10 @@ class PartitionActor:
         self.producers.load(pids, seqs, descs["count"], descs["base_offset"], times)
 
     def _load_producer_state_from_disk(self, end_offset: int) -> None:
-        if self.index is None:
-            self.index = IndexFile(self.data_dir, self.slot)
         lo = max(self.owner_row.log_start_offset, end_offset - (1 << 16))  # below the log start: gone (retention)
         if lo >= end_offset:
             return
-        entries = self.index.read(lo, end_offset - lo)
+        entries = self.log.index().read(lo, end_offset - lo)
         starts = np.flatnonzero(entries["rel"] == 0)[-DEDUP_DISK_BATCHES:]
         for i in starts.tolist():
             try:
@@ -219,9 +206,7 @@ class PartitionActor:
         limit = min(hw, self.owner_row.flushed_offset)
         if offset >= limit:
             return FetchResult(ErrorCode.OK, [], offset, "disk")
-        if self.index is None:
-            self.index = IndexFile(self.data_dir, self.slot)
-        return read_disk(self.index, self.journal, DiskRead(self.slot, offset, max_bytes, max_records, limit))
+        return self.log.read(DiskRead(self.slot, offset, max_bytes, max_records, limit))
 
     def read_cached(self, offset: int, max_bytes: int, max_records: int, isolation: str) -> FetchResult | DiskRead:
         """A fetch's answer if it is in memory (the ring, or nothing to read), else the
@@ -268,53 +253,6 @@ class PartitionActor:
         return FetchResult(ErrorCode.OK, parts, nxt, "ring")
 
     def close(self) -> None:
-        if self.index is not None:
-            self.index.close()
+        self.log.close()
         self.lock.close()
         self.ring.close()
-
-
-@dataclass
-class DiskRead:
-    """A fetch that must read the journal: offsets ``offset..limit`` are flushed and indexed."""
-
-    slot: int
-    offset: int
-    max_bytes: int
-    max_records: int
-    limit: int  # min(watermark, flushed_offset) when the fetch arrived
-
-
-def read_disk(index: IndexFile, journal: JournalReader, r: DiskRead) -> FetchResult:
-    """Batches from ``r.offset`` out of the journal through the dense index (any thread: it
-    touches only the two files it is given)."""
-    offset, max_bytes, max_records, limit = r.offset, r.max_bytes, r.max_records, r.limit
-    if READ_DELAY_S:
-        time.sleep(READ_DELAY_S)
-    entries = index.read(offset, min(limit - offset, max(max_records, 1), 1 << 16))
-    if len(entries) == 0:
-        return FetchResult(ErrorCode.INTERNAL, [], offset, "disk")
-    starts = entries["rel"] == 0
-    starts[0] = True
-    idx = np.flatnonzero(starts)
-    bpos = entries["position"][idx]
-    sizes = align8_array(entries["length"][idx])
-    bases = offset + idx - entries["rel"][idx]
-    k = max(1, int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")))
-    bpos, sizes = bpos[:k], sizes[:k]
-    ends = bpos + sizes
-    seg = journal.segment_bytes
-    breaks = np.flatnonzero((bpos[1:] != ends[:-1]) | (bpos[1:] // seg != bpos[:-1] // seg)) + 1
-    run_starts = np.concatenate(([0], breaks)).tolist()
-    run_stops = np.concatenate((breaks, [k])).tolist()
-    # Every run straight into one reply buffer: one copy from the page cache, one allocation.
-    out = bytearray(int(sizes.sum()))
-    mv = memoryview(out)
-    at = 0
-    for a, b in zip(run_starts, run_stops):
-        n = int(ends[b - 1] - bpos[a])
-        journal.read_into(mv[at : at + n], int(bpos[a]))
-        at += n
-    mv.release()
-    last_count = COUNT.unpack_from(out, len(out) - int(sizes[k - 1]) + COUNT_AT)[0]
-    return FetchResult(ErrorCode.OK, [out], int(bases[k - 1]) + last_count, "disk")

@@ -9,7 +9,7 @@ reads of the page cache or the disk (Kafka's ``.timeindex`` costs a file per seg
 per batch to save those reads).
 
 The search covers what the flusher has indexed (offsets below ``flushed_offset``); the records
-above it are still only in the ring, and the caller looks there (actors/worker.py).
+above it are still only in the ring, and the caller looks there (persistence/log.py).
 """
 
 from __future__ import annotations
