@@ -39,7 +39,7 @@ from tailrace.client import protocol as P
 
 from . import datadir
 
-ACL_FILE = "acls.json"
+ACL_FILE = datadir.ACL_FILE
 OPERATIONS = ("produce", "consume", "create", "delete", "alter", "describe", "group", "admin")
 ALL_TOPICS = "*"
 # what a refusal says the principal may not do, per operation: the request's own words
@@ -93,7 +93,7 @@ class AclFile(msgspec.Struct):
 
 
 def acl_path(data_dir: str) -> str:
-    return os.path.join(data_dir, "auth", ACL_FILE)
+    return os.path.join(data_dir, datadir.AUTH_DIR, ACL_FILE)
 
 
 def read_rules(data_dir: str) -> list[Rule]:

@@ -36,11 +36,13 @@ import zmq.utils.z85
 from tailrace.client import protocol as P
 from tailrace.client.security import CurveKeys
 
-AUTH_DIR = "auth"
-SERVER_KEY = "server"
-ROUTER_KEY = "router"
+from . import datadir
+
+AUTH_DIR = datadir.AUTH_DIR
+SERVER_KEY = datadir.SERVER_KEY
+ROUTER_KEY = datadir.ROUTER_KEY
 ROUTER_PRINCIPAL = "router"
-CLIENTS_DIR = "clients"
+CLIENTS_DIR = datadir.CLIENTS_DIR
 MODES = ("none", "curve")
 
 log = logging.getLogger("tailrace.auth")
@@ -60,11 +62,11 @@ def generate_keys(directory: str, name: str) -> tuple[str, str]:
     if not name or "/" in name or name.startswith(".") or name != name.strip():
         raise ValueError(f"bad key name {name!r}: a file name, not a path, not starting with '.'")
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    public, secret = os.path.join(directory, f"{name}.key"), os.path.join(directory, f"{name}.key_secret")
+    public, secret = os.path.join(directory, datadir.public_key_name(name)), os.path.join(directory, datadir.secret_key_name(name))
     for path in (public, secret):
         if os.path.exists(path):
             raise FileExistsError(f"{path} exists: a key is never overwritten (remove it first)")
-    tmp = tempfile.mkdtemp(prefix=".keys-", dir=directory)
+    tmp = tempfile.mkdtemp(prefix=datadir.KEYS_TEMP_PREFIX, dir=directory)
     try:
         made_public, made_secret = zmq.auth.create_certificates(tmp, name)
         os.chmod(made_secret, 0o600)
@@ -79,7 +81,7 @@ def generate_keys(directory: str, name: str) -> tuple[str, str]:
 def ensure_keys(directory: str, name: str) -> tuple[bytes, bytes]:
     """The key pair ``name`` in ``directory``, made the first time (processes starting together
     agree: the first link wins). Returns (public, secret), Z85."""
-    secret_file = os.path.join(directory, f"{name}.key_secret")
+    secret_file = os.path.join(directory, datadir.secret_key_name(name))
     if not os.path.exists(secret_file):
         try:
             generate_keys(directory, name)
@@ -122,7 +124,7 @@ class AllowList:
     def _signature(self):
         try:
             with os.scandir(self.directory) as it:
-                return tuple(sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in it if e.name.endswith(".key")))
+                return tuple(sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in it if e.name.endswith(datadir.PUBLIC_KEY_SUFFIX)))
         except FileNotFoundError:
             return ()
 
@@ -140,7 +142,7 @@ class AllowList:
                 log.warning("allow-list: %s skipped (%s)", path, exc)
                 continue
             if public:
-                keys[public.decode("ascii")] = name[: -len(".key")]
+                keys[public.decode("ascii")] = name[: -len(datadir.PUBLIC_KEY_SUFFIX)]
         if self._seen is not None:
             log.info("allow-list %s re-read: %d principals", self.directory, len(keys) - len(self.fixed))
         self.keys, self._seen = keys, sig

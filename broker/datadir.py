@@ -63,10 +63,19 @@ from tailrace.client.errors import TailraceError
 #     router.json                      {"generation": g}: bumped at every router start (epochs)
 #     journal/<20-digit position>.log  the journal segments (persistence/journal.py)
 #     journal/checkpoint               where recovery may start (persistence/recovery.py)
+#     journal/log_starts.json          each partition's log start offset (persistence/retention.py)
+#     journal/<segment>.log.tmp        a segment being pre-written (persistence/journal.py)
 #     index/<slot>.index               one dense index per partition (persistence/index.py)
 #     locks/broker.lock, serve.lock,   the ownership locks (this module)
 #       flusher.lock, router.lock, worker-<id>.lock
 #     logs/supervisord.log, <program>.log
+#     auth/                            with --auth curve (broker/auth.py, acl.py, quota.py)
+#       server.key, server.key_secret  the broker's CURVE key pair (clients are given server.key)
+#       router.key, router.key_secret  the router's, as a CURVE client of the workers
+#       clients/<principal>.key        the default allow-list (settings allow_dir)
+#       acls.json, quotas.json         the access and quota rules (tailrace acl / quota)
+#     debug-crashed-<step>             a fault injected once (debug_crash_at, persistence/retention.py)
+#     <name>.tmp                       any file being replaced by write_atomic
 #
 #   <run_dir>/                         0700, ours, made by the broker (prepare_run_dir)
 #     supervisord.pid, supervisor.sock supervisord's own (supervisord.conf)
@@ -74,8 +83,11 @@ from tailrace.client.errors import TailraceError
 #     flusher.bell, worker-<id>.bell   doorbells (shm/doorbell.py)
 #     worker-<id>.ipc, worker-<id>.sock, worker-<id>.pid
 #     slot-<n>.lock                    partition owner locks (shm/fence.py)
+#     stats/<process>.msgpack          each process's counters (broker/stats.py)
 #
-# Every other module takes these names from here; none spells one.
+#   the package: supervisord.conf      the program definitions (ops/scaling.py finds it)
+#
+# Every other module takes these names from here; none spells one (tests/unit/test_file_names.py).
 INSTANCE_FILE = "instance.json"
 CATALOG_FILE = "topics.json"
 WORKERS_FILE = "workers.json"
@@ -86,6 +98,7 @@ CHECKPOINT_FILE = "checkpoint"
 INDEX_DIR = "index"
 INDEX_SUFFIX = ".index"
 LOG_DIR = "logs"
+PROGRAM_LOG_SUFFIX = ".log"  # in LOG_DIR, named by supervisord.conf
 LOCK_DIR = "locks"
 BROKER_LOCK = "broker.lock"  # shared by every live process of the broker
 SERVE_LOCK = "serve.lock"  # exclusive: the one `tailrace serve` (and its supervisord)
@@ -93,6 +106,26 @@ SUPERVISOR_SOCKET = "supervisor.sock"
 EXTRA_WORKERS_DIR = "workers.d"
 FLUSHER_BELL = "flusher.bell"
 RUN_BASE_NAME = "tailrace"
+LOG_STARTS_FILE = "log_starts.json"  # in JOURNAL_DIR
+TMP_SUFFIX = ".tmp"  # a file being written before its rename into place
+SUPERVISORD_CONF = "supervisord.conf"  # shipped inside the package
+EXTRA_WORKER_SUFFIX = ".conf"  # in EXTRA_WORKERS_DIR
+# worker_file suffixes in the run directory
+WORKER_BELL, WORKER_IPC, WORKER_SOCK, WORKER_PID = "bell", "ipc", "sock", "pid"
+# --auth curve (broker/auth.py, broker/acl.py, broker/quota.py)
+AUTH_DIR = "auth"
+CLIENTS_DIR = "clients"  # in AUTH_DIR: the default allow-list
+SERVER_KEY = "server"  # key pair names
+ROUTER_KEY = "router"
+PUBLIC_KEY_SUFFIX = ".key"
+SECRET_KEY_SUFFIX = ".key_secret"
+KEYS_TEMP_PREFIX = ".keys-"  # a key pair is made in such a directory, then linked into place
+ACL_FILE = "acls.json"  # in AUTH_DIR
+QUOTA_FILE = "quotas.json"  # in AUTH_DIR
+CRASH_MARKER_PREFIX = "debug-crashed-"
+# program names: each names its role lock (locks/<role>.lock) and its stats file (stats/<role>.msgpack)
+FLUSHER_ROLE, ROUTER_ROLE, METRICS_ROLE = "flusher", "router", "metrics"
+GROUPS_STATS = "groups"  # the router's group coordinator keeps a stats file of its own
 
 
 def segment_name(start: int) -> str:
@@ -118,7 +151,33 @@ def worker_id_of(name: str, suffix: str) -> int | None:
 
 
 def extra_worker_conf(worker_id: int) -> str:
-    return f"worker-{worker_id}.conf"
+    return f"worker-{worker_id}{EXTRA_WORKER_SUFFIX}"
+
+
+def worker_role(worker_id: int) -> str:
+    """A worker program's name (its role lock, its stats file; supervisord's ``worker-N``)."""
+    return f"worker-{worker_id}"
+
+
+def temp_name(name: str) -> str:
+    return name + TMP_SUFFIX
+
+
+def public_key_name(name: str) -> str:
+    return name + PUBLIC_KEY_SUFFIX
+
+
+def secret_key_name(name: str) -> str:
+    return name + SECRET_KEY_SUFFIX
+
+
+def crash_marker_name(step: str) -> str:
+    return CRASH_MARKER_PREFIX + step
+
+
+def program_logs(data_dir) -> str:
+    """The programs' log files, as a shell brace pattern (supervisord.conf names them)."""
+    return f"{log_dir(data_dir)}/{{supervisord,router,flusher,worker-N,metrics}}{PROGRAM_LOG_SUFFIX}"
 
 
 def slot_lock_name(slot: int) -> str:
@@ -193,7 +252,7 @@ def write_atomic(path, data: bytes, sync: bool = True, mode: int | None = None) 
     ``mode``: the file's permissions whatever the umask (``file_mode_in``); None: 0666 & ~umask,
     right inside the broker, whose umask is the data mode's."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(temp_name(path.name))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666 if mode is None else mode)
     try:
         if mode is not None:

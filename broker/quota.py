@@ -35,7 +35,7 @@ from tailrace.shm.tally import TableFull, Tally, key_of
 from . import datadir
 from .auth import ROUTER_PRINCIPAL
 
-QUOTA_FILE = "quotas.json"
+QUOTA_FILE = datadir.QUOTA_FILE
 DEFAULT = "*"
 PRODUCE, FETCH = 0, 1  # tally counters
 BURST_S = 1.0  # credit an idle principal may save up, in seconds of its rate
@@ -53,7 +53,7 @@ class QuotaFile(msgspec.Struct):
 
 
 def quota_path(data_dir: str) -> str:
-    return os.path.join(data_dir, "auth", QUOTA_FILE)
+    return os.path.join(data_dir, datadir.AUTH_DIR, QUOTA_FILE)
 
 
 def read_quotas(data_dir: str) -> list[Quota]:

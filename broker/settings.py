@@ -84,13 +84,13 @@ class Settings(msgspec.Struct, kw_only=True):
 
     def worker_unix_endpoint(self, worker_id: int) -> str:
         """The worker's same-host endpoint (client/unixwire.py), beside its ZeroMQ one."""
-        return "unix://" + os.path.join(self.ipc_path(), datadir.worker_file(worker_id, "sock"))
+        return "unix://" + os.path.join(self.ipc_path(), datadir.worker_file(worker_id, datadir.WORKER_SOCK))
 
     def worker_endpoint(self, worker_id: int) -> str:
-        return "ipc://" + os.path.join(self.ipc_path(), datadir.worker_file(worker_id, "ipc"))
+        return "ipc://" + os.path.join(self.ipc_path(), datadir.worker_file(worker_id, datadir.WORKER_IPC))
 
     def worker_pid_path(self, worker_id: int) -> str:
-        return os.path.join(self.ipc_path(), datadir.worker_file(worker_id, "pid"))
+        return os.path.join(self.ipc_path(), datadir.worker_file(worker_id, datadir.WORKER_PID))
 
     def flusher_bell_path(self) -> str:
         """The flusher's doorbell (shm/doorbell.py), which workers ring with their kicks."""
@@ -98,7 +98,7 @@ class Settings(msgspec.Struct, kw_only=True):
 
     def worker_bell_path(self, worker_id: int) -> str:
         """A worker's doorbell, which the flusher rings after every sync."""
-        return os.path.join(self.ipc_path(), datadir.worker_file(worker_id, "bell"))
+        return os.path.join(self.ipc_path(), datadir.worker_file(worker_id, datadir.WORKER_BELL))
 
     def metrics_address(self) -> tuple[str, int] | None:
         """``metrics_bind`` as (host, port) to listen on, or None when it is off; a bad value is

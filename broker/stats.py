@@ -19,7 +19,7 @@ from bisect import bisect_left
 
 import msgspec
 
-from .datadir import STATS_SUFFIX, stats_dir, stats_file, write_atomic
+from .datadir import FLUSHER_ROLE, STATS_SUFFIX, stats_dir, stats_file, write_atomic
 
 WRITE_EVERY_S = 1.0
 # Latency buckets in seconds (upper bounds; +Inf is added by the exposition): 50 us .. 10 s.
@@ -125,7 +125,7 @@ def flusher_disk(run_dir: str) -> dict:
     ``tailrace status``: ``storage_full``, ``disk_used_ratio`` (-1 without a snapshot) and
     ``records_force_deleted`` (by disk_full_policy=delete_oldest since the flusher started)."""
     try:
-        with open(stats_file(run_dir, "flusher"), "rb") as f:
+        with open(stats_file(run_dir, FLUSHER_ROLE), "rb") as f:
             snap = _decode(f.read())
     except (OSError, msgspec.DecodeError):
         return {"storage_full": False, "disk_used_ratio": -1.0, "records_force_deleted": 0}

@@ -375,7 +375,7 @@ def main() -> int:
     if where is None:
         log.info("metrics endpoint off (--metrics-bind off)")
         return 0
-    claim = datadir.enter_program(s, "metrics", log)
+    claim = datadir.enter_program(s, datadir.METRICS_ROLE, log)
     if claim is None:
         return datadir.EXIT_REFUSED
     stop: list = []

@@ -35,7 +35,7 @@ def find_supervisord_conf() -> Path:
     """The supervisord.conf the broker runs: ``TAILRACE_SUPERVISORD_CONF``, else the one shipped
     inside the package (the repository's top-level file, in a wheel as in a source checkout)."""
     env = os.environ.get("TAILRACE_SUPERVISORD_CONF")
-    cand = Path(env) if env else Path(str(resources.files("tailrace") / "supervisord.conf"))
+    cand = Path(env) if env else Path(str(resources.files("tailrace") / datadir.SUPERVISORD_CONF))
     if not cand.is_file():
         raise SystemExit(f"supervisord.conf not found at {cand}")
     return cand
@@ -76,7 +76,7 @@ def clear_extra_workers(run_dir: str) -> None:
     """At ``serve`` start: the base group covers every worker, no extra programs."""
     d = extra_conf_dir(run_dir)
     if d.is_dir():
-        for f in d.glob("*.conf"):
+        for f in d.glob("*" + datadir.EXTRA_WORKER_SUFFIX):
             f.unlink()
 
 

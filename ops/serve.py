@@ -105,7 +105,7 @@ def metrics_url(s: settings_mod.Settings) -> str:
 
 
 def log_files(s: settings_mod.Settings) -> str:
-    return f"{datadir.log_dir(s.data_dir)}/{{supervisord,router,flusher,worker-N,metrics}}.log"
+    return datadir.program_logs(s.data_dir)
 
 
 def print_env(s: settings_mod.Settings, env: dict[str, str], default_run_dir: bool) -> int:
@@ -136,7 +136,7 @@ def check_space(s: settings_mod.Settings) -> str | None:
     journal = os.path.join(s.data_dir, datadir.JOURNAL_DIR)
     where = journal if os.path.isdir(journal) else s.data_dir
     try:
-        has_segments = any(n.endswith(".log") for n in os.listdir(journal))
+        has_segments = any(n.endswith(datadir.SEGMENT_SUFFIX) for n in os.listdir(journal))
     except FileNotFoundError:
         has_segments = False
     st = os.statvfs(where)

@@ -108,7 +108,7 @@ class Flusher:
         self.ringer: Ringer | None = None  # rings the workers' bells (None in-process: tests)
         self.worker_bells: list[str] = []
         # for the metrics exporter (broker/stats.py); written by run(), never in-process
-        self.stats = StatsFile(settings.ipc_path(), "flusher")
+        self.stats = StatsFile(settings.ipc_path(), datadir.FLUSHER_ROLE)
         self.cycles = self.bytes_written = self.syncs = 0
         self.write_hist, self.fsync_hist = Histogram(), Histogram()
         self.rolled = False  # this cycle moved to a new segment (it then stops: see do_work)
@@ -129,7 +129,7 @@ class Flusher:
             except FileNotFoundError:
                 names = []
             self.worker_bells = [os.path.join(self.s.ipc_path(), n) for n in sorted(names)
-                                 if datadir.worker_id_of(n, "bell") is not None]
+                                 if datadir.worker_id_of(n, datadir.WORKER_BELL) is not None]
 
     def notify(self, message: bytes) -> None:
         """Ring every worker's bell (a worker that adopts a partition kicks KICK_ADOPTED first, and the
@@ -430,7 +430,7 @@ class Flusher:
 def _workers_alive(s: settings_mod.Settings) -> bool:
     d = s.ipc_path()
     try:
-        names = [n for n in os.listdir(d) if datadir.worker_id_of(n, "pid") is not None]
+        names = [n for n in os.listdir(d) if datadir.worker_id_of(n, datadir.WORKER_PID) is not None]
     except FileNotFoundError:
         return False
     for n in names:
@@ -498,7 +498,7 @@ def run(flusher: Flusher, bell: Doorbell, stop: list) -> None:
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s flusher %(levelname)s %(message)s")
     s = settings_mod.from_env()
-    claim = datadir.enter_program(s, "flusher", log)
+    claim = datadir.enter_program(s, datadir.FLUSHER_ROLE, log)
     if claim is None:
         return datadir.EXIT_REFUSED
     datadir.make_data_dir(s.data_dir, s.data_mode_bits)

@@ -40,6 +40,7 @@ import os
 import threading
 from pathlib import Path
 
+from tailrace.broker import datadir
 from tailrace.broker.datadir import JOURNAL_DIR, SEGMENT_SUFFIX, fsync_dir, segment_name
 
 log = logging.getLogger("tailrace.journal")
@@ -135,7 +136,7 @@ class Journal:
                 if size != self.segment_bytes:
                     raise StorageError(f"journal segment {final} is {size} bytes, segment_bytes={self.segment_bytes}")
                 return
-            tmp = final.with_name(final.name + ".tmp")
+            tmp = final.with_name(datadir.temp_name(final.name))
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
             try:
                 zeros = bytes(min(self.segment_bytes, 1 << 20))

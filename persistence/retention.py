@@ -54,7 +54,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tailrace.broker.datadir import JOURNAL_DIR, fsync_dir, segment_name, write_atomic
+from tailrace.broker import datadir
+from tailrace.broker.datadir import JOURNAL_DIR, LOG_STARTS_FILE, fsync_dir, segment_name, write_atomic
 from tailrace.client.records import align8_array
 from tailrace.shm.layout import COL
 from tailrace.shm.rows import FlusherHeader
@@ -67,7 +68,6 @@ from .timesearch import first_at_or_after
 
 log = logging.getLogger("tailrace.retention")
 
-LOG_STARTS_FILE = "log_starts.json"
 RETENTION_MS = "retention.ms"
 RETENTION_BYTES = "retention.bytes"
 CHUNK = 1 << 16  # index entries read at once
@@ -205,7 +205,7 @@ def crash_point(s, step: str) -> None:
     """Fault injection (``debug_crash_at``): die here as a kill -9 would, once per data directory."""
     if s.debug_crash_at != step:
         return
-    marker = Path(s.data_dir) / f"debug-crashed-{step}"
+    marker = Path(s.data_dir) / datadir.crash_marker_name(step)
     if marker.exists():
         return
     marker.write_text(str(os.getpid()))
