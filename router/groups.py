@@ -38,9 +38,14 @@ import logging
 import time
 import uuid
 
+from dataclasses import dataclass
+from typing import Callable
+
 import msgspec
 
-from tailrace.broker.catalog import OFFSETS_TOPIC
+from tailrace.broker import datadir
+from tailrace.broker import settings as settings_mod
+from tailrace.broker.catalog import OFFSETS_TOPIC, Catalog
 from tailrace.broker.stats import StatsFile, label_key
 from tailrace.client import protocol as P
 from tailrace.client.records import encode_batch, iter_batches
@@ -50,7 +55,7 @@ from .assignor import TP, assign
 log = logging.getLogger("tailrace.groups")
 
 GROUPS_TOPIC = OFFSETS_TOPIC  # internal: refused to topic admin (broker/catalog.py)
-STATS_PROCESS = "groups"  # <run dir>/stats/groups.msgpack (broker/stats.py)
+STATS_PROCESS = datadir.GROUPS_STATS  # <run dir>/stats/groups.msgpack (broker/stats.py)
 EMPTY_GROUP_KEEP_S = 7 * 86400  # an empty group's offsets are kept this long (Kafka's offsets.retention.minutes)
 FAST_HEARTBEAT_MS = 100  # while partitions move
 SESSION_MS = (1_000, 1_800_000)  # allowed session timeouts
@@ -101,24 +106,39 @@ class Group:
         return "stable" if all(m.owned == m.target for m in self.members.values()) else "reconciling"
 
 
+@dataclass
+class GroupContext:
+    """What the coordinator may read and do at the router: no sockets, no routes."""
+
+    s: settings_mod.Settings
+    catalog: Catalog
+    make_internal_topic: Callable  # (name, partitions, config) -> the topic's entry, or None if it does not fit
+    next_internal_id: Callable[[], int]  # a request id of the router's own; the reply comes to ``on_reply``
+    send_internal: Callable  # (topic, partition, frames) -> False if the partition has no owner to send to
+
+
 class Coordinator:
     """The groups of one router. ``handle`` serves the group ops; ``tick`` expires sessions,
     retries internal requests and refreshes offsets; ``on_reply`` takes the workers' replies to
     the internal produces and fetches."""
 
-    def __init__(self, router):
-        self.r = router
+    def __init__(self, ctx: GroupContext):
+        self.ctx = ctx
         self.groups: dict[str, Group] = {}
         self.pending: dict[int, list] = {}  # rid -> [kind, sent, tries, payload...]
-        self.loaded = router.catalog.get(GROUPS_TOPIC) is None  # nothing to read back
+        self.loaded = ctx.catalog.get(GROUPS_TOPIC) is None  # nothing to read back
         self.load_offset = 0
         self.load_rid = 0
         self.load_sent = 0.0
         self.commits = 0
         # every group's committed offsets, for consumer lag on the metrics endpoint (ops/metrics.py)
-        self.stats = StatsFile(router.s.ipc_path(), STATS_PROCESS)
+        self.stats = StatsFile(ctx.s.ipc_path(), STATS_PROCESS)
 
     # --- serving ---------------------------------------------------------------------------
+    def serve(self, req) -> None:
+        """The handler of every COORDINATOR row of client/ops.py SPEC (a router/request.py Request)."""
+        self.handle(req.op, req.name, req.frames[2], req.reply)
+
     def handle(self, op: int, name: str, header: bytes, reply) -> None:
         if not self.loaded:
             return reply(P.ErrorCode.NOT_READY, P.ErrorReply("the group coordinator is reading its offsets back"))
@@ -209,10 +229,10 @@ class Coordinator:
                                                    min(FAST_HEARTBEAT_MS, m.heartbeat_ms) if moving else m.heartbeat_ms))
 
     def _counts(self, topics, g: Group) -> dict[str, int | None]:
-        self.r.catalog.reload()  # one stat: a topic grown or deleted since
+        self.ctx.catalog.reload()  # one stat: a topic grown or deleted since
         out = {}
         for t in topics:
-            entry = self.r.catalog.get(t)
+            entry = self.ctx.catalog.get(t)
             out[t] = entry.partitions if entry is not None else None
         return out
 
@@ -262,9 +282,9 @@ class Coordinator:
 
     # --- the internal topic ----------------------------------------------------------------
     def _ensure_topic(self) -> bool:
-        if self.r.catalog.get(GROUPS_TOPIC) is not None:
+        if self.ctx.catalog.get(GROUPS_TOPIC) is not None:
             return True
-        return self.r.make_internal_topic(GROUPS_TOPIC, 1, {"retention.ms": self.r.s.group_offsets_retention_ms}) is not None
+        return self.ctx.make_internal_topic(GROUPS_TOPIC, 1, {"retention.ms": self.ctx.s.group_offsets_retention_ms}) is not None
 
     def _write(self, g: Group, snapshot: dict[TP, int], done, deleted: bool = False) -> None:
         """Append the group's record; ``done(code, why)`` once it is durable (or failed)."""
@@ -273,14 +293,14 @@ class Coordinator:
         g.staged = dict(snapshot)
         value = msgspec.msgpack.encode(GroupRecord(g.name, [(t, p, o) for (t, p), o in sorted(snapshot.items())], deleted))
         batch = encode_batch([value], [g.name.encode()])
-        rid = self.r.next_internal_id()
+        rid = self.ctx.next_internal_id()
         self.pending[rid] = ["produce", time.monotonic(), 1, g, snapshot, done, batch]
         self._send_produce(rid, batch)
 
     def _send_produce(self, rid: int, batch: bytes) -> bool:
         topic = GROUPS_TOPIC.encode()
         header = P.encode(P.ProduceRequest(acks=P.Acks.DURABLE))
-        return self.r.send_internal(topic, 0, [P.pack_routing(P.Op.PRODUCE, 0, rid, topic), header, batch])
+        return self.ctx.send_internal(topic, 0, [P.pack_routing(P.Op.PRODUCE, 0, rid, topic), header, batch])
 
     def on_reply(self, rid: int, op: int, code: int, frames: list[bytes]) -> bool:
         """A worker's reply to an internal request of ours (False: not ours)."""
@@ -324,7 +344,7 @@ class Coordinator:
             for m in list(g.members.values()):
                 if now - m.last_seen > m.session_s:
                     self._remove(g, m, f"expired (no heartbeat for {m.session_s:.0f} s)")
-            if g.offsets and now - g.written_at > self.r.s.group_refresh_ms / 1000 and not any(it[3] is g for it in self.pending.values() if it[0] == "produce"):
+            if g.offsets and now - g.written_at > self.ctx.s.group_refresh_ms / 1000 and not any(it[3] is g for it in self.pending.values() if it[0] == "produce"):
                 if g.members or now - g.emptied_at < EMPTY_GROUP_KEEP_S:
                     self._write(g, dict(g.offsets), done=lambda code, why: None)
         self.stats.maybe_write(self.stats_parts)
@@ -335,7 +355,7 @@ class Coordinator:
         committed: dict[str, int] = {}
         for g in self.groups.values():
             for (topic, p), offset in g.offsets.items():
-                t = self.r.catalog.get(topic)
+                t = self.ctx.catalog.get(topic)
                 if t is not None and p < t.partitions:  # a deleted topic's offsets stay until the group goes
                     committed[label_key(t.slots[p], g.name)] = offset
         return {}, {"group_committed_offset": committed}, {}
@@ -343,10 +363,10 @@ class Coordinator:
     # --- reading the offsets back at start ---------------------------------------------------
     def _load_step(self) -> None:
         self.load_sent = time.monotonic()
-        self.load_rid = self.r.next_internal_id()
+        self.load_rid = self.ctx.next_internal_id()
         topic = GROUPS_TOPIC.encode()
         header = P.encode(P.FetchRequest(self.load_offset, max_bytes=LOAD_BYTES))
-        self.r.send_internal(topic, 0, [P.pack_routing(P.Op.FETCH, 0, self.load_rid, topic), header])
+        self.ctx.send_internal(topic, 0, [P.pack_routing(P.Op.FETCH, 0, self.load_rid, topic), header])
 
     def _on_load(self, code: int, frames: list[bytes]) -> None:
         if code == P.ErrorCode.OFFSET_OUT_OF_RANGE:  # retention took the start: go on from the log start

@@ -8,8 +8,9 @@ unless it answers again (Talos' delayed reassignment: a restart does not move an
 them (their partitions move off, idle ones first). Every move is a new owner epoch and an ADOPT
 sent to the new owner, which fences the old one before it appends.
 
-``WorkerLiveness`` is a part of ``Router`` (router/server.py): it reads the router's scheduler,
-routes, catalog and dealers and keeps the state below.
+The router holds one ``WorkerLiveness`` (router/server.py). It moves partitions through the
+placement (router/placement.py), talks to workers through their links (router/links.py) and
+feeds the traffic totals (router/traffic.py); it owns the worker count and the state below.
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ from __future__ import annotations
 import logging
 import time
 
-import zmq
-
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import store_worker_count
 from tailrace.client import protocol as P
 
+from .links import WorkerLinks
 from .load import LoadModel
+from .placement import Placement
 from .scheduler import Rebalancer
+from .traffic import Traffic
 
 log = logging.getLogger("tailrace.router")
 
@@ -36,7 +38,11 @@ _ping_dec = P.decoder(P.PingReply)
 
 
 class WorkerLiveness:
-    def __init__(self, s: settings_mod.Settings):
+    def __init__(self, s: settings_mod.Settings, count: int, placement: Placement, links: WorkerLinks, traffic: Traffic):
+        self.s = s
+        self.count = count  # workers 0..count-1 take partitions
+        self.placement, self.links, self.traffic = placement, links, traffic
+        self.scheduler, self.catalog = placement.scheduler, placement.catalog
         now = time.monotonic()
         self.last_pong: dict[int, float] = {w: now for w in range(self.count)}  # worker -> last heartbeat
         self.retiring: dict[int, float] = {}  # worker -> when it was told to retire (workers >= count)
@@ -60,7 +66,7 @@ class WorkerLiveness:
         self.maybe_spread()
         self.maybe_rebalance()
 
-    def _answering(self, w: int, now: float) -> bool:
+    def answering(self, w: int, now: float) -> bool:
         return w in self.seen and w not in self.down_since and now - self.last_pong.get(w, 0.0) < self.s.worker_timeout_ms / 1000
 
     # --- growing and shrinking the worker set ------------------------------------------------
@@ -79,7 +85,7 @@ class WorkerLiveness:
                 if w in self.seen and w not in self.down_since:
                     self.scheduler.mark_alive(w)
             elif w >= self.count:
-                self._connect(w)
+                self.links.connect(w)
                 self.scheduler.add_worker(w)
                 self.last_pong[w] = now
                 self.seen.discard(w)
@@ -93,26 +99,6 @@ class WorkerLiveness:
         self.count = n
         store_worker_count(self.s.data_dir, n)
         self.drain_retiring()
-
-    def _connect(self, w: int) -> None:
-        if w in self.dealers or self.ctx is None:
-            return
-        d = self.ctx.socket(zmq.DEALER)
-        d.setsockopt(zmq.IDENTITY, P.ROUTER_IDENTITY)
-        d.setsockopt(zmq.SNDHWM, 100_000)
-        d.setsockopt(zmq.RCVHWM, 100_000)
-        d.setsockopt(zmq.LINGER, 0)
-        if self.worker_keys is not None:  # --auth curve: the workers obey only the router's proven key
-            self.worker_keys.apply(d)
-        d.connect(self.s.worker_endpoint(w))
-        self.dealers[w] = d
-        self.poller.register(d, zmq.POLLIN)
-
-    def _disconnect(self, w: int) -> None:
-        d = self.dealers.pop(w, None)
-        if d is not None:
-            self.poller.unregister(d)
-            d.close(0)
 
     def drain_retiring(self) -> None:
         if not self.scheduler.alive:
@@ -130,7 +116,7 @@ class WorkerLiveness:
                 del self.retiring[w]
                 self.scheduler.forget(w)
                 self.traffic.forget(w)
-                self._disconnect(w)
+                self.links.disconnect(w)
                 self.last_pong.pop(w, None)
                 self.down_since.pop(w, None)
                 self.seen.discard(w)
@@ -140,7 +126,7 @@ class WorkerLiveness:
         if not self.spread_pending:
             return
         now = time.monotonic()
-        if not all(self._answering(w, now) for w in range(self.count)):
+        if not all(self.answering(w, now) for w in range(self.count)):
             return  # wait for every new worker's first heartbeat
         moves, balanced = self.scheduler.spread(self.load.busy)
         for slot, src, dst in moves:
@@ -196,18 +182,14 @@ class WorkerLiveness:
         if found is None:
             return
         topic, p = found
-        assign = P.ASSIGN.pack(slot, self._epoch())
-        self.routes[(topic.name.encode(), p)] = (dst, assign)
+        tb = topic.name.encode()
+        assign = self.placement.move(tb, p, slot, dst)
         self.moves.append((slot, src, dst))
         log.info("partition %s/%d (slot %d) moved from worker %d to worker %d", topic.name, p, slot, src, dst)
-        P.send_frames(self.dealers[dst], [b"", assign, P.pack_routing(P.Op.ADOPT, p, 0, topic.name.encode()), P.EMPTY_MAP])
-        self.told[(topic.name.encode(), p)] = assign
+        self.links.send(dst, [b"", assign, P.pack_routing(P.Op.ADOPT, p, 0, tb), P.EMPTY_MAP])
+        self.placement.told[(tb, p)] = assign
 
     def ping_workers(self) -> None:
-        for d in self.dealers.values():
-            try:  # a worker that is down queues pings up to the HWM; never block the loop on it
-                P.send_frames(d, [b"", b"\0" * P.ASSIGN.size, P.pack_routing(P.Op.PING, -1, 0, b""), P.EMPTY_MAP], P.NOBLOCK)
-            except zmq.Again:
-                pass
+        self.links.send_all([b"", b"\0" * P.ASSIGN.size, P.pack_routing(P.Op.PING, -1, 0, b""), P.EMPTY_MAP])
 
 

@@ -402,7 +402,7 @@ def test_every_numeric_option_is_range_checked_with_a_usage_error():
 def test_the_help_and_the_limits_agree_with_the_broker():
     from tailrace.broker.settings import Settings
     from tailrace.cli import MAX_PARTITIONS, MAX_SLOTS
-    from tailrace.router.server import MAX_PARTITIONS as ROUTER_MAX
+    from tailrace.router.topics import MAX_PARTITIONS as ROUTER_MAX
 
     assert (MAX_PARTITIONS, MAX_SLOTS) == (ROUTER_MAX, Settings(data_dir="").max_slots)
     for argv in (["topic", "create", "--help"], ["topic", "alter", "--help"]):

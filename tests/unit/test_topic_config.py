@@ -1,9 +1,9 @@
-"""Topic settings as the router takes them (router/server.py ``check_config``): Kafka's names,
+"""Topic settings as the router takes them (router/topics.py ``check_config``): Kafka's names,
 integers, -1 for no limit, ring.bytes at creation only, "" resets (alter only)."""
 
 from __future__ import annotations
 
-from tailrace.router.server import check_config
+from tailrace.router.topics import check_config
 
 
 def test_known_settings_become_integers_and_bad_ones_are_refused_whole():
