@@ -8,12 +8,8 @@ Some facts about Linux that this module depends on:
   children through fork and survives exec, so a child that keeps the descriptor holds the lock
   too. Converting a shared lock to exclusive (or back) is not atomic: the old lock is dropped
   first.
-- ``prctl(PR_SET_PDEATHSIG, sig)`` makes the kernel send ``sig`` to a process when the thread
-  that forked it dies, SIGKILL included. It is kept across execve (for non-setuid programs) and
-  cleared by fork. A process whose parent died *before* it asked is already orphaned and must
-  check for itself.
-- supervisord closes every descriptor above 2 in the programs it starts, and puts each in its
-  own process group, so a terminal's SIGINT or SIGHUP never reaches them.
+- A program dies with its supervisor and stops on signals (broker/lifetime.py: prctl's and
+  supervisord's facts).
 - A Unix socket path holds at most 107 bytes. Anybody may create a directory under /tmp, and a
   name derived from public facts (the data directory's path) can be created there first by
   another user, who then owns it and everything it admits.
@@ -41,18 +37,19 @@ What this means for us:
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import os
 import shutil
-import signal
 import stat
 import tempfile
 import time
 from pathlib import Path
 
 from tailrace.client.errors import TailraceError
+
+# a program's life (lifetime.py); stop_on_signals and pdeathsig_preexec are taken from here too
+from .lifetime import die_with_parent, holders, in_use_message, pdeathsig_preexec, stop_on_signals  # noqa: F401
 
 # --- every name under the data directory and the run directory -----------------------------
 #
@@ -292,7 +289,6 @@ def stats_file(run_dir: str, process: str) -> str:
 
 DEFAULT_DATA_MODE = 0o700
 UNIX_PATH_MAX = 107  # sun_path is 108 bytes with the terminating NUL
-PR_SET_PDEATHSIG = 1
 LOCK_POLL_S = 0.05
 
 
@@ -430,61 +426,6 @@ def clear_run_dir(run_dir: str, remove: bool) -> None:
                 pass
 
 
-# --- who holds a lock -------------------------------------------------------------------
-
-
-def holders(path: str | os.PathLike) -> list[int]:
-    """Pids of the live processes that have ``path`` open (from /proc; ours only, unless root)."""
-    target = os.path.realpath(path)
-    me, found = os.getpid(), []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == me:
-            continue
-        fd_dir = f"/proc/{pid}/fd"
-        try:
-            for fd in os.listdir(fd_dir):
-                try:
-                    if os.readlink(f"{fd_dir}/{fd}") == target:
-                        found.append(int(pid))
-                        break
-                except OSError:
-                    continue
-        except OSError:
-            continue
-    return sorted(found)
-
-
-def process_name(pid: int) -> str:
-    """``tailrace serve``, ``supervisord``, ``flusher``, ``worker 3``... from the command line."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return "?"
-    words = [a for a in argv if a]
-    for i, a in enumerate(words):
-        if a == "-m" and i + 1 < len(words):
-            mod = words[i + 1].rsplit(".", 1)[-1]
-            rest = words[i + 2:]
-            if mod == "worker" and "--id" in rest:
-                return f"worker {rest[rest.index('--id') + 1]}" if rest.index("--id") + 1 < len(rest) else "worker"
-            if mod in ("cli", "tailrace", "__main__") and "serve" in rest:
-                return "tailrace serve"
-            return "supervisord" if mod == "supervisord" else mod
-    if any(w.endswith("supervisord") for w in words[:2]):
-        return "supervisord"
-    if "serve" in words[1:3]:
-        return "tailrace serve"
-    return os.path.basename(words[0]) if words else "?"
-
-
-def in_use_message(data_dir, pids: list[int], what: str = "a running broker") -> str:
-    named = ", ".join(f"{p} ({process_name(p)})" for p in pids) or "unknown (they exited just now?)"
-    top = [p for p in pids if process_name(p) in ("tailrace serve", "supervisord")]
-    how = (f"stop it with `kill {top[0]}` (SIGTERM: a clean stop)" if top else
-           f"stop them with `kill {' '.join(map(str, pids))}` (SIGTERM: each stops cleanly)" if pids else "try again")
-    return f"data directory {data_dir} is in use by {what}: pids {named}; {how}"
-
-
 # --- the locks --------------------------------------------------------------------------
 
 
@@ -575,41 +516,6 @@ def claim_program(data_dir: str, role: str, wait_s: float = 2.0) -> Claim:
     return Claim(data_dir, [role_fd, broker_fd])
 
 
-# --- dying with the supervisor ------------------------------------------------------------
-
-
-def _prctl_pdeathsig(sig: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Ask the kernel for ``sig`` when our parent dies; if it died already, send it now.
-
-    Under supervisord (``SUPERVISOR_ENABLED``) the parent must be supervisord: a program whose
-    supervisord died while it was starting has been re-parented already."""
-    ppid = os.getppid()
-    _prctl_pdeathsig(sig)
-    orphaned = os.getppid() != ppid
-    if os.environ.get("SUPERVISOR_ENABLED") and process_name(os.getppid()) != "supervisord":
-        orphaned = True
-    if orphaned:
-        os.kill(os.getpid(), sig)
-
-
-def pdeathsig_preexec(parent_pid: int, sig: int = signal.SIGTERM):
-    """A ``preexec_fn`` for subprocess: the child gets ``sig`` when ``parent_pid`` dies."""
-
-    def preexec() -> None:
-        _prctl_pdeathsig(sig)
-        if os.getppid() != parent_pid:
-            os._exit(1)
-
-    return preexec
-
-
 EXIT_REFUSED = 6  # a program's exit code when the data or run directory is not its to use
 
 
@@ -628,14 +534,6 @@ def enter_program(settings, role: str, log) -> Claim | None:
             time.sleep(1.0)  # supervisord restarts an exited program at once: not in a tight loop
         return None
     return claim
-
-
-def stop_on_signals(stop: list) -> None:
-    """SIGTERM, SIGINT and SIGHUP ask for a clean stop (``stop`` gets an item); a second one
-    exits at once. SIGHUP too: the kernel sends it to a stopped program whose supervisor died
-    (an orphaned process group), and a program has no configuration to reload."""
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: stop.append(1) if not stop else os._exit(1))
 
 
 def leave_program(claim: Claim, own_files: tuple[str, ...] = ()) -> None:
