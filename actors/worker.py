@@ -116,7 +116,7 @@ class Worker:
                     P.Op.PING: ping.PingContext(worker_id, time.time_ns(), owned, table, self.traffic)}
         self.handlers = {op: (fn, contexts[op]) for op, fn in HANDLERS.items()}  # op -> (handler, its context)
         # for the metrics exporter (broker/stats.py): a dict add per request, never per record
-        self.stats = StatsFile(s.ipc_path(), f"worker-{worker_id}")
+        self.stats = StatsFile(s.ipc_path(), datadir.worker_role(worker_id))
         self.durations: dict[int, Histogram] = {}  # op -> service time of its requests
         self.current_op = -1  # the op of the request being handled, for its duration
         self.principal: str | None = None  # with --auth curve: who sent the request being handled
@@ -487,7 +487,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker-{args.id} %(levelname)s %(message)s")
     s = settings_mod.from_env()
-    claim = datadir.enter_program(s, f"worker-{args.id}", log)
+    claim = datadir.enter_program(s, datadir.worker_role(args.id), log)
     if claim is None:
         return datadir.EXIT_REFUSED
     stop: list = []
