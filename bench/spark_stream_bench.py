@@ -33,9 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
 from tailrace import Admin, Producer
 from tailrace.spark_bridge.offsets import from_json, progress_metrics
 
+MEMORY_STREAM = "tailrace_memory_stream"
 PARTS = ("latestOffset", "queryPlanning", "addBatch", "walCommit", "commitOffsets", "triggerExecution")
 
 
@@ -59,14 +62,82 @@ def produce_at_rate(bootstrap: str, topic: str, partitions: int, rate: int, seco
     done.value = n * batch
 
 
+class MemoryStreamReader(DataSourceStreamReader):
+    """The Python-source ceiling: the rows the tailrace source yields (same schema, same
+    ``to_record_batch``, same coalescing into tasks), made in the executor at ``rate`` rows/s
+    with row i due at start + i / rate (its timestamp, as the rate source's), no broker and no
+    producer. Against it, the gap to ``rate`` is Spark's cost of a Python source with these
+    rows; the gap from it to tailrace is the broker's and the producer's."""
+
+    def __init__(self, rate: int, partitions: int, size: int):
+        self.rate, self.partitions_n, self.size = rate, partitions, size
+        self.t0 = time.time()
+
+    def initialOffset(self):
+        return {"rows": 0}
+
+    def latestOffset(self, start=None, limit=None):
+        return {"rows": int((time.time() - self.t0) * self.rate)}
+
+    def partitions(self, start, end):
+        from tailrace.spark_bridge.offsets import OffsetRange, coalesce_ranges
+        from tailrace.spark_bridge.options import MIN_RECORDS_PER_PARTITION
+
+        a, b = start["rows"], end["rows"]
+        cuts = [a + (b - a) * i // self.partitions_n for i in range(self.partitions_n + 1)]
+        ranges = [OffsetRange("memory", p, x, y) for p, (x, y) in enumerate(zip(cuts, cuts[1:])) if y > x]
+        return [InputPartition((self.t0, self.rate, self.size, [tuple(r) for r in g]))
+                for g in coalesce_ranges(ranges, MIN_RECORDS_PER_PARTITION)]
+
+    def read(self, partition):
+        from tailrace.client.records import Columns
+        from tailrace.spark_bridge.arrow import to_record_batch
+
+        t0, rate, size, ranges = partition.value
+        for _topic, p, x, y in ranges:
+            n = y - x
+            values = _values(n * size)
+            cols = Columns(offsets=np.arange(x, y, dtype=np.int64),
+                           timestamps_us=((t0 + np.arange(x, y, dtype=np.float64) / rate) * 1e6).astype(np.int64),
+                           value_offsets=np.arange(n + 1, dtype=np.int32) * size, values=values,
+                           key_offsets=np.zeros(n + 1, dtype=np.int32), keys=np.zeros(0, np.uint8),
+                           key_valid=np.zeros(n, dtype=bool))
+            yield to_record_batch("memory", p, cols)
+
+
+_VALUES: list[np.ndarray] = []  # per Python worker: one value buffer, grown as needed, shared by every batch
+
+
+def _values(nbytes: int) -> np.ndarray:
+    if not _VALUES or len(_VALUES[0]) < nbytes:
+        _VALUES[:] = [np.frombuffer(bytes(range(256)) * (nbytes // 256 + 1), np.uint8)]
+    return _VALUES[0][:nbytes]
+
+
+class MemoryStreamSource(DataSource):
+    @classmethod
+    def name(cls):
+        return MEMORY_STREAM
+
+    def schema(self):
+        from tailrace.spark_bridge.arrow import SCHEMA
+
+        return SCHEMA
+
+    def streamReader(self, schema):
+        o = self.options
+        return MemoryStreamReader(int(o["rate"]), int(o["partitions"]), int(o["size"]))
+
+
 def tree_cpu_s(root: int) -> float:
     from tailrace.bench.spark_bench import tree_cpu_s as cpu
 
     return cpu(root)
 
 
-def latencies(out: Path, done_at: dict[int, float]) -> np.ndarray:
-    """Seconds from each sunk row's timestamp to its batch's write returning."""
+def latencies(out: Path, done_at: dict[int, float], since: float) -> np.ndarray:
+    """Seconds from each sunk row's timestamp to its batch's write returning, for the rows
+    stamped at or after ``since``."""
     import pyarrow.parquet as pq
 
     lat = []
@@ -76,6 +147,7 @@ def latencies(out: Path, done_at: dict[int, float]) -> np.ndarray:
             continue
         ts = pq.read_table(d, columns=["timestamp"]).column("timestamp")
         us = ts.cast("int64").to_numpy() if str(ts.type).startswith("timestamp[us") else ts.cast("timestamp[us]").cast("int64").to_numpy()
+        us = us[us >= since * 1e6]
         lat.append(t - us / 1e6)
     return np.concatenate(lat) if lat else np.zeros(0)
 
@@ -106,10 +178,14 @@ def run_one(spark, broker, args, source: str, rate: int, run_no: int, out_root: 
     if source == "rate":
         stream = (spark.readStream.format("rate").option("rowsPerSecond", rate)
                   .option("numPartitions", args.rate_partitions).load())
+    elif source == "memory":
+        stream = (spark.readStream.format(MEMORY_STREAM).option("rate", rate).option("partitions", args.partitions)
+                  .option("size", args.message_bytes).load())
     else:
         with Admin(broker.bootstrap) as a:
             a.create_topic(topic, args.partitions)
-        r = spark.readStream.format("tailrace").option("bootstrap", broker.bootstrap).option("topic", topic)
+        r = (spark.readStream.format("tailrace").option("bootstrap", broker.bootstrap).option("topic", topic)
+             .option("startingOffsets", "earliest"))
         for kv in args.option:
             k, v = kv.split("=", 1)
             r = r.option(k, v)
@@ -121,11 +197,29 @@ def run_one(spark, broker, args, source: str, rate: int, run_no: int, out_root: 
     load0 = os.getloadavg()[0]
     produced = None
     t_start = time.time()
-    if source == "rate":
-        time.sleep(args.seconds + 5)
+    if source in ("rate", "memory"):
+        # These make rows from the query's start: a new query's first batch (a fresh planner
+        # process, first imports) is slow and leaves a backlog, so the window opens once the
+        # first batch is written and that backlog has had 3 s to drain.
+        deadline = time.time() + 120
+        while not done_at and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(3)
+        t_start = time.time()
+        time.sleep(args.seconds)
         cpu_prod = 0.0
     else:
-        time.sleep(2)  # the query's first (empty) trigger has run
+        # Warm the query as the others are warmed: a trickle of records (stamped before the
+        # window, so left out) makes its first real batch (first imports and connections in the
+        # Python workers) happen before the producer starts.
+        with Producer(broker.bootstrap, acks="memory") as warm:
+            for part in range(args.partitions):
+                warm.send_batch(topic, [b"w" * args.message_bytes] * 10, partition=part)
+            warm.flush()
+        deadline = time.time() + 120
+        while not done_at and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(2)
         ctx = multiprocessing.get_context("spawn")
         n = ctx.Value("q", 0)
         p = ctx.Process(target=produce_at_rate, args=(broker.bootstrap, topic, args.partitions, rate, args.seconds,
@@ -138,7 +232,7 @@ def run_one(spark, broker, args, source: str, rate: int, run_no: int, out_root: 
         deadline = time.time() + 60
         while time.time() < deadline:
             sunk = sum(pr["numInputRows"] for pr in query.recentProgress)
-            if sunk >= produced:
+            if sunk >= produced + 10 * args.partitions:
                 break
             time.sleep(0.5)
     stopping.append(True)
@@ -146,9 +240,7 @@ def run_one(spark, broker, args, source: str, rate: int, run_no: int, out_root: 
     cpu_broker = tree_cpu_s(broker.proc.pid) - cpu_broker0
     cpu_all = tree_cpu_s(os.getpid()) - cpu_all0
     progress = [pr for pr in query.recentProgress if pr["numInputRows"] > 0]
-    lat = latencies(out, done_at)
-    if source == "rate":  # the rate source keeps generating: count what was due in the window
-        pass
+    lat = latencies(out, done_at, t_start)
     rows = len(lat)
     span = (max(done_at.values()) - t_start) if done_at else 1.0
     res = {
@@ -163,6 +255,7 @@ def run_one(spark, broker, args, source: str, rate: int, run_no: int, out_root: 
         "lag_max": max((lag(pr) or 0) for pr in progress) if progress else None,
         "cpu_broker_s": cpu_broker, "cpu_producer_s": cpu_prod, "cpu_all_s": cpu_all,
         "load": (load0 + os.getloadavg()[0]) / 2,
+        "per_batch": [(pr["numInputRows"], pr["durationMs"].get("triggerExecution", 0)) for pr in progress],
     }
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(checkpoint, ignore_errors=True)
@@ -197,9 +290,12 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1000, help="records per produce batch")
     ap.add_argument("--trigger", default="1 second")
     ap.add_argument("--rate-partitions", type=int, default=2, help="the rate source's numPartitions")
-    ap.add_argument("--sources", default="rate,tailrace")
+    ap.add_argument("--sources", default="rate,memory,tailrace",
+                    help="rate: Spark's rate source (the floor); memory: the same rows as tailrace from a Python "
+                         "source without the broker; tailrace")
     ap.add_argument("--option", action="append", default=[], help="a tailrace read option, name=value (repeatable)")
     ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--verbose", action="store_true", help="print each micro-batch's rows and duration")
     ap.add_argument("--json", help="append each run's result as a JSON line to this file")
     args = ap.parse_args()
 
@@ -224,6 +320,9 @@ def main() -> int:
     )
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(TailraceDataSource)
+    import tailrace.bench.spark_stream_bench as this  # by module name, so Python workers import it
+
+    spark.dataSource.register(this.MemoryStreamSource)
     results = []
     warm = argparse.Namespace(**{**vars(args), "seconds": 6})
     try:
@@ -235,6 +334,8 @@ def main() -> int:
                 for source in args.sources.split(","):
                     r = run_one(spark, broker, args, source, rate, run_no, out_root)
                     print(show(r), flush=True)
+                    if args.verbose:
+                        print("    per batch (rows, ms):", r["per_batch"], flush=True)
                     results.append(r)
                     if args.json:
                         with open(args.json, "a") as f:
@@ -256,8 +357,9 @@ def main() -> int:
                 m = row[source]
                 print(f"  {rate:>7,}/s {source:<8} {m['rows_per_s']:>9,.0f} rows/s p50 {m['p50']:.2f} s "
                       f"p99 {m['p99']:.2f} s max {m['max']:.2f} s micro-batch {m['batch']:.0f} ms")
-        if "rate" in row and "tailrace" in row:
-            print(f"  {rate:>7,}/s tailrace p99 / rate p99 = {row['tailrace']['p99'] / row['rate']['p99']:.2f}x")
+        for other in ("memory", "tailrace"):
+            if "rate" in row and other in row:
+                print(f"  {rate:>7,}/s {other} p99 / rate p99 = {row[other]['p99'] / row['rate']['p99']:.2f}x")
     return 0
 
 
