@@ -102,6 +102,12 @@ class Owned:
         actor = self.actors.pop(slot)
         out, code = self.out, P.ErrorCode.UNKNOWN_TOPIC
         for _end, frames, _due in actor.durable_waiters:
+            if not isinstance(frames, list):  # one partition of a PRODUCE_MULTI (actors/produce.py MultiPart)
+                frames = frames.settle(code, f"batch not durable: {why}")
+                if frames is not None:
+                    out.count(P.Op.PRODUCE_MULTI, P.ErrorCode.OK)
+                    out.port.send(frames)
+                continue
             out.count(P.Op.PRODUCE, code)
             out.port.send([*frames[:-2], with_code(frames[-2], code), P.encode(P.ErrorReply(f"batch not durable: {why}"))])
         for _deadline, ident, routing, _req, _who in actor.parked:

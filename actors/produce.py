@@ -31,6 +31,7 @@ STORAGE_FULL_MESSAGE = ("the journal's filesystem is fuller than disk_max_used_r
                         "(retriable; nothing was stored)")
 OFFSETS_TOPIC_BYTES = OFFSETS_TOPIC.encode()  # group commits are still taken when storage is full: a few bytes each
 _produce_dec = P.decoder(P.ProduceRequest)
+_multi_dec = P.decoder(P.ProduceMultiRequest)
 
 
 @dataclass(slots=True)
@@ -54,14 +55,37 @@ def produce(ctx: ProduceContext, ident, assign, topic, partition, rest, who, rep
     actor = ctx.owned.actor_for(assign, topic, partition, reply)
     if actor is None:
         return
+    code, message, base, count, t = _store(ctx, actor, topic, rest[2], req.acks)
+    if code != P.ErrorCode.OK:
+        return reply(code, P.ErrorReply(message))
+    hold_ms = 0
+    if ctx.throttle is not None and message != "duplicate":  # a retry is not charged twice
+        hold_ms = ctx.throttle.charge(who, quota.PRODUCE, len(rest[2]), time.monotonic())
+    if req.acks == P.Acks.NONE:
+        ctx.out.count(P.Op.PRODUCE, P.ErrorCode.OK)  # stored; nobody is answered (nor held)
+    elif req.acks == P.Acks.MEMORY:
+        head = P.pack_routing(P.Op.PRODUCE, partition, _request_id(rest[0]), topic)
+        ctx.out.count(P.Op.PRODUCE, P.ErrorCode.OK)
+        ctx.out.send_after([*ident, head, P.encode(P.ProduceReply(base, count, t, hold_ms))], hold_ms)
+    elif req.acks == P.Acks.DURABLE:
+        head = P.pack_routing(P.Op.PRODUCE, partition, _request_id(rest[0]), topic)
+        due = time.monotonic_ns() + hold_ms * 1_000_000 if hold_ms else 0
+        actor.durable_waiters.append((base + count, [*ident, head, P.encode(P.ProduceReply(base, count, t, hold_ms))], due))
+        ctx.turn.waiting_slots.add(actor.slot)
+        ctx.turn.durable_added = True
+
+
+def _store(ctx: ProduceContext, actor, topic: bytes, batch, acks: int):
+    """Append one batch to ``actor``'s ring and account for it: (code, message, base, count,
+    append time); the message is "duplicate" for a retried batch answered from before."""
     if ctx.header.storage_full and topic != OFFSETS_TOPIC_BYTES:  # the flusher's disk guard (persistence/diskguard.py)
-        return reply(P.ErrorCode.STORAGE_FULL, P.ErrorReply(STORAGE_FULL_MESSAGE))
-    code, message, base, count, t = actor.append(rest[2], ctx.max_batch_bytes, in_order=req.acks != P.Acks.NONE)
+        return P.ErrorCode.STORAGE_FULL, STORAGE_FULL_MESSAGE, -1, 0, 0
+    code, message, base, count, t = actor.append(batch, ctx.max_batch_bytes, in_order=acks != P.Acks.NONE)
     if code != P.ErrorCode.OK:
         if code == P.ErrorCode.BACKPRESSURE:
             ctx.turn.unkicked_bytes = KICK_MIN_BYTES  # a full ring: have the flusher drain it now
-        return reply(code, P.ErrorReply(message))
-    turn, traffic, slot, size = ctx.turn, ctx.traffic, actor.slot, len(rest[2])
+        return code, message, base, count, t
+    turn, traffic, slot, size = ctx.turn, ctx.traffic, actor.slot, len(batch)
     if turn.appended:
         turn.late.add(slot)  # readers are woken for it at the end of the turn
     else:  # the turn's first append wakes the readers now, before its ack goes (see Worker.wake_late)
@@ -73,21 +97,108 @@ def produce(ctx: ProduceContext, ident, assign, topic, partition, rest, who, rep
     traffic.totals[0] += count
     traffic.totals[1] += size
     turn.unkicked_bytes += size
+    return code, message, base, count, t
+
+
+def produce_multi(ctx: ProduceContext, ident, assign, topic, partition, rest, who, reply) -> None:
+    """PRODUCE_MULTI: each batch frame to its partition, one reply with every partition's outcome
+    (docs/PROTOCOL.md 4.1a). A partition's refusal (unknown, not hosted here, a full ring, storage
+    full, a sequence error) is its own; a durable request is answered once the sync covers every
+    batch of it that was stored."""
+    req = _multi_dec.decode(rest[1])
+    batches = rest[2:]
+    parts = req.partitions
+    if req.acks not in (P.Acks.NONE, P.Acks.MEMORY, P.Acks.DURABLE):
+        return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"acks={req.acks} must be 0 (none), 1 (memory) or 2 (durable)"))
+    if len(parts) != len(batches):
+        return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
+            f"header lists {len(parts)} partitions for {len(batches)} batch frames: one batch frame per partition"))
+    if len(set(parts)) != len(parts):
+        return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply("a partition is listed twice: one batch per partition"))
+    if assign is not None and len(assign) != P.ASSIGN.size * len(parts):
+        return reply(P.ErrorCode.MALFORMED, P.ErrorReply("bad assignment frame"))
+    results = []
+    stored = 0  # bytes stored, not retries: what a quota charges
+    durable = []  # (actor, end offset, index in results)
+    owned = ctx.owned
+    for i, p in enumerate(parts):
+        said = []
+        one_assign = None
+        if assign is not None:
+            one_assign = assign[i * P.ASSIGN.size:(i + 1) * P.ASSIGN.size]
+            slot, epoch = P.ASSIGN.unpack(one_assign)
+            if slot == P.NO_SLOT:  # the router's word: not this worker's (or not a partition at all)
+                results.append(P.PartitionOutcome(p, epoch, message=_NOT_ROUTED.get(epoch, "not routed to this worker")))
+                continue
+        actor = owned.actor_for(one_assign, topic, p, lambda code, body=None: said.append((code, body)))
+        if actor is None:
+            code, body = said[0]
+            results.append(P.PartitionOutcome(p, code, message=body.message if body is not None else ""))
+            continue
+        code, message, base, count, t = _store(ctx, actor, topic, batches[i], req.acks)
+        if code != P.ErrorCode.OK:
+            results.append(P.PartitionOutcome(p, code, message=message))
+            continue
+        if message != "duplicate":
+            stored += len(batches[i])
+        results.append(P.PartitionOutcome(p, P.ErrorCode.OK, base, count, t))
+        if req.acks == P.Acks.DURABLE:
+            durable.append((actor, base + count, i))
     hold_ms = 0
-    if ctx.throttle is not None and message != "duplicate":  # a retry is not charged twice
-        hold_ms = ctx.throttle.charge(who, quota.PRODUCE, size, time.monotonic())
+    if ctx.throttle is not None and stored:
+        hold_ms = ctx.throttle.charge(who, quota.PRODUCE, stored, time.monotonic())
+    out = ctx.out
     if req.acks == P.Acks.NONE:
-        ctx.out.count(P.Op.PRODUCE, P.ErrorCode.OK)  # stored; nobody is answered (nor held)
-    elif req.acks == P.Acks.MEMORY:
-        head = P.pack_routing(P.Op.PRODUCE, partition, _request_id(rest[0]), topic)
-        ctx.out.count(P.Op.PRODUCE, P.ErrorCode.OK)
-        ctx.out.send_after([*ident, head, P.encode(P.ProduceReply(base, count, t, hold_ms))], hold_ms)
-    elif req.acks == P.Acks.DURABLE:
-        head = P.pack_routing(P.Op.PRODUCE, partition, _request_id(rest[0]), topic)
-        due = time.monotonic_ns() + hold_ms * 1_000_000 if hold_ms else 0
-        actor.durable_waiters.append((base + count, [*ident, head, P.encode(P.ProduceReply(base, count, t, hold_ms))], due))
-        turn.waiting_slots.add(slot)
-        turn.durable_added = True
+        out.count(P.Op.PRODUCE_MULTI, P.ErrorCode.OK)  # stored what it could; nobody is answered
+        return
+    head = P.pack_routing(P.Op.PRODUCE_MULTI, partition, _request_id(rest[0]), topic)
+    if not durable:
+        out.count(P.Op.PRODUCE_MULTI, P.ErrorCode.OK)
+        out.send_after([*ident, head, P.encode(P.ProduceMultiReply(results, hold_ms))], hold_ms)
+        return
+    due = time.monotonic_ns() + hold_ms * 1_000_000 if hold_ms else 0
+    pending = MultiAck([*ident, head], results, len(durable), hold_ms)
+    turn = ctx.turn
+    for actor, end, i in durable:
+        actor.durable_waiters.append((end, MultiPart(pending, i), due))
+        turn.waiting_slots.add(actor.slot)
+    turn.durable_added = True
+
+
+_NOT_ROUTED = {P.ErrorCode.UNKNOWN_PARTITION: "unknown partition",
+               P.ErrorCode.NOT_OWNER: "another worker owns this partition: send its batch in a request to that worker"}
+
+
+class MultiAck:
+    """A durable PRODUCE_MULTI's reply while its batches wait for the sync: sent when the last
+    of them is settled (synced, or failed: its outcome's code says so)."""
+
+    __slots__ = ("prefix", "results", "waiting", "hold_ms")
+
+    def __init__(self, prefix: list, results: list, waiting: int, hold_ms: int):
+        self.prefix, self.results, self.waiting, self.hold_ms = prefix, results, waiting, hold_ms
+
+
+class MultiPart:
+    """One partition's place in a ``MultiAck``: what a durable waiter holds in place of reply
+    frames (``release_durable``, ``Owned.drop_actor``)."""
+
+    __slots__ = ("ack", "index")
+
+    def __init__(self, ack: MultiAck, index: int):
+        self.ack, self.index = ack, index
+
+    def settle(self, code: int = P.ErrorCode.OK, message: str = "") -> list | None:
+        """This partition is synced (or failed with ``code``): the reply's frames once it was
+        the last one waiting, else None."""
+        ack = self.ack
+        if code != P.ErrorCode.OK:
+            r = ack.results[self.index]
+            r.code, r.base_offset, r.record_count, r.message = code, -1, 0, message
+        ack.waiting -= 1
+        if ack.waiting:
+            return None
+        return [*ack.prefix, P.encode(P.ProduceMultiReply(ack.results, ack.hold_ms))]
 
 
 def release_durable(ctx: ProduceContext) -> None:
@@ -106,6 +217,17 @@ def release_durable(ctx: ProduceContext) -> None:
         q = actor.durable_waiters
         while q and (q[0][0] <= durable or failed):
             end, frames, due = q.popleft()
+            if type(frames) is MultiPart:  # one partition of a PRODUCE_MULTI: its reply waits for the last
+                frames = (frames.settle() if end <= durable else
+                          frames.settle(P.ErrorCode.STORAGE_UNAVAILABLE, "journal cannot be written; batch not durable"))
+                if frames is None:
+                    continue
+                out.count(P.Op.PRODUCE_MULTI, P.ErrorCode.OK)
+                if due:
+                    out.hold_until(due, frames)
+                else:
+                    out.port.send(frames)
+                continue
             if end > durable:  # storage failed before this batch was synced
                 frames = frames[:-2] + [with_code(frames[-2], P.ErrorCode.STORAGE_UNAVAILABLE),
                                         P.encode(P.ErrorReply("journal cannot be written; batch not durable"))]

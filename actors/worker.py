@@ -70,9 +70,10 @@ CATALOG_CHECK_S = 0.25  # how often the catalog is checked for deleted topics (o
 ENVELOPE = Envelope("worker")
 # op -> handler, one per SPEC row a worker serves; each takes (its context, ident, assign, topic,
 # partition, frames from the routing header on, principal, reply)
-HANDLERS = {P.Op.PRODUCE: produce.produce, P.Op.FETCH: fetch.fetch, P.Op.LIST_OFFSETS: offsets.list_offsets,
+HANDLERS = {P.Op.PRODUCE: produce.produce, P.Op.PRODUCE_MULTI: produce.produce_multi, P.Op.FETCH: fetch.fetch, P.Op.LIST_OFFSETS: offsets.list_offsets,
             P.Op.WATCH: watch.watch, P.Op.PING: ping.ping, P.Op.ADOPT: adopt.adopt}
 _SERVED = {row.op for row in ops.SPEC if row.served in ops.AT_WORKER}
+MANY = frozenset(row.op for row in ops.SPEC if row.many)  # the assign frame holds one entry per batch frame
 assert set(HANDLERS) == _SERVED, f"worker handlers {sorted(HANDLERS)} != ops a worker serves {sorted(_SERVED)} (client/ops.py)"
 
 
@@ -111,7 +112,7 @@ class Worker:
                                                   self.watchers, throttle)
         self.fetch_ctx = fetch.FetchContext(owned, self.out, self.traffic, self.turn, throttle, reader)
         self.offsets_ctx = offsets.OffsetsContext(self.catalog, table, s.data_dir, self.journal, s.instance)
-        contexts = {P.Op.PRODUCE: self.produce_ctx, P.Op.FETCH: self.fetch_ctx, P.Op.LIST_OFFSETS: self.offsets_ctx,
+        contexts = {P.Op.PRODUCE: self.produce_ctx, P.Op.PRODUCE_MULTI: self.produce_ctx, P.Op.FETCH: self.fetch_ctx, P.Op.LIST_OFFSETS: self.offsets_ctx,
                     P.Op.WATCH: self.watchers, P.Op.ADOPT: owned,
                     P.Op.PING: ping.PingContext(worker_id, time.time_ns(), owned, table, self.traffic)}
         self.handlers = {op: (fn, contexts[op]) for op, fn in HANDLERS.items()}  # op -> (handler, its context)
@@ -161,9 +162,6 @@ class Worker:
     def _handle(self, frames: list[bytes]) -> None:
         if frames[0] == P.ROUTER_IDENTITY and len(frames) >= 4:
             ident, assign, rest = frames[:2], frames[2], frames[3:]
-            if len(assign) > P.ASSIGN.size:  # the router's word for who the client is (see the top)
-                self.principal = bytes(assign[P.ASSIGN.size:]).decode("utf-8", "replace")
-                assign = assign[:P.ASSIGN.size]
         else:
             ident, assign, rest = frames[:1], None, frames[1:]
         try:
@@ -174,6 +172,11 @@ class Worker:
                 P.ErrorReply(f"first frame must be a {P.ROUTING_BYTES}-byte routing header"))])
             return
         self.current_op = op
+        if assign is not None:  # one 12-byte entry (one per batch frame for a many-partition op), then who the client is
+            size = P.ASSIGN.size * (len(rest) - 2 if op in MANY else 1)
+            if len(assign) > size:  # the router's word for who the client is (see the top)
+                self.principal = bytes(assign[size:]).decode("utf-8", "replace")
+                assign = assign[:size]
 
         def reply(code, body=None, extra=()):
             if op != P.Op.PING:  # the router's heartbeats are not counted

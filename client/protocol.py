@@ -53,6 +53,7 @@ class Op(enum.IntEnum):
     FETCH = 2
     LIST_OFFSETS = 3
     WATCH = 4  # same host only: ring a client's doorbell when partitions it reads from the rings move (section 8d)
+    PRODUCE_MULTI = 5  # one batch for each of many partitions of one topic owned by one worker (section 4.1a)
     CREATE_TOPIC = 10
     LIST_TOPICS = 11
     DESCRIBE_TOPIC = 12
@@ -204,6 +205,38 @@ class ProduceReply(msgspec.Struct):
     base_offset: int
     record_count: int
     append_time_us: int
+    throttle_ms: int = 0  # how long the broker held this reply back: the client is over its quota
+
+
+# PRODUCE_MULTI (docs/PROTOCOL.md 4.1a): frame 1 names the partitions, frames 2.. carry one record
+# batch each, in that order; the reply holds one outcome per partition, in the same order. One
+# partition's error never fails its neighbours; a durable request is answered once the fsync covers
+# every batch of it that was stored.
+MAX_REQUEST_PARTITIONS = 4096  # partitions (batch frames) one multi-partition request may carry
+NO_SLOT = 0xFFFF_FFFF  # router -> worker, in a multi-partition assign entry: not routed to you; the epoch field is the code
+
+
+class ProduceMultiRequest(msgspec.Struct, omit_defaults=True):
+    partitions: list[int]  # the partition of each batch frame, in frame order; no partition twice
+    acks: int = Acks.MEMORY
+    timeout_ms: int = 30_000
+
+
+class PartitionOutcome(msgspec.Struct, array_like=True):
+    """One partition's outcome in a multi-partition reply: a msgpack array
+    ``[partition, code, base_offset, record_count, append_time_us, message]``; ``code`` 0 is
+    stored (base_offset..base_offset+record_count-1; a retried batch answers its first
+    storing), else an ErrorCode whose meaning is the single-partition op's, with ``message``."""
+    partition: int
+    code: int
+    base_offset: int = -1
+    record_count: int = 0
+    append_time_us: int = 0
+    message: str = ""
+
+
+class ProduceMultiReply(msgspec.Struct):
+    results: list[PartitionOutcome]
     throttle_ms: int = 0  # how long the broker held this reply back: the client is over its quota
 
 

@@ -55,6 +55,7 @@ EXIT_OK = 0
 
 # the routing-header checks of every client request (broker/envelope.py, over client/ops.py's SPEC)
 ENVELOPE = Envelope("router")
+_many_dec = P.decoder(P.ProduceMultiRequest)  # forward_many reads the partition list, nothing else
 
 Handler = Callable[[Request], None]
 
@@ -115,6 +116,9 @@ class Router:
                P.Op.DESCRIBE_TOPIC: self.asks.ask}
         self.handlers = dispatch_table(own, {ops.OWNER: self.forward, ops.ANY_WORKER: self.asks.ask,
                                              ops.COORDINATOR: self.groups.serve})
+        for row in ops.SPEC:  # a many-partition op names its partitions in its header (one assign per batch)
+            if row.many:
+                self.handlers[row.op] = self.forward_many
 
     # --- front door ----------------------------------------------------------------------
     def on_client(self, frames: list[bytes], principal: str | None = None) -> None:
@@ -166,6 +170,37 @@ class Router:
         self.placement.told[(req.topic, req.partition)] = assign
         # with --auth curve the owner hears who the client is (its quotas, broker/quota.py)
         said = assign if req.principal is None else assign + req.principal.encode()
+        self.links.send(worker, [req.ident, said, *req.frames[1:]])
+
+    def forward_many(self, req: Request) -> None:
+        """The handler of the many-partition OWNER rows (PRODUCE_MULTI): to the owner of its first
+        partition, with one assign entry per batch; a partition that worker does not own gets
+        ``NO_SLOT`` and its code (UNKNOWN_PARTITION, NOT_OWNER), which the worker answers for it.
+        The header is decoded for its partition list only; the batches are not read."""
+        parts = _many_dec.decode(req.frames[2]).partitions
+        if len(parts) != len(req.frames) - 3:  # the worker checks the rest (acks, a partition twice)
+            return req.reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
+                f"header lists {len(parts)} partitions for {len(req.frames) - 3} batch frames: one batch frame per partition"))
+        routes = [self.placement.route(req.topic, p) for p in parts]
+        first = next((r for r in routes if r is not None), None)
+        if first is None:
+            code = P.ErrorCode.UNKNOWN_TOPIC if self.catalog.get(req.name) is None else P.ErrorCode.UNKNOWN_PARTITION
+            return req.reply(code, P.ErrorReply(f"unknown topic or partitions: topic={req.name!r} partitions={parts[:8]}"))
+        worker = first[0]
+        entries = []
+        told = self.placement.told
+        for p, r in zip(parts, routes):
+            if r is None:
+                entries.append(P.ASSIGN.pack(P.NO_SLOT, P.ErrorCode.UNKNOWN_PARTITION))
+            elif r[0] != worker:
+                entries.append(P.ASSIGN.pack(P.NO_SLOT, P.ErrorCode.NOT_OWNER))
+            else:
+                entries.append(r[1])
+                told[(req.topic, p)] = r[1]
+        self.forwarded += 1
+        said = b"".join(entries)
+        if req.principal is not None:
+            said += req.principal.encode()
         self.links.send(worker, [req.ident, said, *req.frames[1:]])
 
     # --- the router's own requests (the group coordinator's, offsets questions) -----------
