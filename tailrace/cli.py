@@ -6,27 +6,31 @@ and SIGHUP (which stop a command as Ctrl-C does: a group consumer leaves its gro
 serve`` adds its own: 3 the data directory belongs to a live broker, 4 the run directory is not
 private, 5 supervisord was killed. ``TAILRACE_DEBUG=1`` prints the traceback of an unexpected
 error.
+
+Here: the parser (every command, option and help text), serve, workers, status and main. The
+other commands live in console.py (produce, consume), admin_commands.py (topic, groups),
+access_commands.py (keys, acl, quota) and top.py; tables.py prints what they show.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
-from tailrace import console
+from tailrace import access_commands, admin_commands, console
+from tailrace.access_commands import data_dir_of
+from tailrace.admin_commands import open_admin, security
 from tailrace.broker import acl as acl_mod
-from tailrace.broker import quota as quota_mod
 from tailrace.broker import auth as auth_mod
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import stored_worker_count
-from tailrace.client.admin import Admin
 from tailrace.client.connection import DEFAULT_BOOTSTRAP, parse_bootstrap
 from tailrace.client.errors import BootstrapError, TailraceError
 
 from tailrace.console import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from tailrace.ops import running, scaling, serve
+from tailrace.tables import human_bytes, human_rate, print_json, print_table
 
 _DEFAULTS = settings_mod.Settings(data_dir="")  # the settings' defaults, for the help texts
 ENV_BOOTSTRAP = "TAILRACE_BOOTSTRAP"
@@ -40,22 +44,9 @@ MAX_SLOTS = _DEFAULTS.max_slots  # partitions of all topics together
 MS_MAX = (1 << 31) - 1  # a timeout in ms: ZeroMQ's and poll's are C ints
 
 
-def _data_dir(args) -> str:
-    return os.path.realpath(args.data_dir) if args.data_dir else os.path.realpath(os.environ.get("TAILRACE_DATA_DIR", "./data"))
-
-
-def security(args) -> dict:
-    """``--key-file`` and ``--server-key`` as client options (client/security.py)."""
-    return {"key_file": args.key_file, "server_key": args.server_key}
-
-
-def _admin(args) -> Admin:
-    return Admin(args.bootstrap, connect_timeout_ms=args.connect_timeout_ms, **security(args))
-
-
 # --- serve -------------------------------------------------------------------------------------
 def cmd_serve(args) -> int:
-    data_dir = _data_dir(args)
+    data_dir = data_dir_of(args)
     try:
         s = settings_mod.from_env(
             data_dir=data_dir,
@@ -91,111 +82,6 @@ def cmd_serve(args) -> int:
     return serve.run(s, env, argv, default_run_dir)
 
 
-# --- topics --------------------------------------------------------------------------------------
-def print_table(headers: list[str], rows: list[list], title: str | None = None) -> None:
-    """A plain table with a header row (rich; no colour when stdout is not a terminal)."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(*headers, box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False, show_edge=False)
-    for r in rows:
-        t.add_row(*(str(c) for c in r))
-    Console(soft_wrap=True, width=None if sys.stdout.isatty() else 1000).print(t)
-
-
-def print_json(doc) -> None:
-    print(json.dumps(doc, indent=2, default=str))
-
-
-def _struct(o) -> dict:
-    import msgspec
-
-    return msgspec.to_builtins(o)
-
-
-def _config(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
-    if not sep or not name.strip():
-        raise argparse.ArgumentTypeError(f"{text!r}: NAME=VALUE, e.g. retention.ms=86400000")
-    return name.strip(), value.strip()
-
-
-def cmd_topic(args) -> int:
-    with _admin(args) as admin:
-        if args.topic_cmd == "create":
-            info = admin.create_topic(args.name, args.partitions, args.ring_bytes, dict(args.config))
-            if args.json:
-                print_json(_struct(info))
-            else:
-                print(f"created topic {info.name} with {info.partitions} partitions (id {info.topic_id})")
-        elif args.topic_cmd == "alter":
-            if args.partitions is None and not args.config:
-                print("tailrace topic alter: give --partitions N and/or --config NAME=VALUE", file=sys.stderr)
-                return EXIT_USAGE
-            before = next((t.partitions for t in admin.list_topics() if t.name == args.name), None)
-            if args.config:
-                info = admin.alter_configs(args.name, dict(args.config))
-            if args.partitions is not None:
-                info = admin.create_partitions(args.name, args.partitions)
-            if args.json:
-                print_json(_struct(info))
-            else:
-                if args.partitions is not None:
-                    print(f"topic {info.name} now has {info.partitions} partitions (had {before}); keys may map to other "
-                          "partitions from now on")
-                if args.config:
-                    print(f"topic {info.name} settings: " + ", ".join(f"{k}={v}" for k, v in sorted(info.config.items())))
-        elif args.topic_cmd == "delete":
-            info = admin.delete_topic(args.name)
-            if args.json:
-                print_json(_struct(info))
-            else:
-                print(f"deleted topic {info.name} ({info.partitions} partitions, id {info.topic_id})")
-        elif args.topic_cmd == "list":
-            topics = admin.list_topics(internal=args.internal)
-            if args.json:
-                print_json([_struct(t) for t in topics])
-            else:
-                print_table(["topic", "partitions", "ring bytes", "id"],
-                            [[t.name, t.partitions, _bytes(t.ring_bytes), t.topic_id] for t in topics])
-        elif args.topic_cmd == "describe":
-            d = admin.describe_topic(args.name)
-            if args.json:
-                doc = _struct(d)
-                for p in doc["partitions"]:  # the broker's internal addresses are not the user's business
-                    for k in ("endpoint", "local_endpoint", "slot", "adopted"):
-                        p.pop(k, None)
-                print_json({"topic": doc["topic"], "partitions": doc["partitions"]})
-            else:
-                print_table(["partition", "worker", "log start", "high watermark", "durable watermark", "ring use", "bytes"],
-                            [[p.partition, p.worker, p.log_start_offset, p.high_watermark, p.durable_watermark,
-                              _ring_use(p, d.topic.ring_bytes), _bytes(getattr(p, "appended_bytes", 0))] for p in d.partitions],
-                            title=f"topic {d.topic.name}: {d.topic.partitions} partitions, ring {_bytes(d.topic.ring_bytes)} each"
-                                  + "".join(f", {k}={v}" for k, v in sorted(d.topic.config.items()) if k != "ring.bytes"))
-    return EXIT_OK
-
-
-def _ring_use(p, ring_bytes: int) -> str:
-    return f"{100 * getattr(p, 'ring_unflushed_bytes', 0) / ring_bytes:.0f}%" if ring_bytes else "-"
-
-
-def _bytes(n) -> str:
-    n = float(n or 0)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-
-
-def _rate(n) -> str:
-    n = float(n or 0)
-    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= div:
-            return f"{n / div:.1f}{unit}"
-    return f"{n:.0f}"
-
-
 # --- produce / consume ---------------------------------------------------------------------------
 def cmd_produce(args) -> int:
     return console.produce(args)
@@ -205,76 +91,6 @@ def cmd_consume(args) -> int:
     return console.consume(args)
 
 
-# --- consumer groups -----------------------------------------------------------------------------
-def group_lag(admin, group: str) -> tuple[object, list[dict]]:
-    """The group and one row per partition of its topics: member, committed offset, high
-    watermark, lag (None without a committed offset), as ``groups describe`` shows them."""
-    info = admin.describe_group(group)
-    committed = {(t, p): o for t, p, o in info.offsets}
-    holder = {}
-    for m in info.members:
-        for t, p in m.assignment:
-            holder.setdefault((t, p), m.member_id)
-        for t, p in m.owned:
-            holder[(t, p)] = m.member_id  # who holds it now wins over who will
-    topics = sorted({t for t, _p in committed} | {t for m in info.members for t in m.topics})
-    rows = []
-    for t in topics:
-        try:
-            offsets = admin.list_offsets(t)
-        except TailraceError:  # deleted since: its committed offsets stay until the group goes
-            offsets = []
-        for po in offsets:
-            c = committed.get((t, po.partition))
-            rows.append({"topic": t, "partition": po.partition, "member": holder.get((t, po.partition)),
-                         "committed": c, "high_watermark": po.high_watermark,
-                         "lag": None if c is None else max(0, po.high_watermark - c)})
-    return info, rows
-
-
-def cmd_groups(args) -> int:
-    with _admin(args) as admin:
-        if args.groups_cmd == "list":
-            groups = admin.list_groups()
-            if args.json:
-                print_json([{"group": g.group, "state": g.state, "epoch": g.epoch} for g in groups])
-            else:
-                print_table(["group", "state", "epoch"], [[g.group, g.state, g.epoch] for g in groups])
-        elif args.groups_cmd == "describe":
-            info, rows = group_lag(admin, args.group)
-            if args.json:
-                print_json({"group": info.group, "state": info.state, "epoch": info.epoch,
-                            "members": [_struct(m) for m in info.members], "partitions": rows})
-            else:
-                print_table(["topic", "partition", "member", "committed", "high watermark", "lag"],
-                            [[r["topic"], r["partition"], (r["member"] or "-")[:12], "-" if r["committed"] is None else r["committed"],
-                              r["high_watermark"], "-" if r["lag"] is None else r["lag"]] for r in rows],
-                            title=f"group {info.group}: {info.state}, {len(info.members)} members, epoch {info.epoch}")
-        elif args.groups_cmd == "reset-offsets":
-            offsets = admin.list_offsets(args.topic)
-            to = args.to
-            new = {(args.topic, po.partition): po.log_start_offset if to == "earliest" else po.high_watermark if to == "latest"
-                   else int(to) for po in offsets}
-            done = admin.reset_offsets(args.group, new)
-            if args.json:
-                print_json([{"topic": t, "partition": p, "offset": o} for (t, p), o in sorted(done.items())])
-            else:
-                print(f"group {args.group}: {args.topic} reset to {to} in {len(done)} partitions")
-        else:  # delete
-            admin.delete_group(args.group)
-            if not args.json:
-                print(f"deleted group {args.group}")
-    return EXIT_OK
-
-
-def _reset_to(text: str) -> str:
-    if text in ("earliest", "latest"):
-        return text
-    if text.isdigit():
-        return str(console.int_at_least(0, "an offset")(text))  # an offset is an int64
-    raise argparse.ArgumentTypeError(f"{text!r}: earliest, latest or an offset")
-
-
 # --- workers and status --------------------------------------------------------------------------
 def run_settings(args) -> settings_mod.Settings:
     """The settings of the broker ``args`` name, for a command that talks to its run directory.
@@ -282,9 +98,9 @@ def run_settings(args) -> settings_mod.Settings:
     ``--bootstrap`` reports. The run directory: ``--ipc-dir``, else ``$TAILRACE_IPC_DIR``, else the
     one the live broker on that data directory was started with (ops/running.py), else the default."""
     if args.data_dir or os.environ.get("TAILRACE_DATA_DIR"):
-        data_dir = _data_dir(args)
+        data_dir = data_dir_of(args)
     else:
-        with _admin(args) as admin:
+        with open_admin(args) as admin:
             data_dir = admin.status()["data_dir"]
     live = running.live_settings(data_dir)
     ipc_dir = args.ipc_dir or os.environ.get("TAILRACE_IPC_DIR") or (live.ipc_path() if live is not None else None)
@@ -298,7 +114,7 @@ def cmd_workers(args) -> int:
                                      log=lambda m: print(m, file=sys.stderr), connect_timeout_ms=args.connect_timeout_ms,
                                      **security(args))
     else:
-        with _admin(args) as admin:
+        with open_admin(args) as admin:
             status = admin.status()
     if args.json:
         print_json(status["workers"])
@@ -321,7 +137,7 @@ def _disk_line(st: dict) -> str:
 
 
 def cmd_status(args) -> int:
-    with _admin(args) as admin:
+    with open_admin(args) as admin:
         st = admin.status()
     if args.json:
         print_json(st)
@@ -331,104 +147,20 @@ def cmd_status(args) -> int:
     rates = st.get("rates") or {}
     lines = [
         ("broker", f"{st['bind']}  pid {st['pid']}  up {up // 86400}d {up % 86400 // 3600:02d}h {up % 3600 // 60:02d}m {up % 60:02d}s"),
-        ("data", f"{st['data_dir']}  journal {_bytes(st.get('journal_bytes'))} on disk"),
+        ("data", f"{st['data_dir']}  journal {human_bytes(st.get('journal_bytes'))} on disk"),
         ("disk", _disk_line(st)),
         ("workers", f"{st['worker_count']} ({alive} answering)"),
         ("topics", f"{st['topics']}, {st['partitions']} partitions"),
-        ("messages", f"in {st.get('records_in', 0):,} ({_rate(rates.get('records_in'))}/s)  "
-                     f"out {st.get('records_out', 0):,} ({_rate(rates.get('records_out'))}/s)  "
+        ("messages", f"in {st.get('records_in', 0):,} ({human_rate(rates.get('records_in'))}/s)  "
+                     f"out {st.get('records_out', 0):,} ({human_rate(rates.get('records_out'))}/s)  "
                      f"not yet durable {st.get('unflushed_records', 0):,}"),
-        ("bytes", f"in {_bytes(st.get('bytes_in'))} ({_bytes(rates.get('bytes_in'))}/s)  "
-                  f"out {_bytes(st.get('bytes_out'))} ({_bytes(rates.get('bytes_out'))}/s)"),
-        ("shm", f"{_bytes(st.get('shm_used_bytes'))} of the {_bytes(st.get('shm_budget_bytes'))} budget in rings"),
+        ("bytes", f"in {human_bytes(st.get('bytes_in'))} ({human_bytes(rates.get('bytes_in'))}/s)  "
+                  f"out {human_bytes(st.get('bytes_out'))} ({human_bytes(rates.get('bytes_out'))}/s)"),
+        ("shm", f"{human_bytes(st.get('shm_used_bytes'))} of the {human_bytes(st.get('shm_budget_bytes'))} budget in rings"),
     ]
     width = max(len(k) for k, _ in lines)
     for k, v in lines:
         print(f"{k.ljust(width)}  {v}")
-    return EXIT_OK
-
-
-def cmd_keys(args) -> int:
-    try:
-        public, secret = auth_mod.generate_keys(args.dir, args.name)
-    except (FileExistsError, ValueError) as exc:
-        print(f"tailrace keys: {exc}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_ERROR
-    print(f"public key  {public}   (copy it into the broker's allow-list directory)")
-    print(f"secret key  {secret}   (mode 0600: give it to the client as --key-file / key_file=)")
-    return EXIT_OK
-
-
-def cmd_acl(args) -> int:
-    data_dir = _data_dir(args)
-    if args.acl_cmd == "list":
-        rules = acl_mod.read_rules(data_dir)
-        if args.json:
-            print_json([_struct(r) for r in rules])
-        else:
-            print_table(["principal", "topics", "operations"],
-                        [[r.principal, "all" if r.pattern == acl_mod.ALL_TOPICS else
-                          (f"{r.pattern}*" if r.match == "prefix" else r.pattern), ",".join(r.ops)] for r in rules],
-                        title=f"{len(rules)} rules" + ("" if rules else " (authorization off: every allowed key may do everything)"))
-        return EXIT_OK
-    if (args.topic is None) == (args.prefix is None):
-        print("tailrace acl: give one of --topic NAME (or *) and --prefix PREFIX", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        rule = acl_mod.check_rule(args.principal, args.topic if args.topic is not None else args.prefix,
-                                  "exact" if args.topic is not None else "prefix", args.ops.split(","))
-    except ValueError as exc:
-        print(f"tailrace acl: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    changed = (acl_mod.add_rule if args.acl_cmd == "add" else acl_mod.remove_rule)(data_dir, rule)
-    what = {"add": ("added", "already there"), "remove": ("removed", "not there")}[args.acl_cmd][0 if changed else 1]
-    print(f"{what}: {rule.principal} {','.join(rule.ops)} on {rule.pattern}{'*' if rule.match == 'prefix' and rule.pattern != '*' else ''}"
-          f" ({acl_enforcement(data_dir)})", file=sys.stderr)
-    return EXIT_OK
-
-
-def acl_enforcement(data_dir: str) -> str:
-    """Whether the rules just written are enforced: ACLs name the principals CurveZMQ
-    authenticates, so a broker without ``--auth curve`` stores them and checks nothing."""
-    live = running.live_settings(data_dir)
-    if live is None:
-        return f"stored; enforced only while a broker runs on {data_dir} with --auth curve (none runs there now)"
-    if live.auth != "curve":
-        return "stored; not enforced: the broker runs without --auth curve (ACLs need it)"
-    return "the broker applies it within a second"
-
-
-def cmd_quota(args) -> int:
-    data_dir = _data_dir(args)
-    if args.quota_cmd == "list":
-        quotas = quota_mod.read_quotas(data_dir)
-        if args.json:
-            print_json([_struct(q) for q in quotas])
-        else:
-            rate = lambda n: f"{n:,} B/s" if n else "unlimited"  # noqa: E731
-            print_table(["principal", "producer_byte_rate", "consumer_byte_rate"],
-                        [[q.principal + (" (default)" if q.principal == quota_mod.DEFAULT else ""),
-                          rate(q.producer_byte_rate), rate(q.consumer_byte_rate)] for q in quotas],
-                        title=f"{len(quotas)} quotas")
-        return EXIT_OK
-    if args.quota_cmd == "remove":
-        gone = quota_mod.remove_quota(data_dir, args.principal)
-        print(f"{'removed' if gone else 'no quota for'} {args.principal}", file=sys.stderr)
-        return EXIT_OK
-    if args.producer_byte_rate is None and args.consumer_byte_rate is None:
-        print("tailrace quota set: give --producer-byte-rate and/or --consumer-byte-rate", file=sys.stderr)
-        return EXIT_USAGE
-    old = next((q for q in quota_mod.read_quotas(data_dir) if q.principal == args.principal), None)
-    try:
-        new = quota_mod.Quota(args.principal,
-                              args.producer_byte_rate if args.producer_byte_rate is not None else (old.producer_byte_rate if old else 0),
-                              args.consumer_byte_rate if args.consumer_byte_rate is not None else (old.consumer_byte_rate if old else 0))
-        quota_mod.set_quota(data_dir, new)
-    except ValueError as exc:
-        print(f"tailrace quota: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    print(f"{new.principal}: produce {new.producer_byte_rate or 'unlimited'} B/s, fetch {new.consumer_byte_rate or 'unlimited'} B/s"
-          " (the broker applies it within a second)", file=sys.stderr)
     return EXIT_OK
 
 
@@ -472,6 +204,21 @@ _retention = console.int_at_least(-1)
 _ratio = console.float_above(0.0, maximum=1.0)
 
 
+def _config(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: NAME=VALUE, e.g. retention.ms=86400000")
+    return name.strip(), value.strip()
+
+
+def _reset_to(text: str) -> str:
+    if text in ("earliest", "latest"):
+        return text
+    if text.isdigit():
+        return str(console.int_at_least(0, "an offset")(text))  # an offset is an int64
+    raise argparse.ArgumentTypeError(f"{text!r}: earliest, latest or an offset")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="tailrace", formatter_class=_Help,
@@ -502,11 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--bind", default=None, help="client endpoint (default tcp://127.0.0.1:7420)")
     sv.add_argument("--workers", type=_workers, default=None,
                     help="worker processes (default: the count `workers set` left, else the number of cores)")
-    sv.add_argument("--ring-bytes", type=_positive, default=None, help=f"default ring size per partition (default {_bytes(_DEFAULTS.ring_bytes)})")
+    sv.add_argument("--ring-bytes", type=_positive, default=None, help=f"default ring size per partition (default {human_bytes(_DEFAULTS.ring_bytes)})")
     sv.add_argument("--shm-budget-bytes", type=_positive, default=None,
                     help=f"shared memory all rings may use together (default half the memory, here "
-                         f"{_bytes(settings_mod.default_shm_budget())})")
-    sv.add_argument("--segment-bytes", type=_positive, default=None, help=f"journal segment file size (default {_bytes(_DEFAULTS.segment_bytes)})")
+                         f"{human_bytes(settings_mod.default_shm_budget())})")
+    sv.add_argument("--segment-bytes", type=_positive, default=None, help=f"journal segment file size (default {human_bytes(_DEFAULTS.segment_bytes)})")
     sv.add_argument("--retention-ms", type=_retention, default=None, metavar="MS",
                     help="how long topics keep records unless they say otherwise (retention.ms); -1 for ever (default 7 days)")
     sv.add_argument("--retention-bytes", type=_retention, default=None, metavar="BYTES",
@@ -570,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (c, al_, dl, ls, d):
         with_bootstrap(p)
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    tp.set_defaults(func=cmd_topic)
+    tp.set_defaults(func=admin_commands.cmd_topic)
 
     gp = command(sub, "groups", "consumer groups: list, describe (lag), reset offsets, delete (Kafka's kafka-consumer-groups)")
     gsub = gp.add_subparsers(dest="groups_cmd", required=True, metavar="SUBCOMMAND")
@@ -586,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (gl, gd, gr, gdl):
         with_bootstrap(p)
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    gp.set_defaults(func=cmd_groups)
+    gp.set_defaults(func=admin_commands.cmd_groups)
 
     pr = with_bootstrap(command(sub, "produce", "send each line of stdin as a message, as it arrives"))
     pr.add_argument("name", help="topic name")
@@ -669,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     al = command(asub, "list", "the rules")
     al.add_argument("--data-dir", default=None, help="the broker's data directory (default ./data)")
     al.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    ac.set_defaults(func=cmd_acl)
+    ac.set_defaults(func=access_commands.cmd_acl)
 
     qu = command(sub, "quota", "produce and fetch bytes per second per principal, with --auth curve (broker/quota.py); "
                               "edits <data-dir>/auth/quotas.json")
@@ -684,14 +431,14 @@ def build_parser() -> argparse.ArgumentParser:
     ql.add_argument("--json", action="store_true", help="print JSON instead of a table")
     for p in (qs, qr, ql):
         p.add_argument("--data-dir", default=None, help="the broker's data directory (default ./data)")
-    qu.set_defaults(func=cmd_quota)
+    qu.set_defaults(func=access_commands.cmd_quota)
 
     ky = command(sub, "keys", "CurveZMQ key pairs for clients of a broker with --auth curve")
     ksub = ky.add_subparsers(dest="keys_cmd", required=True, metavar="SUBCOMMAND")
     kg = command(ksub, "generate", "write NAME.key (public: put it in the broker's allow-list) and NAME.key_secret (0600)")
     kg.add_argument("name", help="the principal's name (the key files are named after it)")
     kg.add_argument("--dir", default=".", help="where to write the pair (default: the current directory)")
-    kg.set_defaults(func=cmd_keys)
+    kg.set_defaults(func=access_commands.cmd_keys)
 
     sub.add_parser("bench", help="run benchmark workloads (tailrace bench --help; bench/README.md)", add_help=False)
     return ap
