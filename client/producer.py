@@ -50,78 +50,26 @@ from __future__ import annotations
 
 import random
 import time
-import zlib
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
 from . import protocol as P
+from .accumulator import DEFAULT_MAX_BATCH_BYTES, Accumulator, _Pending
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Pool
 from .security import curve_keys
 from .routes import BlockingRoutes
 from .errors import BatchTooLargeError, ConnectionLostError, TailraceError, TimeoutError_, error_for
-from .records import HEADER_BYTES, IDEMPOTENCE, IDEMPOTENCE_AT, encode_batch, encode_batch_buffers, restamp
+# (every partitioner name is importable from here too, where it was defined before partitioners.py)
+from .partitioners import (PARTITIONERS, STICKY_RECORDS, Partitioner, hash_partition, hash_partitions, key_hash,
+                           round_robin, sticky)
+from .records import IDEMPOTENCE, IDEMPOTENCE_AT
 
-Partitioner = Callable[[bytes | None, int, int], int]  # (key, partitions, counter) -> partition
-
-
-def round_robin(key: bytes | None, partitions: int, counter: int) -> int:
-    return counter % partitions
-
-
-def hash_partition(key: bytes, partitions: int) -> int:
-    """THE key hash (docs/PROTOCOL.md section 10): CRC-32/ISO-HDLC of the key bytes (``zlib.crc32``,
-    unsigned) modulo the partition count. Every client uses it: ``Producer``, ``AsyncProducer``
-    and ``tailrace produce --key`` (through ``Producer``), so a key lands on one partition whoever
-    sends it."""
-    return zlib.crc32(key) % partitions
-
-
-def hash_partitions(keys: Sequence[bytes], partitions: int) -> np.ndarray:
-    """``hash_partition`` of every key as int64[n]: ``zlib.crc32`` mapped in C into numpy, no
-    Python step per key (send_batch's hot path)."""
-    crcs = np.fromiter(map(zlib.crc32, keys), dtype=np.uint32, count=len(keys))
-    return crcs.astype(np.int64) % partitions
-
-
-def key_hash(key: bytes | None, partitions: int, counter: int) -> int:
-    """The default: a keyed record by ``hash_partition``, an unkeyed one round robin (Kafka's
-    rule: the key's hash when there is a key)."""
-    if key is None:
-        return counter % partitions
-    return zlib.crc32(key) % partitions
-
-
-STICKY_RECORDS = 128  # unkeyed records in a row to one partition (Kafka's 16 KiB batch.size at ~128 B)
-
-
-def sticky(key: bytes | None, partitions: int, counter: int) -> int:
-    """Kafka's default partitioner (KIP-480, KIP-794): a keyed record by its key's hash, unkeyed
-    records ``STICKY_RECORDS`` in a row to one partition, then to the next. Over time as even as
-    round robin; at any moment few partitions take the unkeyed records, so their batches are
-    fuller: single sends awaited one at a time (one batch in flight per partition) make one
-    batch of many records instead of many batches of a few (docs/BENCHMARKS.md, "The asyncio
-    client")."""
-    if key is not None:
-        return zlib.crc32(key) % partitions  # hash_partition, inline: once per send
-    return ((counter - 1) // STICKY_RECORDS) % partitions  # (the counter is 1 at the first choice)
-
-
-PARTITIONERS = {"round_robin": round_robin, "key_hash": key_hash, "sticky": sticky}
 TIMEOUT_SCAN_S = 0.05  # how often in-flight batches are checked for request timeouts
-DEFAULT_MAX_BATCH_BYTES = 1 << 20  # the broker's default max_batch_bytes: the limit until DESCRIBE says
 BUFFER_MEMORY = 32 << 20  # Kafka's buffer.memory default
 MAX_BLOCK_MS = 60_000  # Kafka's max.block.ms default
-_BATCH_SLACK_BYTES = HEADER_BYTES + 8 * 3  # a batch's bytes besides its records' (offset arrays' ends, padding)
-
-
-def _objects(seq: Sequence) -> np.ndarray:
-    """``seq`` as a 1-D object array (each item stays itself, whatever its length)."""
-    a = np.empty(len(seq), dtype=object)
-    a[:] = seq
-    return a
 
 
 class Ack(NamedTuple):
@@ -131,17 +79,6 @@ class Ack(NamedTuple):
     partition: int
     offset: int
     timestamp: int  # the broker's append time, ms since the epoch
-
-
-@dataclass
-class _Pending:
-    values: list = field(default_factory=list)
-    keys: list = field(default_factory=list)
-    keyed: bool = False
-    nbytes: int = 0  # values' bytes
-    charged: int = 0  # values' and keys' bytes, counted against buffer_memory
-    since: float = 0.0
-    waiters: list | None = None  # one future per record (the asyncio producer), else None
 
 
 @dataclass
@@ -160,7 +97,7 @@ class _InFlight:
     barrier: bool = False  # acks="none"'s closing round trip: a copy of a batch already counted
 
 
-class ProducerCore:
+class ProducerCore(Accumulator):
     """Everything a producer decides, without I/O: batching, partitioning, sequence numbers,
     what to send next, what a reply means (ack, retry, error), request timeouts.
 
@@ -169,6 +106,9 @@ class ProducerCore:
     ``_route(topic, partition)``; they hand every reply to ``_on_reply`` and call ``_advance``
     when time passes. ``Producer`` below does it with blocking polls, ``aio.AsyncProducer``
     from an asyncio event loop: the same batches, sequences and retries either way.
+
+    The queueing half (partition choice, pending records, sealing, sequence numbers, the
+    ``buffer_memory`` count) is ``Accumulator`` (accumulator.py); its state is declared here.
     """
 
     def __init__(
@@ -232,138 +172,6 @@ class ProducerCore:
 
     def _route(self, topic: str, partition: int) -> str | None:
         raise NotImplementedError
-
-    # --- queueing ----------------------------------------------------------------------------
-    def _choose(self, topic: str, key: bytes | None, partition: int | None, partitions: int) -> int:
-        if partition is not None:
-            return partition
-        self._counter += 1
-        return self.partitioner(key, partitions, self._counter)
-
-    @property
-    def max_batch_bytes(self) -> int:
-        """The broker's batch limit (DESCRIBE_TOPIC's), its default until one was heard."""
-        return self.routes.max_batch_bytes or DEFAULT_MAX_BATCH_BYTES
-
-    def _too_large(self, value: bytes, key: bytes | None) -> BatchTooLargeError | None:
-        """The error for a record that cannot fit in any batch the broker takes, else None."""
-        size = len(value) + (0 if key is None else len(key) + 8) + _BATCH_SLACK_BYTES
-        limit = self.max_batch_bytes
-        if size <= limit:
-            return None
-        return BatchTooLargeError(f"BATCH_TOO_LARGE: a record of {size - _BATCH_SLACK_BYTES} bytes makes a batch of "
-                                  f"{size} bytes; the broker takes at most max_batch_bytes={limit} (not sent)")
-
-    def _add(self, tp, value: bytes, key: bytes | None, waiter=None) -> None:
-        """Queue one record for partition ``tp`` (and its future, if it has one). The caller
-        checked it with ``_too_large``."""
-        rec = len(value) + (0 if key is None else len(key))
-        pend = self._pending.get(tp)
-        if pend is None:
-            pend = self._pending[tp] = _Pending(since=time.monotonic())
-        elif not pend.values:
-            pend.since = time.monotonic()
-        elif pend.charged + rec + 8 * (len(pend.values) + 1) * (1 + pend.keyed) + _BATCH_SLACK_BYTES > self.max_batch_bytes:
-            self._seal(tp, pend)  # with this record the batch would be over the broker's limit
-            pend.since = time.monotonic()
-        self._buffered_bytes += rec
-        pend.charged += rec
-        if key is not None and not pend.keyed:
-            pend.keyed = True
-            pend.keys = [b""] * len(pend.values)
-        pend.values.append(value)
-        if waiter is not None:
-            if pend.waiters is None:
-                pend.waiters = [None] * (len(pend.values) - 1)
-            pend.waiters.append(waiter)
-        elif pend.waiters is not None:
-            pend.waiters.append(None)
-        self._lingering.add(tp)
-        if pend.keyed:
-            pend.keys.append(b"" if key is None else key)
-        pend.nbytes += len(value)
-        if len(pend.values) >= self.batch_records or pend.nbytes >= self.batch_bytes:
-            self._seal(tp, pend)
-
-    def _split_batch(self, topic: str, values: Sequence[bytes], keys: Sequence[bytes] | None,
-                     partitions: int) -> list[tuple[int, list, list | None]]:
-        """``send_batch``'s partitioning: (partition, values, keys) groups. With a key-hash
-        partitioner and keys, by key; otherwise the whole call to one partition."""
-        if keys is not None and self.partitioner in (key_hash, sticky):
-            parts = hash_partitions(keys, partitions)
-            order = np.argsort(parts, kind="stable")  # by partition, send order kept within each
-            sorted_parts = parts[order]
-            cuts = (np.flatnonzero(sorted_parts[1:] != sorted_parts[:-1]) + 1).tolist()
-            vs, ks = _objects(values)[order], _objects(keys)[order]
-            starts = [0, *cuts]
-            return [(int(sorted_parts[a]), v.tolist(), k.tolist())
-                    for a, v, k in zip(starts, np.split(vs, cuts), np.split(ks, cuts))]
-        return [(self._choose(topic, None, None, partitions), values, keys)]
-
-    def _queue_batch(self, tp, values: Sequence[bytes], keys: Sequence[bytes] | None) -> None:
-        """Queue ``values`` for ``tp`` as batches of at most batch_records / batch_bytes."""
-        step = self.batch_records
-        avg = max(1, sum(map(len, values[:64])) // min(len(values), 64))
-        step = max(1, min(step, self.batch_bytes // avg))
-        q = self._ready.setdefault(tp, deque())
-        for i in range(0, len(values), step):
-            chunk = values[i : i + step]
-            frame = encode_batch(chunk, None if keys is None else keys[i : i + step], **self._ids(tp, len(chunk)))
-            self._buffered_bytes += len(frame)
-            q.append((frame, len(chunk), None))
-
-    def _queue_buffers(self, tp, values, value_offsets, keys, key_offsets) -> None:
-        frame = encode_batch_buffers(values, value_offsets, keys, key_offsets, **self._ids(tp, len(value_offsets) - 1))
-        self._buffered_bytes += len(frame)
-        self._ready.setdefault(tp, deque()).append((frame, len(value_offsets) - 1, None))
-
-    def _ids(self, tp, count: int) -> dict:
-        """Producer id and base sequence for the next batch of ``count`` records to ``tp``."""
-        if self.producer_id < 0:
-            return {}
-        seq = self._seq.get(tp, 0)
-        self._seq[tp] = (seq + count) & 0x7FFFFFFF
-        return {"producer_id": self._pids.get(tp, self.producer_id), "base_sequence": seq}
-
-    def _restart_sequence(self, tp) -> None:
-        """A batch to ``tp`` failed for good: its sequence numbers are a gap, and the partition
-        refuses every later batch of this producer id that skips it (OUT_OF_ORDER_SEQUENCE,
-        actors/dedup.py). Kafka's producer bumps its epoch here; ours takes a new producer id
-        for ``tp`` (one the partition does not know may start anywhere) and numbers from 0 again,
-        re-stamping the batches already encoded for ``tp`` and not yet sent, in send order. A
-        batch waiting to be resent keeps its bytes (its first try may be stored: only the same
-        bytes are answered as a duplicate)."""
-        pid = self._pids[tp] = random.getrandbits(62)
-        seq = 0
-        q = self._ready.get(tp)
-        if q:
-            fresh = deque()
-            for frame, count, waiters in q:
-                fresh.append((restamp(frame, pid, seq), count, waiters))
-                seq = (seq + count) & 0x7FFFFFFF
-            self._ready[tp] = fresh
-        self._seq[tp] = seq
-
-    def _seal(self, tp, pend: _Pending) -> None:
-        self._lingering.discard(tp)
-        waiters = pend.waiters
-        if waiters is not None and any(w is not None and w.cancelled() for w in waiters):
-            # a cancelled send not yet in a batch is never sent (aio.py: "acked once or not stored")
-            keep = [i for i, w in enumerate(waiters) if w is None or not w.cancelled()]
-            pend.values = [pend.values[i] for i in keep]
-            if pend.keyed:
-                pend.keys = [pend.keys[i] for i in keep]
-            waiters = [waiters[i] for i in keep]
-        self._buffered_bytes -= pend.charged  # the records' bytes become the frame's
-        if pend.values:
-            frame = encode_batch(pend.values, pend.keys if pend.keyed else None, **self._ids(tp, len(pend.values)))
-            self._buffered_bytes += len(frame)
-            self._ready.setdefault(tp, deque()).append((frame, len(pend.values), waiters))
-        pend.values, pend.keys, pend.keyed, pend.nbytes, pend.charged, pend.waiters = [], [], False, 0, 0, None
-
-    def _seal_all(self) -> None:
-        for tp in list(self._lingering):
-            self._seal(tp, self._pending[tp])
 
     # --- sending -------------------------------------------------------------------------
     def _idle(self, tp) -> bool:
@@ -570,15 +378,6 @@ class ProducerCore:
     def busy(self) -> bool:
         """Whether anything is queued or unacknowledged (what ``flush`` waits out)."""
         return bool(self._inflight or self._ready or self._retry or self._lingering)
-
-    @property
-    def buffered_bytes(self) -> int:
-        """Bytes held for records queued or unacknowledged (bounded by ``buffer_memory``)."""
-        return self._buffered_bytes
-
-    def _room(self, nbytes: int) -> bool:
-        """Whether ``nbytes`` more may be queued now (always, into an empty buffer)."""
-        return self._buffered_bytes + nbytes <= self.buffer_memory or self._buffered_bytes <= 0
 
 
 class Producer(ProducerCore):
