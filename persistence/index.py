@@ -21,6 +21,10 @@ Concurrency contract: the flusher is the only writer; workers read entries below
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
+import logging
 import os
 import struct
 from pathlib import Path
@@ -35,6 +39,13 @@ ENTRY = struct.Struct("<qii")  # one entry without numpy (the flusher's few-batc
 assert ENTRY_BYTES == 16 == ENTRY.size
 assert [ENTRY_DTYPE.fields[f][1] for f in ENTRY_DTYPE.names] == [0, 8, 12]
 assert np.array([(-2, -3, 5)], dtype=ENTRY_DTYPE).tobytes() == ENTRY.pack(-2, -3, 5)  # one encoding, two spellings
+
+log = logging.getLogger("tailrace.retention")  # punch_below is retention's step
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_FALLOC_PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
+PAGE = 4096
+PAGE_ENTRIES = PAGE // ENTRY_BYTES  # the entries of one page: fewer than that below a start frees nothing
 
 
 def index_path(data_dir: str | os.PathLike, slot: int) -> Path:
@@ -51,6 +62,20 @@ def entries_for(positions: np.ndarray, lengths: np.ndarray, counts: np.ndarray) 
     starts = np.repeat(np.cumsum(counts) - counts, counts)
     out["rel"] = np.arange(total, dtype=np.int64) - starts
     return out
+
+
+def punch_below(fd: int, entries: int) -> bool:
+    """Free the index file's blocks wholly below entry ``entries`` (the offsets stay where they
+    are: reads there give zeros). False where the filesystem cannot punch holes."""
+    length = entries * ENTRY_BYTES // PAGE * PAGE
+    if length <= 0:
+        return True
+    if _libc.fallocate(fd, _FALLOC_PUNCH, ctypes.c_long(0), ctypes.c_long(length)) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err not in (errno.EOPNOTSUPP, errno.ENOSYS):
+        log.warning("punching the index below entry %d: %s", entries, os.strerror(err))
+    return False
 
 
 def first_at_position(index: "IndexFile", lo: int, hi: int, position: int) -> int:

@@ -19,7 +19,9 @@ What recovery does, every time the flusher starts:
    changes) and drop later segments, logging how many non-zero bytes were cut.
 4. Rewrite the index entries of every scanned batch and truncate each index to its journal's
    truth; an index that disagrees with the journal below the checkpoint triggers a full rescan
-   from the first segment (indexes are derived data).
+   from the first segment (indexes are derived data). Each partition's index is read, checked,
+   written and cut through its ``PartitionLog`` (persistence/log.py ``at_recovery``); recovery
+   decides, the log reads and writes its own file.
 5. fsync the rewritten indexes and the scanned segments, then move the checkpoint to the end.
 
 The result is each partition's next offset, which the flusher publishes before the broker serves.
@@ -40,8 +42,9 @@ from tailrace.broker.catalog import Catalog
 from tailrace.broker.datadir import CHECKPOINT_FILE, INSTANCE_FILE, JOURNAL_DIR, segment_name, write_atomic
 from tailrace.client.records import HEADER_BYTES, BatchError, align8_array, read_header, validate_frame
 
-from .index import ENTRY_DTYPE, IndexFile, entries_for, index_path
+from .index import entries_for
 from .journal import check_segments, list_segments
+from .log import PartitionLog
 from .retention import read_log_starts
 
 log = logging.getLogger("tailrace.recovery")
@@ -252,24 +255,6 @@ def recover(data_dir, segment_bytes: int, max_batch_bytes: int, catalog: Catalog
     return Recovered(res.end, next_offsets, res.cut_bytes, len(res.position), full)
 
 
-def _last_entry_matches(data_dir: Path, mm: np.ndarray, n: int, topic_id: int, partition: int, segment_bytes: int) -> bool:
-    """Does index entry n-1 point at a batch of this partition that ends exactly at offset n?"""
-    e = mm[n - 1]
-    pos, rel = int(e["position"]), int(e["rel"])
-    seg = pos - pos % segment_bytes
-    try:
-        with open(data_dir / JOURNAL_DIR / segment_name(seg), "rb") as f:
-            f.seek(pos - seg)
-            raw = f.read(HEADER_BYTES)
-    except OSError:
-        return False
-    if len(raw) < HEADER_BYTES:
-        return False
-    h = read_header(raw)
-    return (h["topic_id"] == topic_id and h["partition"] == partition and h["base_offset"] == n - 1 - rel
-            and h["base_offset"] + h["record_count"] == n and h["length"] == int(e["length"]))
-
-
 def _rebuild_indexes(data_dir: Path, catalog: Catalog, res: ScanResult, full: bool,
                      expected: dict[int, int], segment_bytes: int, starts: dict[int, int]) -> tuple[bool, dict[int, int]]:
     by_key = {(t.topic_id, p): slot for t in catalog.data.topics.values() for p, slot in enumerate(t.slots)}
@@ -278,19 +263,16 @@ def _rebuild_indexes(data_dir: Path, catalog: Catalog, res: ScanResult, full: bo
     next_offsets: dict[int, int] = {}
     consistent = True
     for (topic_id, partition), slot in by_key.items():
-        path = index_path(data_dir, slot)
-        idx = IndexFile(data_dir, slot, writable=True)
+        plog = PartitionLog.at_recovery(data_dir, slot)
         try:
-            n = idx.entry_count()
+            n = plog.entry_count()
             below = 0
             if n and not full:
-                mm = np.memmap(path, dtype=ENTRY_DTYPE, mode="r", shape=(n,))
-                below = int(np.searchsorted(mm["position"], res.start, side="left"))
+                below = plog.entries_below(res.start)
                 # entries below the log start point into segments retention may have deleted
-                if below > starts.get(slot, 0) and not _last_entry_matches(data_dir, mm, below, topic_id, partition, segment_bytes):
+                if below > starts.get(slot, 0) and not plog.last_entry_matches(below, topic_id, partition, segment_bytes):
                     consistent = False
                     log.warning("slot %d: last index entry below the checkpoint does not match the journal", slot)
-                del mm
             if not full and below != expected.get(slot, below):
                 consistent = False
                 log.warning("slot %d: index holds %d entries below the checkpoint, the checkpoint says %d", slot, below, expected[slot])
@@ -305,17 +287,16 @@ def _rebuild_indexes(data_dir: Path, catalog: Catalog, res: ScanResult, full: bo
                     if not full:
                         continue
                 ent = entries_for(arrays["position"][sel], arrays["length"][sel], counts)
-                idx.write(int(bases[0]), ent)
+                plog.write_entries(int(bases[0]), ent)
                 end = int(bases[-1] + counts[-1])
             else:
                 end = below
             end = max(end, starts.get(slot, 0))  # offsets never go below a log start, even with the records gone
-            if idx.entry_count() != end:
-                idx.truncate(end)
-            idx.sync()
+            plog.truncate_index(end)  # to the journal's truth (a no-op where it is already)
+            plog.sync_index()
             next_offsets[slot] = end
         finally:
-            idx.close()
+            plog.close()
     unknown = np.flatnonzero(~np.isin(keys, np.asarray([t * (1 << 32) + p for t, p in by_key] or [-1], dtype=np.int64)))
     if unknown.size:
         log.info("journal holds %d batches of deleted topics; skipped", unknown.size)

@@ -32,10 +32,14 @@ there is room again (persistence/diskguard.py; RocketMQ's delete-the-oldest is a
 there, which uses ``expire_below`` below).
 
 The pass takes a narrow handle (persistence/handles.py ``Storage``: settings, catalog, the
-table's columns, the index cache, the journal bounds), never the flusher. It stores one word of
-the control table, ``log_start_offset``, through the documented exception for it
-(shm/rows.py ``FlusherColumns.advance_log_starts``: the flusher is that word's one writer once
-a row is active; a start never moves down).
+table's columns, the index cache, the journal bounds), never the flusher. It reads no row and
+no index itself: each partition's offsets, index and log-start store are its ``PartitionLog``
+(persistence/log.py ``PartitionLog.of_flusher``, one per slot, over those handles), which
+stores one word of the control table, ``log_start_offset``, through the documented exception
+for it (shm/rows.py ``FlusherColumns.advance_log_starts``: the flusher is that word's one
+writer once a row is active; a start never moves down). What stays here is the policy and the
+files all partitions share: the times and byte limits, the stored starts (``log_starts.json``),
+and the journal's segments.
 
 Index files shrink with the log: the entries below a log start are punched out of the file
 (``fallocate(PUNCH_HOLE)``: the file keeps its offsets, the blocks are freed).
@@ -43,9 +47,6 @@ Index files shrink with the log: the entries below a log start are punched out o
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import errno
 import json
 import logging
 import os
@@ -56,26 +57,20 @@ import numpy as np
 
 from tailrace.broker import datadir
 from tailrace.broker.datadir import JOURNAL_DIR, LOG_STARTS_FILE, fsync_dir, segment_name, write_atomic
-from tailrace.client.records import align8_array
-from tailrace.shm.layout import COL
 from tailrace.shm.rows import FlusherHeader
 
 from .diskguard import DiskGuard
 from .handles import Storage
-from .index import ENTRY_BYTES, first_at_position
+from .index import PAGE_ENTRIES
 from .journal import JournalReader, list_segments
-from .timesearch import first_at_or_after
+from . import log as log_mod
+from .log import PartitionLog, active_slots
 
 log = logging.getLogger("tailrace.retention")
 
 RETENTION_MS = "retention.ms"
 RETENTION_BYTES = "retention.bytes"
-CHUNK = 1 << 16  # index entries read at once
 FOREVER = -1
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-_FALLOC_PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
-_PAGE = 4096
 
 
 def log_starts_path(data_dir) -> Path:
@@ -112,20 +107,6 @@ def write_log_starts(data_dir, starts: dict[int, int], topics: dict[int, int] | 
     write_atomic(log_starts_path(data_dir), body)
 
 
-def punch_below(fd: int, entries: int) -> bool:
-    """Free the index file's blocks wholly below entry ``entries`` (the offsets stay where they
-    are: reads there give zeros). False where the filesystem cannot punch holes."""
-    length = entries * ENTRY_BYTES // _PAGE * _PAGE
-    if length <= 0:
-        return True
-    if _libc.fallocate(fd, _FALLOC_PUNCH, ctypes.c_long(0), ctypes.c_long(length)) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err not in (errno.EOPNOTSUPP, errno.ENOSYS):
-        log.warning("punching the index below entry %d: %s", entries, os.strerror(err))
-    return False
-
-
 def retention_ms(topic, default_ms: int) -> int:
     return int((getattr(topic, "config", None) or {}).get(RETENTION_MS, default_ms))
 
@@ -134,24 +115,9 @@ def retention_bytes(topic, default_bytes: int) -> int:
     return int((getattr(topic, "config", None) or {}).get(RETENTION_BYTES, default_bytes))
 
 
-def _batch_sizes(index, a: int, b: int):
-    """(offsets, frame bytes) of the batches starting in offsets ``[a, b)``, read in chunks."""
-    offs, sizes = [], []
-    while a < b:
-        e = index.read(a, min(CHUNK, b - a))
-        if not len(e):
-            break
-        starts = np.flatnonzero(e["rel"] == 0)
-        offs.append(starts + a)
-        sizes.append(align8_array(e["length"][starts]))
-        a += len(e)
-    if not offs:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return np.concatenate(offs), np.concatenate(sizes)
-
-
 class ByteCount:
-    """The bytes of the batches of one partition that start in ``[start, end)``."""
+    """The bytes of the batches of one partition that start in ``[start, end)``, read through
+    its ``PartitionLog`` (``batch_sizes``, ``next_batch_start``)."""
 
     __slots__ = ("start", "end", "bytes")
 
@@ -159,46 +125,33 @@ class ByteCount:
         self.start = self.end = start
         self.bytes = 0
 
-    def moved_to(self, index, start: int, end: int) -> None:
+    def moved_to(self, plog: PartitionLog, start: int, end: int) -> None:
         """Follow the log start up to ``start`` and the indexed end up to ``end``."""
         if start >= self.end:  # everything counted has gone: count afresh from there
             self.start = self.end = start
             self.bytes = 0
         elif start > self.start:
-            self.bytes -= int(_batch_sizes(index, self.start, start)[1].sum())
+            self.bytes -= int(plog.batch_sizes(self.start, start)[1].sum())
             self.start = start
         if end > self.end:
-            self.bytes += int(_batch_sizes(index, self.end, end)[1].sum())
+            self.bytes += int(plog.batch_sizes(self.end, end)[1].sum())
             self.end = end
 
-    def start_within(self, index, limit: int) -> int:
+    def start_within(self, plog: PartitionLog, limit: int) -> int:
         """The first batch start from which the kept batches fit ``limit`` bytes: the oldest
         batches are read until they cover the excess (what came since the last pass)."""
         excess = self.bytes - limit
         at = self.start
         while excess > 0 and at < self.end:
-            hi = min(self.end, at + CHUNK)
-            offs, sizes = _batch_sizes(index, at, hi)
+            hi = min(self.end, at + log_mod.CHUNK)
+            offs, sizes = plog.batch_sizes(at, hi)
             cum = np.cumsum(sizes)
             k = int(np.searchsorted(cum, excess, side="left"))  # dropping batches 0..k is enough
             if k < len(offs):
-                return int(offs[k + 1]) if k + 1 < len(offs) else _next_start(index, hi, self.end)
+                return int(offs[k + 1]) if k + 1 < len(offs) else plog.next_batch_start(hi, self.end)
             excess -= int(cum[-1]) if len(cum) else 0
             at = hi
         return self.start if excess <= 0 else self.end
-
-
-def _next_start(index, a: int, end: int) -> int:
-    """The first batch start at or after offset ``a`` (``end`` if none before it)."""
-    while a < end:
-        e = index.read(a, min(CHUNK, end - a))
-        if not len(e):
-            break
-        starts = np.flatnonzero(e["rel"] == 0)
-        if len(starts):
-            return a + int(starts[0])
-        a += len(e)
-    return end
 
 
 def crash_point(s, step: str) -> None:
@@ -218,7 +171,7 @@ class Retention:
 
     def __init__(self, store: Storage, header: FlusherHeader):
         self.s = store.s
-        self.cols = store.cols  # the control table (reads; log starts through advance_log_starts)
+        self.cols = store.cols  # the control table: given to each PartitionLog (reads; its log start store)
         self.catalog = store.catalog
         self.indexes = store.indexes
         self.bounds = store.bounds
@@ -233,6 +186,7 @@ class Retention:
         self.pinned_by = -1  # the slot whose log start keeps the oldest segment (-1: none)
         self.counts: dict[int, ByteCount] = {}  # slot -> bytes kept, for partitions with a byte limit
         self.first_times: dict[int, tuple[int, int]] = {}  # slot -> (log start, its append time us), as last read
+        self.logs: dict[int, PartitionLog] = {}  # slot -> its log: offsets, index, log-start store (``log_of``)
         self.guard = DiskGuard(store, header, self)  # storage full: refuse produce, or delete inside retention (opt in)
 
     def forget(self, slots) -> None:
@@ -242,22 +196,29 @@ class Retention:
         for slot in slots:
             stored |= self.starts.pop(slot, None) is not None
             self.start_topics.pop(slot, None)
-            for d in (self.punched, self.counts, self.first_times):
+            for d in (self.punched, self.counts, self.first_times, self.logs):
                 d.pop(slot, None)
         if self.pinned_by in slots:
             self.pinned_by = -1
         if stored:
             write_log_starts(self.s.data_dir, self.starts, self.start_topics)
 
+    def log_of(self, slot: int) -> PartitionLog:
+        """The flusher's ``PartitionLog`` of ``slot`` (made on first use, over this pass's
+        journal reader, the table's columns and the index cache)."""
+        plog = self.logs.get(slot)
+        if plog is None:
+            if self.reader is None:
+                self.reader = JournalReader(self.s.data_dir, self.s.segment_bytes)
+            plog = self.logs[slot] = PartitionLog.of_flusher(self.cols, self.indexes, slot, self.reader)
+        return plog
+
     def publish(self) -> None:
         """Put the stored log starts into the control table (at boot, after recovery)."""
-        rows = self.cols.rows
-        slots, starts = [], []
         for slot, start in self.starts.items():
-            if slot < len(rows) and rows[slot, COL["active"]] and self._owns(slot, int(rows[slot, COL["topic_id"]])):
-                slots.append(slot)
-                starts.append(min(start, int(rows[slot, COL["next_offset"]])))
-        self.cols.advance_log_starts(slots, starts)
+            plog = self.log_of(slot)
+            if plog.active and self._owns(slot, plog.topic_id):
+                plog.advance_log_start(min(start, plog.high_watermark))
 
     def _owns(self, slot: int, topic_id: int) -> bool:
         """Whether the stored start of ``slot`` belongs to topic ``topic_id`` (a start stored
@@ -271,7 +232,7 @@ class Retention:
         if slot not in self.starts:
             return 0
         if active:
-            topic_id = int(self.cols.rows[slot, COL["topic_id"]])
+            topic_id = self.log_of(slot).topic_id
         else:
             entry = self.catalog.by_slot.get(slot)
             if entry is None:
@@ -281,9 +242,9 @@ class Retention:
 
     def _store(self, moved: dict[int, int]) -> None:
         """Record new starts with their topics' ids and write them, durably."""
-        rows = self.cols.rows
         for slot in moved:
-            row_topic = int(rows[slot, COL["topic_id"]]) if slot < len(rows) and rows[slot, COL["active"]] else 0
+            plog = self.log_of(slot)
+            row_topic = plog.topic_id if plog.active else 0
             entry = self.catalog.by_slot.get(slot)
             self.start_topics[slot] = row_topic or (entry[0].topic_id if entry else 0)
         self.starts.update(moved)
@@ -299,8 +260,6 @@ class Retention:
         if not bytes_only:
             self.next_ns = now_ns + self.s.retention_check_ms * 1_000_000
         self.catalog.reload()  # one stat; a topic it did not know would pin nothing
-        if self.reader is None:
-            self.reader = JournalReader(self.s.data_dir, self.s.segment_bytes)
         self._advance(bytes_only)
         self.delete_segments()
         self.guard.check(now_ns)
@@ -308,7 +267,6 @@ class Retention:
 
     # --- 1. log starts -------------------------------------------------------------------
     def _advance(self, bytes_only: bool = False) -> None:
-        rows = self.cols.rows
         now_us = time.time_ns() // 1000
         moved: dict[int, int] = {}
         for slot, (topic, _p) in self.catalog.by_slot.items():
@@ -316,21 +274,20 @@ class Retention:
             keep_bytes = retention_bytes(topic, self.s.retention_bytes)
             if bytes_only and keep_bytes < 0:
                 continue
-            if (keep_ms < 0 and keep_bytes < 0) or slot >= len(rows) or not rows[slot, COL["active"]]:
+            plog = self.log_of(slot)  # a slot past the table reads as not active
+            if (keep_ms < 0 and keep_bytes < 0) or not plog.active:
                 self.counts.pop(slot, None)
                 continue
-            r = rows[slot]
-            start = int(r[COL["log_start_offset"]])
-            end = min(int(r[COL["durable_offset"]]), int(r[COL["flushed_offset"]]))  # durable and indexed
+            start = plog.log_start_offset
+            end = plog.durable_indexed_end()
             if end <= start:
                 continue
-            index = self.indexes.get(slot)
             new = start
             if keep_ms >= 0:
                 cutoff = now_us - keep_ms * 1000
                 known = self.first_times.get(slot)
                 if known is None or known[0] != start or known[1] < cutoff:  # else nothing can have expired: no read
-                    found = first_at_or_after(index, self.reader, start, end, cutoff)
+                    found = plog.first_indexed_at_or_after(cutoff, start, end)
                     new = end if found is None else found[0]
                     if found is not None:
                         self.first_times[slot] = found  # the append time at the (new) log start
@@ -338,9 +295,9 @@ class Retention:
                 count = self.counts.get(slot)
                 if count is None:
                     count = self.counts[slot] = ByteCount(start)
-                count.moved_to(index, new, end)
-                new = max(new, count.start_within(index, keep_bytes))
-                count.moved_to(index, new, end)
+                count.moved_to(plog, new, end)
+                new = max(new, count.start_within(plog, keep_bytes))
+                count.moved_to(plog, new, end)
             else:
                 self.counts.pop(slot, None)
             if new > start:
@@ -349,26 +306,28 @@ class Retention:
             return
         self._store(moved)  # durable before any reader sees them
         crash_point(self.s, "log_starts_written")
-        self.cols.advance_log_starts(list(moved), list(moved.values()))
+        for slot, new in moved.items():
+            self.log_of(slot).advance_log_start(new)
         log.info("retention: log start moved in %d partitions (%s)", len(moved),
                  ", ".join(f"slot {s} -> {o}" for s, o in list(moved.items())[:8]))
 
     # --- 2. segments ---------------------------------------------------------------------
     def pin(self, starts: dict[int, int]) -> tuple[int, int]:
         """(the lowest journal position a partition still needs, the slot that needs it)."""
-        rows = self.cols.rows
         low, who = 1 << 62, -1
-        active = set(np.flatnonzero(rows[:, COL["active"]] == 1).tolist())
+        active = active_slots(self.cols.rows)
         for slot in sorted(active | set(self.catalog.by_slot)):  # every partition there is, by either account
+            plog, live = self.log_of(slot), slot in active
             # the stored start only if it is this topic's: a deleted topic's start on a slot a new
             # topic took would say the new one's records had all expired, and its segments would go
-            stored = self.stored_start(slot, slot in active) if starts is self.starts else starts.get(slot, 0)
-            start = max(stored, int(rows[slot, COL["log_start_offset"]]) if slot in active else 0)
-            end = int(rows[slot, COL["flushed_offset"]]) if slot in active else self.indexes.get(slot).entry_count()
+            stored = self.stored_start(slot, live) if starts is self.starts else starts.get(slot, 0)
+            start = max(stored, plog.log_start_offset if live else 0)
+            end = plog.kept_end(live)
             if start >= end:
                 continue  # every record expired (or none): pins nothing
-            e = self.indexes.get(slot).read(start, 1)
-            position = int(e["position"][0]) if len(e) else 0  # no entry where one must be: keep everything
+            position = plog.position_of(start)
+            if position is None:
+                position = 0  # no entry where one must be: keep everything
             if position < low:
                 low, who = position, slot
         return low, who
@@ -399,23 +358,23 @@ class Retention:
     def expire_below(self, position: int) -> int:
         """Move every log start whose record lies below journal ``position`` past it, durably
         first (the disk guard's ``delete_oldest`` only); the number of records it took."""
-        rows = self.cols.rows
-        active = set(np.flatnonzero(rows[:, COL["active"]] == 1).tolist())
+        active = active_slots(self.cols.rows)
         moved, was = {}, {}  # slot -> new log start, slot -> the start it had
         for slot in sorted(active | set(self.catalog.by_slot)):
-            start = max(self.stored_start(slot, slot in active), int(rows[slot, COL["log_start_offset"]]) if slot in active else 0)
-            end = int(rows[slot, COL["flushed_offset"]]) if slot in active else self.indexes.get(slot).entry_count()
+            plog, live = self.log_of(slot), slot in active
+            start = max(self.stored_start(slot, live), plog.log_start_offset if live else 0)
+            end = plog.kept_end(live)
             if start >= end:
                 continue
-            index = self.indexes.get(slot)
-            e = index.read(start, 1)
-            if len(e) and int(e["position"][0]) < position:
-                moved[slot], was[slot] = first_at_position(index, start, end, position), start
+            at = plog.position_of(start)
+            if at is not None and at < position:
+                moved[slot], was[slot] = plog.first_at_position(start, end, position), start
         if not moved:
             return 0
         self._store(moved)
-        shown = [slot for slot in moved if slot in active]
-        self.cols.advance_log_starts(shown, [moved[slot] for slot in shown])
+        for slot in moved:
+            if slot in active:
+                self.log_of(slot).advance_log_start(moved[slot])
         log.warning("disk guard: log start moved inside retention in %d partitions (%s)", len(moved),
                     ", ".join(f"slot {s} -> {o} ({o - was[s]} records)" for s, o in list(moved.items())[:8]))
         return sum(new - was[slot] for slot, new in moved.items())
@@ -423,12 +382,13 @@ class Retention:
     # --- 3. indexes ----------------------------------------------------------------------
     def _punch(self, starts: dict[int, int]) -> None:
         for slot, start in starts.items():
-            if start - self.punched.get(slot, 0) >= _PAGE // ENTRY_BYTES and slot in self.catalog.by_slot \
+            if start - self.punched.get(slot, 0) >= PAGE_ENTRIES and slot in self.catalog.by_slot \
                     and self.stored_start(slot, False) == start:  # this topic's start, not a deleted one's
-                if punch_below(self.indexes.get(slot).fd, start):
+                if self.log_of(slot).release_index_below(start):
                     self.punched[slot] = start
 
     def close(self) -> None:
+        self.logs.clear()  # nothing of their own to close: the index cache's files are the flusher's
         if self.reader is not None:
             self.reader.close()
             self.reader = None
