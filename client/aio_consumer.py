@@ -17,6 +17,7 @@ from . import group as group_mod
 from .admin import AdminCalls
 from .aio_connection import AsyncPool, AsyncRoutes
 from .connection import CONNECT_TIMEOUT_MS, Reply
+from .errors import InvalidRequestError
 from .security import curve_keys
 from .consumer import (EARLIEST, RING_WAIT_S, ConsumerCore, OffsetAndTimestamp, Record, found_times,
                        times_by_topic)

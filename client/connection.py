@@ -146,7 +146,9 @@ def request_frames(op: int, topic: str | bytes, partition: int, rid: int, header
     if len(t) > P.MAX_TOPIC_BYTES:
         raise InvalidRequestError(f"topic name of {len(t)} bytes: at most {P.MAX_TOPIC_BYTES} (not sent)")
     frames = [P.pack_routing(op, partition, rid, t), header]
-    if body is not None:
+    if type(body) is list:  # one frame per partition (PRODUCE_MULTI)
+        frames.extend(body)
+    elif body is not None:
         frames.append(body)
     return frames
 

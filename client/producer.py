@@ -97,6 +97,22 @@ class _InFlight:
     barrier: bool = False  # acks="none"'s closing round trip: a copy of a batch already counted
 
 
+_produce_reply = P.decoder(P.ProduceReply)
+_multi_reply = P.decoder(P.ProduceMultiReply)
+
+
+def _batches(entry) -> list | tuple:
+    """The batches of an in-flight request: one, or a PRODUCE_MULTI's list."""
+    return entry if type(entry) is list else (entry,)
+
+
+def _code_name(code: int) -> str:
+    try:
+        return P.ErrorCode(code).name
+    except ValueError:
+        return f"code {code}"
+
+
 class ProducerCore(Accumulator):
     """Everything a producer decides, without I/O: batching, partitioning, sequence numbers,
     what to send next, what a reply means (ack, retry, error), request timeouts.
@@ -127,6 +143,7 @@ class ProducerCore(Accumulator):
         on_ack: Callable[[str, int, int, int], None] | None = None,
         buffer_memory: int = BUFFER_MEMORY,
         max_block_ms: float = MAX_BLOCK_MS,
+        multi_partition: bool = True,
     ):
         self.acks = P.ACKS_BY_NAME[acks] if isinstance(acks, str) else P.Acks(acks)
         self.linger_s = linger_ms / 1000
@@ -152,7 +169,12 @@ class ProducerCore(Accumulator):
         self._header = P.encode(P.ProduceRequest(acks=int(self.acks), timeout_ms=request_timeout_ms))
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._ready: dict[tuple[str, int], deque] = {}  # (topic, p) -> deque of (frame, count, waiters)
-        self._inflight: dict[int, _InFlight] = {}  # request id -> batch
+        self._inflight: dict[int, _InFlight | list[_InFlight]] = {}  # request id -> batch (a list: PRODUCE_MULTI's)
+        # PRODUCE_MULTI (docs/PROTOCOL.md 4.1a): the batches one ``_advance`` sends, grouped by the
+        # worker that owns their partitions: one request per worker and topic, not one per partition
+        self.multi_partition = multi_partition and self.acks != P.Acks.NONE
+        self._staging: dict | None = None
+        self._multi_timeout_ms = request_timeout_ms
         self._inflight_per: dict[tuple[str, int], int] = {}
         self._retry: dict[tuple[str, int], deque] = {}  # (topic, p) -> batches to resend first
         # Only partitions with something to do are visited per call (not every partition ever
@@ -189,8 +211,12 @@ class ProducerCore(Accumulator):
             pend = self._pending[tp]
             if now - pend.since >= self.linger_s and self._idle(tp):
                 self._seal(tp, pend)
+        self._staging = {} if self.multi_partition else None
         for tp in list(self._retry) + list(self._ready):
             self._send_ready(tp, now)
+        staged, self._staging = self._staging, None
+        if staged:
+            self._send_staged(staged)
 
     def _next_due(self) -> float | None:
         """When ``_advance`` has something to do next without a reply coming (a linger running
@@ -222,6 +248,12 @@ class ProducerCore(Accumulator):
             b.via = self._route(b.topic, b.partition)
             if not self._inflight and self.acks != P.Acks.NONE:
                 self.pool.settle()  # a close seen while nothing was in flight loses nothing
+            if self._staging is not None and b.header is None:
+                key = self._owner_of(b)
+                if key is not None:  # sent with the other batches for its worker (_send_staged)
+                    self._staging.setdefault(key, []).append(b)
+                    self._inflight_per[tp] = self._inflight_per.get(tp, 0) + 1
+                    continue
             try:
                 rid = self.pool.send(b.via, P.Op.PRODUCE, b.topic, b.partition, b.header or self._header, b.frame)
             except TailraceError as exc:  # refused before sending (a topic name over the limit)
@@ -241,6 +273,38 @@ class ProducerCore(Accumulator):
             del self._retry[tp]
         if ready is not None and not ready:
             del self._ready[tp]
+
+    def _owner_of(self, b: _InFlight):
+        """What groups ``b`` with other partitions' batches in one PRODUCE_MULTI: the topic and
+        the worker it goes to (straight, or through the router to the owner DESCRIBE named);
+        None where no owner is known (sent on its own)."""
+        if b.via is not None:
+            return b.topic, b.via
+        owner = self.routes.endpoints.get((b.topic, b.partition)) if self.routes is not None else None
+        return None if owner is None else (b.topic, None, owner)
+
+    def _send_staged(self, staged: dict) -> None:
+        """One request per group of ``_owner_of``: a lone batch as PRODUCE, several as PRODUCE_MULTI."""
+        cap = P.MAX_REQUEST_PARTITIONS
+        for key, batches in staged.items():
+            topic, via = key[0], key[1]
+            for i in range(0, len(batches), cap):
+                chunk = batches[i:i + cap]
+                if len(chunk) == 1:
+                    b = chunk[0]
+                    args = (P.Op.PRODUCE, topic, b.partition, self._header, b.frame)
+                else:
+                    head = P.encode(P.ProduceMultiRequest([b.partition for b in chunk], acks=int(self.acks),
+                                                          timeout_ms=self._multi_timeout_ms))
+                    args = (P.Op.PRODUCE_MULTI, topic, -1, head, [b.frame for b in chunk])
+                try:
+                    rid = self.pool.send(via, *args)
+                except TailraceError as exc:  # refused before sending (a topic name over the limit)
+                    for b in chunk:
+                        self._inflight_per[(b.topic, b.partition)] -= 1
+                        self._fail(b, exc)
+                    continue
+                self._inflight[rid] = chunk[0] if len(chunk) == 1 else chunk
 
     def _send_barriers(self) -> None:
         """acks="none": send each partition's last one-way batch again with acks="memory", through
@@ -264,25 +328,42 @@ class ProducerCore(Accumulator):
         b = self._inflight.pop(r.request_id, None)
         if b is None:
             return
+        if type(b) is list:  # a PRODUCE_MULTI: each partition's outcome on its own terms
+            if r.code == P.ErrorCode.OK:
+                rep = _multi_reply.decode(r.header)
+                self.throttle_ms += rep.throttle_ms
+                for one, outcome in zip(b, rep.results):
+                    self._answered(one, r.via, outcome.code, outcome, outcome.message)
+            else:  # the request as a whole was refused
+                for one in b:
+                    self._answered(one, r.via, r.code, None, r)
+            return
+        rep = None
+        if r.code == P.ErrorCode.OK and not b.barrier:
+            rep = _produce_reply.decode(r.header)
+            self.throttle_ms += rep.throttle_ms
+        self._answered(b, r.via, r.code, rep, r)
+
+    def _answered(self, b: _InFlight, via: str, code: int, rep, why) -> None:
+        """One batch's answer: ``rep`` (a ProduceReply, or a PRODUCE_MULTI outcome, with the same
+        fields) when stored; else ``why``, the reply to raise from or the outcome's message."""
         tp = (b.topic, b.partition)
         self._inflight_per[tp] -= 1
-        self.routes.answered(b.topic, b.partition, r.via, r.code)
-        if r.code == P.ErrorCode.OK:
+        self.routes.answered(b.topic, b.partition, via, code)
+        if code == P.ErrorCode.OK:
             self.acked_records += b.count
             if b.barrier:
                 return  # its records were counted when they went one-way
             self._buffered_bytes -= len(b.frame)
-            rep = P.decoder(P.ProduceReply).decode(r.header)
-            self.throttle_ms += rep.throttle_ms
             if self.on_ack is not None or b.waiters:
                 if self.on_ack is not None:
                     self.on_ack(b.topic, b.partition, rep.base_offset, rep.record_count)
                 if b.waiters:
                     self._resolve(b, rep)
-        elif r.code in P.RETRIABLE and time.monotonic() - b.first_sent < self.delivery_timeout_s:
+        elif code in P.RETRIABLE and time.monotonic() - b.first_sent < self.delivery_timeout_s:
             b.not_before = time.monotonic() + self.retry_backoff_s
             self._retry.setdefault(tp, deque()).appendleft(b)
-        elif (r.code == P.ErrorCode.OUT_OF_ORDER_SEQUENCE and (self._inflight_per[tp] or self._retry.get(tp))
+        elif (code == P.ErrorCode.OUT_OF_ORDER_SEQUENCE and (self._inflight_per[tp] or self._retry.get(tp))
               and time.monotonic() - b.first_sent < self.delivery_timeout_s):
             # a batch before it is still in flight or waiting to be resent (more than one in flight
             # per partition): it goes again after that one, in sequence order, as Kafka's does
@@ -291,9 +372,11 @@ class ProducerCore(Accumulator):
             seq = IDEMPOTENCE.unpack_from(b.frame, IDEMPOTENCE_AT)[1]
             k = sum(1 for o in q if IDEMPOTENCE.unpack_from(o.frame, IDEMPOTENCE_AT)[1] < seq)
             q.insert(k, b)
+        elif isinstance(why, str):
+            self._fail(b, error_for(code, f"{_code_name(code)}: {why}"))
         else:
             try:
-                r.raise_for_code()
+                why.raise_for_code()
             except TailraceError as exc:
                 self._fail(b, exc)
 
@@ -327,17 +410,20 @@ class ProducerCore(Accumulator):
         if now < self._timeouts_at:
             return
         self._timeouts_at = now + TIMEOUT_SCAN_S
-        for rid, b in list(self._inflight.items()):
-            if now - b.sent > self.request_timeout_s:
-                self._unknown_fate(rid, b, now, TimeoutError_(
-                    f"no ack for {b.count} records to {b.topic}/{b.partition} in {self.delivery_timeout_s}s"))
+        for rid, entry in list(self._inflight.items()):
+            for b in _batches(entry):
+                if now - b.sent > self.request_timeout_s:
+                    self._unknown_fate(rid, b, now, TimeoutError_(
+                        f"no ack for {b.count} records to {b.topic}/{b.partition} in {self.delivery_timeout_s}s"))
 
     def _connection_lost(self, via: str | None) -> None:
         """The connection to ``via`` (None: the router) closed: its batches in flight will never
         be answered; resend (idempotent) or fail them now (``Pool.on_lost``)."""
         now = time.monotonic()
-        for rid, b in list(self._inflight.items()):
-            if b.via == via:
+        for rid, entry in list(self._inflight.items()):
+            for b in _batches(entry):
+                if b.via != via:
+                    break
                 self._unknown_fate(rid, b, now, ConnectionLostError(
                     f"the connection to {via or 'the router'} closed before {b.count} records to "
                     f"{b.topic}/{b.partition} were acknowledged: they may or may not be stored"))
@@ -345,7 +431,7 @@ class ProducerCore(Accumulator):
     def _unknown_fate(self, rid: int, b: _InFlight, now: float, exc: TailraceError) -> None:
         """Batch ``rid`` will get no reply (overdue, or its connection closed): resend it with the
         same bytes if this producer is idempotent and within ``delivery_timeout_ms``, else fail it."""
-        del self._inflight[rid]
+        self._inflight.pop(rid, None)  # (a PRODUCE_MULTI's batches come here one by one)
         tp = (b.topic, b.partition)
         self._inflight_per[tp] -= 1
         if b.via is not None:

@@ -209,3 +209,81 @@ def test_a_bad_header_is_invalid_request_and_nothing_is_stored(router, case):
     assert hwm(router, topic) == [0, 0]
     code, message = error(router, [routing(P.Op.PRODUCE_MULTI, topic), P.encode(P.ProduceMultiRequest([]))])
     assert code == E.MALFORMED and "one record batch per partition" in message
+
+
+# --- the Python clients send each worker's ready batches as one request -------------------------
+
+
+class _CountOps:
+    """Counts the ops a producer's pool sends (the real pool sends them: this only looks)."""
+
+    def __init__(self, pool):
+        self.ops: dict[int, int] = {}
+        self._send = pool.send
+        pool.send = self
+
+    def __call__(self, endpoint, op, *args, **kw):
+        self.ops[op] = self.ops.get(op, 0) + 1
+        return self._send(endpoint, op, *args, **kw)
+
+
+def _stored(bootstrap: str, topic: str, partitions: int) -> dict[int, list[bytes]]:
+    w = Wire(bootstrap)
+    try:
+        return {p: values_at(w, topic, p) for p in range(partitions)}
+    finally:
+        w.close()
+
+
+@pytest.mark.parametrize("acks", ["memory", "durable"])
+def test_the_blocking_producer_sends_one_request_per_worker_and_every_record_lands_in_order(broker, router, acks):
+    from tailrace.client.producer import Producer
+    topic = f"multi-client-{acks}"
+    create_topic(router, topic, 8, ring_bytes=1 << 20)
+    with Producer(broker.bootstrap, acks=acks, linger_ms=50) as prod:
+        counted = _CountOps(prod.pool)
+        for rnd in range(20):
+            for p in range(8):
+                prod.send(topic, f"{p}:{rnd}".encode(), partition=p)
+            prod.flush()
+    stored = _stored(broker.bootstrap, topic, 8)
+    assert stored == {p: [f"{p}:{rnd}".encode() for rnd in range(20)] for p in range(8)}
+    multi_requests = counted.ops.get(P.Op.PRODUCE_MULTI, 0)
+    assert multi_requests >= 10, f"8 partitions on 2 workers, 20 flushes: few multi-partition requests {counted.ops}"
+    assert sum(counted.ops.values()) < 20 * 8 / 2, f"not fewer requests than partitions x rounds / 2: {counted.ops}"
+
+
+def test_the_asyncio_producer_groups_its_ready_batches_per_worker(broker, router):
+    import asyncio
+
+    from tailrace.client.aio import AsyncProducer
+    topic = "multi-aio"
+    create_topic(router, topic, 8, ring_bytes=1 << 20)
+
+    async def run():
+        async with AsyncProducer(broker.bootstrap, acks="durable", linger_ms=0) as prod:
+            counted = _CountOps(prod.pool)
+
+            async def sender(p: int):
+                for i in range(30):
+                    await prod.send(topic, f"{p}:{i}".encode(), partition=p)
+            await asyncio.gather(*(sender(p) for p in range(8)))
+            return counted.ops
+
+    ops = asyncio.run(run())
+    stored = _stored(broker.bootstrap, topic, 8)
+    assert stored == {p: [f"{p}:{i}".encode() for i in range(30)] for p in range(8)}
+    assert ops.get(P.Op.PRODUCE_MULTI, 0) > 0, ops
+    assert sum(ops.values()) < 8 * 30, f"one request per record and partition: {ops}"
+
+
+def test_without_multi_partition_the_producer_sends_one_request_per_partition(broker, router):
+    from tailrace.client.producer import Producer
+    topic = "multi-off"
+    create_topic(router, topic, 4, ring_bytes=1 << 20)
+    with Producer(broker.bootstrap, acks="memory", linger_ms=50, multi_partition=False) as prod:
+        counted = _CountOps(prod.pool)
+        for p in range(4):
+            prod.send(topic, b"v", partition=p)
+        prod.flush()
+    assert counted.ops == {P.Op.PRODUCE: 4}
