@@ -37,6 +37,7 @@ class FetchContext:
     turn: Turn  # parked_slots (touched), appended (read)
     throttle: quota.Throttle | None  # with --auth curve: the fetch quotas
     reader: DiskReader | None  # journal reads off the loop (None: read inline, a probe's setup)
+    parked: object = None  # FETCH_MULTI's waits and fetch sessions (actors/fetch_multi.py Parked)
 
 
 def fetch(ctx: FetchContext, ident, assign, topic, partition, rest, who, reply) -> None:
@@ -86,10 +87,8 @@ def send(ctx: FetchContext, actor: PartitionActor, ident, routing: bytes, req: P
             # The journal lost a record its log start still promises (retention deletes a segment
             # only after moving every log start past it): say so, never "out of range" at a log
             # start below the offset asked for (a consumer resetting to it would loop, or skip).
-            log.error("slot %d: the journal segment of offset %d is gone, log start %d", actor.slot, req.offset, log_start)
             head = P.pack_routing(op, partition, request_id, topic, P.ErrorCode.INTERNAL)
-            out.port.send([*ident, head, P.encode(P.ErrorReply(
-                f"offset {req.offset}: its journal segment is gone though the log start is {log_start}"))])
+            out.port.send([*ident, head, P.encode(P.ErrorReply(missing_segment(actor, req.offset, log_start)))])
             return
         body = P.ErrorReply(f"offset {req.offset} out of range [{log_start}, {hw}]", log_start_offset=log_start, high_watermark=hw)
         out.port.send([*ident, head, P.encode(body)])
@@ -112,6 +111,12 @@ def send(ctx: FetchContext, actor: PartitionActor, ident, routing: bytes, req: P
     got[0] += records
     got[1] += len(body)
     out.send_after([*ident, head, P.encode(info), body], hold_ms)
+
+
+def missing_segment(actor: PartitionActor, offset: int, log_start: int) -> str:
+    """Log, and say, that the journal lost a record the log start still promises."""
+    log.error("slot %d: the journal segment of offset %d is gone, log start %d", actor.slot, offset, log_start)
+    return f"offset {offset}: its journal segment is gone though the log start is {log_start}"
 
 
 def service_parked(ctx: FetchContext, now_ns: int, synced: bool = False) -> int:

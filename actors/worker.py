@@ -52,7 +52,7 @@ from tailrace.persistence import log as log_mod
 from tailrace.persistence.journal import JournalReader
 from tailrace.persistence.recovery import data_dir_id
 
-from . import adopt, fetch, offsets, ping, produce, watch
+from . import adopt, fetch, fetch_multi, offsets, ping, produce, watch
 from .context import Outbox, Traffic, Turn
 from .diskreader import READS_ENDPOINT, UNLINKED_SWEEP_S, DiskReader
 from .produce import KICK_MIN_BYTES
@@ -70,10 +70,11 @@ CATALOG_CHECK_S = 0.25  # how often the catalog is checked for deleted topics (o
 ENVELOPE = Envelope("worker")
 # op -> handler, one per SPEC row a worker serves; each takes (its context, ident, assign, topic,
 # partition, frames from the routing header on, principal, reply)
-HANDLERS = {P.Op.PRODUCE: produce.produce, P.Op.PRODUCE_MULTI: produce.produce_multi, P.Op.FETCH: fetch.fetch, P.Op.LIST_OFFSETS: offsets.list_offsets,
+HANDLERS = {P.Op.PRODUCE: produce.produce, P.Op.PRODUCE_MULTI: produce.produce_multi, P.Op.FETCH: fetch.fetch,
+            P.Op.FETCH_MULTI: fetch_multi.fetch_multi, P.Op.LIST_OFFSETS: offsets.list_offsets,
             P.Op.WATCH: watch.watch, P.Op.PING: ping.ping, P.Op.ADOPT: adopt.adopt}
 _SERVED = {row.op for row in ops.SPEC if row.served in ops.AT_WORKER}
-MANY = frozenset(row.op for row in ops.SPEC if row.many)  # the assign frame holds one entry per batch frame
+MANY = frozenset(row.op for row in ops.SPEC if row.many)  # the assign frame: a count, then an entry per partition
 assert set(HANDLERS) == _SERVED, f"worker handlers {sorted(HANDLERS)} != ops a worker serves {sorted(_SERVED)} (client/ops.py)"
 
 
@@ -110,9 +111,9 @@ class Worker:
         self.produce_ctx = produce.ProduceContext(owned, HeaderView(table.header_words), s.max_batch_bytes, self.out,
                                                   self.traffic, self.turn, table, worker_id % layout.WAKE_FLUSHER,
                                                   self.watchers, throttle)
-        self.fetch_ctx = fetch.FetchContext(owned, self.out, self.traffic, self.turn, throttle, reader)
+        self.fetch_ctx = fetch.FetchContext(owned, self.out, self.traffic, self.turn, throttle, reader, fetch_multi.Parked())
         self.offsets_ctx = offsets.OffsetsContext(self.catalog, table, s.data_dir, self.journal, s.instance)
-        contexts = {P.Op.PRODUCE: self.produce_ctx, P.Op.PRODUCE_MULTI: self.produce_ctx, P.Op.FETCH: self.fetch_ctx, P.Op.LIST_OFFSETS: self.offsets_ctx,
+        contexts = {P.Op.PRODUCE: self.produce_ctx, P.Op.PRODUCE_MULTI: self.produce_ctx, P.Op.FETCH: self.fetch_ctx, P.Op.FETCH_MULTI: self.fetch_ctx, P.Op.LIST_OFFSETS: self.offsets_ctx,
                     P.Op.WATCH: self.watchers, P.Op.ADOPT: owned,
                     P.Op.PING: ping.PingContext(worker_id, time.time_ns(), owned, table, self.traffic)}
         self.handlers = {op: (fn, contexts[op]) for op, fn in HANDLERS.items()}  # op -> (handler, its context)
@@ -172,11 +173,14 @@ class Worker:
                 P.ErrorReply(f"first frame must be a {P.ROUTING_BYTES}-byte routing header"))])
             return
         self.current_op = op
-        if assign is not None:  # one 12-byte entry (one per batch frame for a many-partition op), then who the client is
-            size = P.ASSIGN.size * (len(rest) - 2 if op in MANY else 1)
+        if assign is not None:  # one 12-byte entry (a many-partition op: a count, then one per partition), then who the client is
+            start, size = 0, P.ASSIGN.size
+            if op in MANY and len(assign) >= P.ASSIGN_COUNT.size:
+                start = P.ASSIGN_COUNT.size
+                size = start + P.ASSIGN.size * P.ASSIGN_COUNT.unpack_from(assign)[0]
             if len(assign) > size:  # the router's word for who the client is (see the top)
                 self.principal = bytes(assign[size:]).decode("utf-8", "replace")
-                assign = assign[:size]
+            assign = assign[start:size]
 
         def reply(code, body=None, extra=()):
             if op != P.Op.PING:  # the router's heartbeats are not counted
@@ -213,7 +217,9 @@ class Worker:
         produce.release_durable(self.produce_ctx)
 
     def service_parked(self, now_ns: int, synced: bool = False) -> int:
-        return fetch.service_parked(self.fetch_ctx, now_ns, synced)
+        one = fetch.service_parked(self.fetch_ctx, now_ns, synced)
+        many = fetch_multi.service_parked(self.fetch_ctx, now_ns, synced)  # after FETCH's: it keeps its slots parked
+        return many if one < 0 else one if many < 0 else min(one, many)
 
     def release_held(self, now_ns: int) -> int:
         return self.out.release_held(now_ns)

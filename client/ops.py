@@ -5,8 +5,10 @@ says, for one op::
 
     op        the id in the routing header's byte 1 (``protocol.Op``)
     frames    request frames, routing header included: 2 (routing, header map), 3 with a body
-    many      the body is one frame per partition the header lists: 3 frames or more (up to
-              MAX_REQUEST_PARTITIONS + 2), and the router forwards one 12-byte assign per batch
+    many      the header names many partitions of the topic (``partitions``): the router forwards
+              it to one owner with an assign entry per partition (docs/PROTOCOL.md 8)
+    bodies    the body is one frame per partition the header lists: 3 frames or more (up to
+              MAX_REQUEST_PARTITIONS + 2)
     header    whether the router also takes the routing header alone (frame 1 left out)
     names     what the routing header's topic field carries: a topic, a group, or nothing
     served    who serves it to clients (SERVED): the router, a worker, or nobody (internal)
@@ -56,7 +58,8 @@ class OpSpec(NamedTuple):
     acl: str  # an ACL operation (broker/acl.py OPERATIONS), or INTERNAL
     request: type | None
     reply: type
-    many: bool = False  # one body frame per partition: ``frames`` or more (see the top)
+    many: bool = False  # names many partitions: one assign entry each (see the top)
+    bodies: bool = False  # one body frame per partition: ``frames`` or more (see the top)
 
 
 R = OpSpec
@@ -66,7 +69,8 @@ SPEC: tuple[OpSpec, ...] = (
     R(Op.FETCH,             2, False, TOPIC,   OWNER,       "consume",  P.FetchRequest,            P.FetchReply),
     R(Op.LIST_OFFSETS,      2, True,  TOPIC,   ANY_WORKER,  "describe", P.ListOffsetsRequest,      P.ListOffsetsReply),
     R(Op.WATCH,             2, False, TOPIC,   WORKER_UNIX, "consume",  P.WatchRequest,            P.Empty),
-    R(Op.PRODUCE_MULTI,     3, False, TOPIC,   OWNER,       "produce",  P.ProduceMultiRequest,     P.ProduceMultiReply, many=True),
+    R(Op.PRODUCE_MULTI,     3, False, TOPIC,   OWNER,       "produce",  P.ProduceMultiRequest,     P.ProduceMultiReply, True, True),
+    R(Op.FETCH_MULTI,       2, False, TOPIC,   OWNER,       "consume",  P.FetchMultiRequest,       P.FetchMultiReply,   True),
     R(Op.CREATE_TOPIC,      2, False, TOPIC,   ROUTER,      "create",   P.CreateTopicRequest,      P.TopicInfo),
     R(Op.LIST_TOPICS,       2, True,  NOTHING, ROUTER,      "describe", P.ListTopicsRequest,       P.ListTopicsReply),
     R(Op.DESCRIBE_TOPIC,    2, True,  TOPIC,   ROUTER,      "describe", None,                      P.DescribeReply),
@@ -104,8 +108,10 @@ def check_spec(spec) -> None:
         seen.add(row.op)
         if row.frames not in (2, 3):
             raise SpecError(f"{name}: frames={row.frames}, 2 (routing header, header map) or 3 (and a body)")
-        if row.many and (row.frames != 3 or row.header or row.served != OWNER):
-            raise SpecError(f"{name}: a many-partition op takes 3 frames or more and is served by the partitions' owner")
+        if row.many and (row.header or row.served != OWNER or row.request is None):
+            raise SpecError(f"{name}: a many-partition op is served by the partitions' owner and names them in its header")
+        if row.bodies and (row.frames != 3 or not row.many):
+            raise SpecError(f"{name}: a frame per partition is 3 frames or more, of a many-partition op")
         if row.header and (row.frames != 2 or row.served not in AT_ROUTER):
             raise SpecError(f"{name}: only a 2-frame op the router takes may leave its header out")
         if row.served not in SERVED or row.names not in (TOPIC, GROUP, NOTHING):
@@ -131,7 +137,7 @@ READS_HEADER = frozenset(row.op for row in SPEC if row.request is not None)  # f
 
 def frame_counts(row: OpSpec, endpoint: str):
     """The request frame counts ``endpoint`` ("router" or "worker") takes for ``row``'s op."""
-    if row.many:
+    if row.bodies:
         return range(row.frames, P.MAX_REQUEST_PARTITIONS + 3)
     return (row.frames, 1) if row.header and endpoint == "router" else (row.frames,)
 
@@ -149,7 +155,7 @@ def frame_count_message(op: int, got: int, header_optional: bool = False) -> str
     """The MALFORMED message for a request of ``op`` that came with ``got`` frames."""
     row = BY_OP[op]
     want = row.frames
-    if row.many:
+    if row.bodies:
         return (f"op {Op(op).name} ({int(op)}) takes a routing header, a header map and one record batch per partition "
                 f"(1 to {P.MAX_REQUEST_PARTITIONS}), got {got} frames")
     alt = " or 1 (the routing header alone)" if header_optional else ""
@@ -172,7 +178,7 @@ def doc_table() -> str:
     lines = ["| op | code | request frames | routing topic | router | worker directly | ACL operation | request (frame 1) | reply (frame 1) |",
              "|---|---:|---|---|---|---|---|---|---|"]
     for row in SPEC:
-        frames = f"{row.frames} (or 1)" if row.header else f"2 + one per partition" if row.many else str(row.frames)
+        frames = f"{row.frames} (or 1)" if row.header else f"2 + one per partition" if row.bodies else str(row.frames)
         at_router, at_worker = _SERVED_TEXT[row.served]
         acl = "none: refused to clients" if row.acl == INTERNAL else f"`{row.acl}`"
         request = f"`{row.request.__name__}`" if row.request is not None else "not read"

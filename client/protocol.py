@@ -54,6 +54,7 @@ class Op(enum.IntEnum):
     LIST_OFFSETS = 3
     WATCH = 4  # same host only: ring a client's doorbell when partitions it reads from the rings move (section 8d)
     PRODUCE_MULTI = 5  # one batch for each of many partitions of one topic owned by one worker (section 4.1a)
+    FETCH_MULTI = 6  # fetch from many partitions of one topic owned by one worker, one long poll over all (section 4.2a)
     CREATE_TOPIC = 10
     LIST_TOPICS = 11
     DESCRIBE_TOPIC = 12
@@ -177,10 +178,11 @@ class ErrorCode(enum.IntEnum):
     OUT_OF_ORDER_SEQUENCE = 24  # an idempotent batch's base sequence is not the next one the partition expects: nothing stored
     INTERNAL_TOPIC = 25  # the topic is the broker's own (__consumer_offsets): topic admin may not create, alter or delete it
     STORAGE_FULL = 26  # the journal's filesystem is fuller than disk_max_used_ratio: produce refused, nothing stored (retriable)
+    FETCH_SESSION_NOT_FOUND = 27  # FETCH_MULTI: the worker holds no such session (expired, or the worker restarted): send every position again
 
 
 RETRIABLE = frozenset({ErrorCode.NOT_OWNER, ErrorCode.BACKPRESSURE, ErrorCode.NOT_READY, ErrorCode.TIMEOUT,
-                       ErrorCode.STORAGE_FULL})
+                       ErrorCode.STORAGE_FULL, ErrorCode.FETCH_SESSION_NOT_FOUND})
 
 
 def pack_routing(op: int, partition: int, request_id: int, topic: bytes, code: int = 0) -> bytes:
@@ -214,6 +216,7 @@ class ProduceReply(msgspec.Struct):
 # every batch of it that was stored.
 MAX_REQUEST_PARTITIONS = 4096  # partitions (batch frames) one multi-partition request may carry
 NO_SLOT = 0xFFFF_FFFF  # router -> worker, in a multi-partition assign entry: not routed to you; the epoch field is the code
+ASSIGN_COUNT = struct.Struct("<I")  # router -> worker: a many-partition op's assign frame starts with its entry count
 
 
 class ProduceMultiRequest(msgspec.Struct, omit_defaults=True):
@@ -246,6 +249,41 @@ class FetchRequest(msgspec.Struct, omit_defaults=True):
     max_records: int = 1 << 20
     max_wait_ms: int = 0
     isolation: str = "memory"  # "memory": up to the high watermark; "durable": up to the durable watermark
+
+
+class FetchMultiRequest(msgspec.Struct, omit_defaults=True):
+    """FETCH_MULTI (docs/PROTOCOL.md 4.2a). ``partitions`` and ``offsets`` pair up: where to read
+    each partition from. In a session (``session_id`` > 0) they list only what changed since the
+    session's last request (positions that moved, partitions added); ``forget`` drops partitions."""
+    partitions: list[int] = []
+    offsets: list[int] = []
+    max_bytes: int = 1 << 20  # per partition
+    max_records: int = 1 << 20  # per partition
+    max_total_bytes: int = 16 << 20  # the whole reply: partitions past it are left for the next request
+    max_wait_ms: int = 0  # wait this long for any partition to have data
+    isolation: str = "memory"
+    session_id: int = -1  # -1: no session; 0: open one (the reply names it); > 0: the session's id
+    forget: list[int] = []
+
+
+class PartitionFetch(msgspec.Struct, array_like=True):
+    """One partition's part of a FETCH_MULTI reply, a msgpack array ``[partition, code,
+    high_watermark, durable_watermark, log_start_offset, next_offset, body_bytes, message]``: its
+    batches are the next ``body_bytes`` of frame 2 (section 4.2a)."""
+    partition: int
+    code: int
+    high_watermark: int = -1
+    durable_watermark: int = -1
+    log_start_offset: int = -1
+    next_offset: int = -1
+    body_bytes: int = 0
+    message: str = ""
+
+
+class FetchMultiReply(msgspec.Struct):
+    results: list[PartitionFetch]
+    session_id: int = -1
+    throttle_ms: int = 0
 
 
 class FetchReply(msgspec.Struct):

@@ -55,7 +55,8 @@ EXIT_OK = 0
 
 # the routing-header checks of every client request (broker/envelope.py, over client/ops.py's SPEC)
 ENVELOPE = Envelope("router")
-_many_dec = P.decoder(P.ProduceMultiRequest)  # forward_many reads the partition list, nothing else
+# forward_many reads the partition list of a many-partition op's header (its SPEC row's request type), nothing else
+_MANY = {row.op: (P.decoder(row.request), row.bodies) for row in ops.SPEC if row.many}
 
 Handler = Callable[[Request], None]
 
@@ -173,16 +174,21 @@ class Router:
         self.links.send(worker, [req.ident, said, *req.frames[1:]])
 
     def forward_many(self, req: Request) -> None:
-        """The handler of the many-partition OWNER rows (PRODUCE_MULTI): to the owner of its first
-        partition, with one assign entry per batch; a partition that worker does not own gets
-        ``NO_SLOT`` and its code (UNKNOWN_PARTITION, NOT_OWNER), which the worker answers for it.
-        The header is decoded for its partition list only; the batches are not read."""
-        parts = _many_dec.decode(req.frames[2]).partitions
-        if len(parts) != len(req.frames) - 3:  # the worker checks the rest (acks, a partition twice)
+        """The handler of the many-partition OWNER rows (PRODUCE_MULTI, FETCH_MULTI): to the owner
+        of the routing header's partition (when >= 0) or of the first listed partition it knows,
+        with the entry count and one assign entry per listed partition; a partition that worker
+        does not own gets ``NO_SLOT`` and its code (UNKNOWN_PARTITION, NOT_OWNER), which the
+        worker answers for it. The header is decoded for its partition list only; batches are
+        not read."""
+        dec, bodies = _MANY[req.op]
+        parts = dec.decode(req.frames[2]).partitions
+        if bodies and len(parts) != len(req.frames) - 3:  # the worker checks the rest (acks, a partition twice)
             return req.reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
                 f"header lists {len(parts)} partitions for {len(req.frames) - 3} batch frames: one batch frame per partition"))
         routes = [self.placement.route(req.topic, p) for p in parts]
-        first = next((r for r in routes if r is not None), None)
+        # the owner of the routing header's partition (a fetch session may list none), else of the first known one
+        first = self.placement.route(req.topic, req.partition) if req.partition >= 0 else None
+        first = first or next((r for r in routes if r is not None), None)
         if first is None:
             code = P.ErrorCode.UNKNOWN_TOPIC if self.catalog.get(req.name) is None else P.ErrorCode.UNKNOWN_PARTITION
             return req.reply(code, P.ErrorReply(f"unknown topic or partitions: topic={req.name!r} partitions={parts[:8]}"))
@@ -198,7 +204,7 @@ class Router:
                 entries.append(r[1])
                 told[(req.topic, p)] = r[1]
         self.forwarded += 1
-        said = b"".join(entries)
+        said = P.ASSIGN_COUNT.pack(len(entries)) + b"".join(entries)
         if req.principal is not None:
             said += req.principal.encode()
         self.links.send(worker, [req.ident, said, *req.frames[1:]])

@@ -1,0 +1,276 @@
+"""FETCH_MULTI: read many partitions of one topic in one request, one long poll over all of them,
+and fetch sessions so a reader of many partitions sends only the positions that moved
+(docs/PROTOCOL.md 4.2a; Kafka's FetchRequest with KIP-227's incremental sessions).
+
+Each partition is read as FETCH reads it (``actor.read_cached``: the ring, or a journal read on
+the disk-reader thread); the reply goes once every read of it is done. With nothing to return
+and ``max_wait_ms`` > 0 the request parks (``MultiFetch`` in ``Parked.waits``, its slots in
+``Turn.parked_slots``) until any of its partitions gets data (memory isolation: an append;
+durable: a sync) or the wait ends; ``service_parked`` below runs after FETCH's own.
+
+A session is the worker's record of a reader's positions: ``session_id`` 0 opens one, and a
+request in it lists only partitions whose position moved (or that are new) and those to forget;
+the others are read from the positions the session holds. The worker never moves a position on
+its own (a lost reply loses nothing: the reader asks again from where it is). The reply of a
+session request lists the partitions with data, an error, or named in the request. Sessions
+idle for SESSION_IDLE_S, or the oldest past MAX_SESSIONS, are dropped: a request in one gets
+FETCH_SESSION_NOT_FOUND and opens a new one with every position.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+from tailrace.broker import quota
+from tailrace.client import protocol as P
+from tailrace.persistence.log import DiskRead, FetchResult
+
+from .fetch import MAX_WAIT_MS, FetchContext, missing_segment
+
+MAX_SESSIONS = 1000  # fetch sessions one worker holds; the least recently used goes first
+SESSION_IDLE_S = 120.0
+_dec = P.decoder(P.FetchMultiRequest)
+
+
+class Session:
+    __slots__ = ("topic", "positions", "used")
+
+    def __init__(self, topic: bytes):
+        self.topic = topic
+        self.positions: dict[int, int] = {}  # partition -> where the reader reads it from
+        self.used = time.monotonic()
+
+
+class Sessions:
+    """The fetch sessions of one worker, least recently used first."""
+
+    def __init__(self, limit: int = MAX_SESSIONS, idle_s: float = SESSION_IDLE_S):
+        self.limit, self.idle_s = limit, idle_s
+        self.by_id: OrderedDict[int, Session] = OrderedDict()
+        self._next = 0
+
+    def open(self, topic: bytes) -> tuple[int, Session]:
+        now = time.monotonic()
+        while self.by_id:
+            sid, oldest = next(iter(self.by_id.items()))
+            if len(self.by_id) < self.limit and now - oldest.used < self.idle_s:
+                break
+            del self.by_id[sid]
+        self._next += 1
+        s = self.by_id[self._next] = Session(topic)
+        return self._next, s
+
+    def get(self, sid: int, topic: bytes) -> Session | None:
+        s = self.by_id.get(sid)
+        if s is None or s.topic != topic or time.monotonic() - s.used >= self.idle_s:
+            self.by_id.pop(sid, None)
+            return None
+        s.used = time.monotonic()
+        self.by_id.move_to_end(sid)
+        return s
+
+
+class Parked:
+    """The FETCH_MULTI requests waiting for data (``MultiFetch``), and the worker's sessions."""
+
+    def __init__(self):
+        self.waits: list[MultiFetch] = []
+        self.sessions = Sessions()
+
+
+class MultiFetch:
+    """One FETCH_MULTI: its partitions' actors and offsets, the results so far, and the disk
+    reads it waits for."""
+
+    __slots__ = ("ident", "head", "req", "sid", "targets", "listed", "who", "deadline", "slots", "results", "parts",
+                 "pending", "sent")
+
+    def __init__(self, ident, head: tuple, req: P.FetchMultiRequest, sid: int, targets: list, listed: set, who):
+        self.ident, self.head, self.req, self.sid, self.who = ident, head, req, sid, who
+        self.targets = targets  # (partition, actor or None, offset, outcome for a partition refused up front)
+        self.listed = listed  # partitions the request named (always in the reply)
+        self.deadline = time.monotonic_ns() + min(req.max_wait_ms, MAX_WAIT_MS) * 1_000_000
+        self.slots = {a.slot for _p, a, _o, _r in targets if a is not None}
+        self.results: list = []
+        self.parts: list = []
+        self.pending = 0
+        self.sent = False
+
+
+def fetch_multi(ctx: FetchContext, ident, assign, topic, partition, rest, who, reply) -> None:
+    req = _dec.decode(rest[1])
+    parts, offsets = req.partitions, req.offsets
+    if (len(parts) != len(offsets) or any(o < 0 for o in offsets) or req.max_bytes < 1 or req.max_records < 1
+            or req.max_total_bytes < 1 or req.max_wait_ms < 0 or req.isolation not in ("memory", "durable")
+            or len(parts) > P.MAX_REQUEST_PARTITIONS or req.session_id < -1):
+        return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"bad fetch fields: {req}"[:P.ERROR_TEXT_MAX]))
+    if len(set(parts)) != len(parts):
+        return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply("a partition is listed twice"))
+    if assign is not None and len(assign) != P.ASSIGN.size * len(parts):
+        return reply(P.ErrorCode.MALFORMED, P.ErrorReply("bad assignment frame"))
+    sessions = ctx.parked.sessions
+    positions = dict(zip(parts, offsets))
+    sid = req.session_id
+    if sid > 0:
+        session = sessions.get(sid, topic)
+        if session is None:
+            return reply(P.ErrorCode.FETCH_SESSION_NOT_FOUND, P.ErrorReply(
+                f"no fetch session {sid} for this topic on this worker (expired, or the worker restarted): open a new one"))
+        for p in req.forget:
+            session.positions.pop(p, None)
+        session.positions.update(positions)
+        positions = session.positions
+    elif sid == 0:
+        sid, session = sessions.open(topic)
+        session.positions.update(positions)
+    index = {p: i for i, p in enumerate(parts)}
+    owned, targets = ctx.owned, []
+    for p, offset in positions.items():
+        said = []
+        one = None
+        i = index.get(p)
+        if assign is not None and i is not None:
+            one = assign[i * P.ASSIGN.size:(i + 1) * P.ASSIGN.size]
+            slot, epoch = P.ASSIGN.unpack(one)
+            if slot == P.NO_SLOT:
+                targets.append((p, None, offset, P.PartitionFetch(p, epoch, message=_not_routed(epoch))))
+                continue
+        actor = owned.actor_for(one, topic, p, lambda code, body=None: said.append((code, body)))
+        if actor is None:
+            code, body = said[0]
+            targets.append((p, None, offset, P.PartitionFetch(p, code, message=body.message if body is not None else "")))
+        else:
+            targets.append((p, actor, offset, None))
+    m = MultiFetch(ident, P.unpack_routing(rest[0])[1:6], req, sid, targets, set(parts), who)
+    if not run(ctx, m, final=req.max_wait_ms == 0):
+        ctx.parked.waits.append(m)
+        ctx.turn.parked_slots.update(m.slots)
+
+
+def _not_routed(code: int) -> str:
+    return "another worker owns this partition: fetch it from that worker" if code == P.ErrorCode.NOT_OWNER else "unknown partition"
+
+
+def run(ctx: FetchContext, m: MultiFetch, final: bool) -> bool:
+    """Read every partition of ``m``; reply now, or once its disk reads are done. False (nothing
+    sent, nothing read) when no partition had data or an error and ``final`` is not set."""
+    req = m.req
+    budget = req.max_total_bytes
+    if ctx.throttle is not None and m.who is not None:  # over a fetch quota: read what keeps the hold short
+        allowed = ctx.throttle.allowance(m.who, quota.FETCH, time.monotonic())
+        if allowed is not None:
+            budget = max(1, min(budget, allowed))
+    results, reads, news = [], [], False
+    live = ctx.owned.actors
+    for p, actor, offset, refused in m.targets:
+        if refused is not None:
+            results.append([refused, None])
+            news = True
+            continue
+        if live.get(actor.slot) is not actor:  # let go since (its topic deleted, or fenced)
+            results.append([P.PartitionFetch(p, P.ErrorCode.UNKNOWN_TOPIC, message="the partition was let go"), None])
+            news = True
+            continue
+        if budget <= 0:
+            continue  # the reply is full: this one in the next request
+        res = actor.read_cached(offset, min(req.max_bytes, budget), req.max_records, req.isolation)
+        entry = [None, (p, actor, offset)]
+        if isinstance(res, DiskRead):
+            budget -= res.max_bytes
+            reads.append((res, entry))
+            news = True
+        else:
+            size = sum(map(len, res.parts))
+            budget -= size
+            entry[0] = res
+            news = news or res.code != P.ErrorCode.OK or size > 0
+        results.append(entry)
+    if not news and not final:
+        return False
+    m.results = results
+    if reads and ctx.reader is not None:
+        m.pending = len(reads)
+        for job, entry in reads:
+            ctx.reader.submit(job, lambda r, entry=entry: _disk_done(ctx, m, entry, r))
+        return True
+    for job, entry in reads:  # no reader thread (a probe): read inline
+        actor = entry[1][1]
+        entry[0] = actor._read_disk(job.offset, job.max_bytes, job.max_records, job.limit)
+    _send(ctx, m)
+    return True
+
+
+def _disk_done(ctx: FetchContext, m: MultiFetch, entry: list, res: FetchResult) -> None:
+    entry[0] = res
+    m.pending -= 1
+    if not m.pending:
+        _send(ctx, m)
+
+
+def _send(ctx: FetchContext, m: MultiFetch) -> None:
+    out, req = [], m.req
+    body_parts, fetched, totals = [], ctx.traffic.fetched, ctx.traffic.totals
+    session = m.req.session_id >= 0
+    for res, where in m.results:
+        if where is None:  # refused up front
+            out.append(res)
+            continue
+        p, actor, offset = where
+        log_start, hw, durable = actor.log.offsets()
+        if res.code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
+            watermark = actor.log.watermark(req.isolation)
+            if res.source == "disk" and log_start <= offset < watermark:
+                out.append(P.PartitionFetch(p, P.ErrorCode.INTERNAL, hw, durable, log_start, offset,
+                                            message=missing_segment(actor, offset, log_start)))
+            else:
+                out.append(P.PartitionFetch(p, res.code, hw, durable, log_start, offset,
+                                            message=f"offset {offset} out of range [{log_start}, {watermark}]"))
+            continue
+        if res.code != P.ErrorCode.OK:
+            out.append(P.PartitionFetch(p, res.code, hw, durable, log_start, offset, message=f"fetch failed ({res.source})"))
+            continue
+        size = sum(map(len, res.parts))
+        if session and not size and p not in m.listed:
+            continue  # a session's quiet partition: nothing to say
+        body_parts.extend(res.parts)
+        out.append(P.PartitionFetch(p, P.ErrorCode.OK, hw, durable, log_start, res.next_offset, size))
+        if size:
+            records = res.next_offset - offset
+            totals[2] += records
+            totals[3] += size
+            got = fetched.get(actor.slot)
+            if got is None:
+                got = fetched[actor.slot] = [0, 0]
+            got[0] += records
+            got[1] += size
+    body = b"".join(body_parts)
+    hold_ms = ctx.throttle.charge(m.who, quota.FETCH, len(body), time.monotonic()) if ctx.throttle is not None else 0
+    op, _code, partition, request_id, topic = m.head
+    head = P.pack_routing(op, partition, request_id, topic)
+    ctx.out.count(op, P.ErrorCode.OK)
+    ctx.out.send_after([*m.ident, head, P.encode(P.FetchMultiReply(out, m.sid if m.req.session_id >= 0 else -1, hold_ms)),
+                        body], hold_ms)
+    m.sent = True
+
+
+def service_parked(ctx: FetchContext, now_ns: int, synced: bool) -> int:
+    """Answer the parked FETCH_MULTI requests that got data or whose wait ran out; their slots
+    stay in ``Turn.parked_slots`` while they wait. Returns ms to the next deadline, -1 if none."""
+    waits = ctx.parked.waits
+    if not waits:
+        return -1
+    appended = ctx.turn.appended
+    keep, next_ms = [], -1
+    for m in waits:
+        expired = now_ns >= m.deadline
+        has_new = synced if m.req.isolation == "durable" else not appended.isdisjoint(m.slots)
+        if (has_new or expired) and run(ctx, m, final=expired):
+            continue
+        keep.append(m)
+        ms = max(0, (m.deadline - now_ns) // 1_000_000)
+        next_ms = ms if next_ms < 0 else min(next_ms, ms)
+    ctx.parked.waits = keep
+    for m in keep:
+        ctx.turn.parked_slots.update(m.slots)
+    return next_ms
