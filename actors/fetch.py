@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from tailrace.broker import quota
+from tailrace.client import ops
 from tailrace.client import protocol as P
 from tailrace.persistence.log import DiskRead, FetchResult
 
@@ -26,7 +27,7 @@ from .partition import PartitionActor
 
 log = logging.getLogger("tailrace.worker")
 MAX_WAIT_MS = 60_000  # a parked fetch's wait is cut to this
-_fetch_dec = P.decoder(P.FetchRequest)
+_fetch_dec = ops.DECODERS[P.Op.FETCH]
 
 
 @dataclass(slots=True)

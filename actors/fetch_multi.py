@@ -23,6 +23,7 @@ import time
 from collections import OrderedDict
 
 from tailrace.broker import quota
+from tailrace.client import ops
 from tailrace.client import protocol as P
 from tailrace.persistence.log import DiskRead, FetchResult
 
@@ -30,7 +31,7 @@ from .fetch import MAX_WAIT_MS, FetchContext, missing_segment
 
 MAX_SESSIONS = 1000  # fetch sessions one worker holds; the least recently used goes first
 SESSION_IDLE_S = 120.0
-_dec = P.decoder(P.FetchMultiRequest)
+_dec = ops.DECODERS[P.Op.FETCH_MULTI]
 
 
 class Session:
@@ -169,7 +170,8 @@ def run(ctx: FetchContext, m: MultiFetch, final: bool) -> bool:
             news = True
             continue
         if live.get(actor.slot) is not actor:  # let go since (its topic deleted, or fenced)
-            results.append([P.PartitionFetch(p, P.ErrorCode.UNKNOWN_TOPIC, message="the partition was let go"), None])
+            results.append([P.PartitionFetch(p, P.ErrorCode.NOT_OWNER, message="this worker let the partition go "
+                                             "(moved, or its topic deleted): describe the topic again"), None])
             news = True
             continue
         if budget <= 0:

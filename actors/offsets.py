@@ -7,6 +7,7 @@ control table, the time lookup from each partition's ``PartitionLog`` (persisten
 from __future__ import annotations
 
 from tailrace.broker.catalog import Catalog
+from tailrace.client import ops
 from tailrace.client import protocol as P
 from tailrace.client.ring_reader import SharedRings
 from tailrace.persistence.journal import JournalReader
@@ -14,7 +15,7 @@ from tailrace.persistence.log import PartitionLog
 from tailrace.shm.layout import COL
 from tailrace.shm.ring import ControlTable
 
-_list_offsets_dec = P.decoder(P.ListOffsetsRequest)
+_list_offsets_dec = ops.DECODERS[P.Op.LIST_OFFSETS]
 _WRITE, _FLUSHED_POS = COL["write_position"], COL["flushed_position"]
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from tailrace.broker import quota
 from tailrace.broker.catalog import OFFSETS_TOPIC
+from tailrace.client import ops
 from tailrace.client import protocol as P
 from tailrace.persistence.flusher import STAGE_MIN_BYTES
 from tailrace.shm.ring import ControlTable
@@ -30,8 +31,8 @@ KICK_MIN_BYTES = STAGE_MIN_BYTES  # plain data waiting before a worker kicks the
 STORAGE_FULL_MESSAGE = ("the journal's filesystem is fuller than disk_max_used_ratio: produce is refused until there is room "
                         "(retriable; nothing was stored)")
 OFFSETS_TOPIC_BYTES = OFFSETS_TOPIC.encode()  # group commits are still taken when storage is full: a few bytes each
-_produce_dec = P.decoder(P.ProduceRequest)
-_multi_dec = P.decoder(P.ProduceMultiRequest)
+_produce_dec = ops.DECODERS[P.Op.PRODUCE]
+_multi_dec = ops.DECODERS[P.Op.PRODUCE_MULTI]
 
 
 @dataclass(slots=True)

@@ -9,7 +9,8 @@ Two ways to read:
   turns into Arrow arrays.
 
 One fetch per assigned partition is in flight at a time; each asks the broker to hold it up to
-``max_wait_ms`` when there is no data yet (long polling).
+``max_wait_ms`` when there is no data yet (long polling). The partitions one worker owns are
+fetched together, one FETCH_MULTI for all of them (client/fetches.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from . import group as group_mod
 from .group import GROUP_OPTIONS, Membership
 from .security import curve_keys
 from .routes import BlockingRoutes
-from .errors import InvalidRequestError, OffsetOutOfRangeError, UnknownPartitionError
+from .errors import InvalidRequestError, UnknownPartitionError
+from .fetches import Fetches
 from .records import Columns, batches_to_columns, iter_batches
 from .ring_reader import WATERMARK_COLUMN, SharedRings, TailStatus
 
@@ -89,15 +91,17 @@ class _Assigned:
     below: bool = False  # the position is below the ring: fetch it
 
 
-class ConsumerCore:
+class ConsumerCore(Fetches):
     """Everything a consumer decides, without I/O: assigned partitions and positions, which
-    fetches to send, what a fetch reply means, records out of replies. ``Consumer`` below drives
+    fetches to send and what a fetch reply means (``Fetches``, client/fetches.py), records out of
+    replies. ``Consumer`` below drives
     it with blocking polls (and reads the rings on the same host); ``aio.AsyncConsumer`` from an
     asyncio event loop. Subclasses set ``self.pool`` (``send`` never blocks), ``self.routes``
     and ``_route``."""
 
     def __init__(self, *, max_bytes: int = 4 << 20, max_records: int = 1 << 20, max_wait_ms: int = 500,
-                 isolation: str = "memory", request_timeout_ms: int = 3000, auto_offset_reset: str = "error"):
+                 isolation: str = "memory", request_timeout_ms: int = 3000, auto_offset_reset: str = "error",
+                 multi_partition: bool = True):
         if auto_offset_reset not in AUTO_OFFSET_RESETS:
             raise InvalidRequestError(f"auto_offset_reset={auto_offset_reset!r}: one of {', '.join(AUTO_OFFSET_RESETS)}")
         # where a position the log no longer holds (retention) or never held goes: Kafka's
@@ -110,7 +114,8 @@ class ConsumerCore:
         self.isolation = isolation
         self.request_timeout_s = request_timeout_ms / 1000
         self.assigned: dict[tuple[str, int], _Assigned] = {}
-        self._by_rid: dict[int, _Assigned] = {}
+        self._by_rid: dict[int, _Assigned | list[_Assigned]] = {}  # request id -> partition (a list: a FETCH_MULTI's)
+        self.multi_partition = multi_partition  # one FETCH_MULTI per worker for its partitions (client/fetches.py)
         self.last_reply: dict[tuple[str, int], P.FetchReply] = {}
         self._tailed: list[_Assigned] = []
         self._tail_slots = self._tail_pos = np.zeros(0, dtype=np.int64)
@@ -211,88 +216,6 @@ class ConsumerCore:
             moved[p] = po.time_offset if po.time_offset >= 0 else end
             self.seek(topic, p, moved[p])
         return moved
-
-    def _send_fetches(self, max_wait_ms: int, fetch_only: bool = False) -> None:
-        now = time.monotonic()
-        for a in self.assigned.values():
-            if fetch_only and a.tail is not None and not a.below:
-                continue  # read from its ring
-            if a.inflight:
-                if now - a.sent < a.wait_s + self.request_timeout_s:
-                    continue
-                self._by_rid.pop(a.inflight, None)  # lost with a broker process: ask again
-                if a.via is not None:
-                    self.routes.demote(a.topic, a.partition)
-            header = P.encode(P.FetchRequest(a.position, self.max_bytes, self.max_records, max_wait_ms, self.isolation))
-            via = self._route(a.topic, a.partition)
-            rid = self.pool.send(via, P.Op.FETCH, a.topic, a.partition, header)
-            a.inflight, a.sent, a.wait_s, a.via = rid, now, max_wait_ms / 1000, via
-            self._by_rid[rid] = a
-
-    def _connection_lost(self, via: str | None) -> None:
-        """The connection to ``via`` (None: the router) closed: its fetches in flight will never
-        be answered; the next ``_send_fetches`` asks again at once (``Pool.on_lost``)."""
-        for a in self.assigned.values():
-            if a.inflight and a.via == via:
-                self._by_rid.pop(a.inflight, None)
-                a.inflight = 0
-                if via is not None:
-                    self.routes.demote(a.topic, a.partition)
-
-    def _raise_deferred(self) -> None:
-        if self._deferred is not None:  # an error met after records were already handed out
-            exc, self._deferred = self._deferred, None
-            raise exc
-
-    def _take_or_defer(self, r, out: list) -> bool:
-        """``_take``; an error it raises after ``out`` already holds records (whose partitions'
-        positions have moved on) is kept for the next poll, so no record is skipped. Returns
-        False when one was kept (return ``out`` now)."""
-        try:
-            self._take(r, out)
-            return True
-        except Exception as exc:
-            if not out:
-                raise
-            self._deferred = exc
-            return False
-
-    def _take(self, r, out: list) -> None:
-        """One fetch reply: advance its partition and add its data to ``out``."""
-        a = self._by_rid.pop(r.request_id, None)
-        if a is None or a.inflight != r.request_id:
-            return
-        a.inflight = 0
-        if a.below:
-            a.below = False  # its ring is tried again from the new position
-            self._fetching = True  # re-indexed below, or at the next ring read
-        self.routes.answered(a.topic, a.partition, r.via, r.code)
-        if r.code == P.ErrorCode.NOT_OWNER:
-            return  # asked again through the router on the next turn
-        if r.code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
-            r_err = P.decoder(P.ErrorReply).decode(r.header)
-            to = {"earliest": r_err.log_start_offset, "latest": r_err.high_watermark}.get(self.auto_offset_reset, -1)
-            if to >= 0:
-                log.warning("%s/%d: offset %d out of range [%d, %d]: position reset to %d (auto_offset_reset=%s)",
-                            a.topic, a.partition, a.position, r_err.log_start_offset, r_err.high_watermark, to,
-                            self.auto_offset_reset)
-                self.resets += 1
-                a.position = to
-                self._index_tails()
-                return
-            raise OffsetOutOfRangeError(
-                f"{a.topic}/{a.partition}: offset {a.position} out of range", log_start_offset=r_err.log_start_offset,
-                high_watermark=r_err.high_watermark)
-        r.raise_for_code()
-        info = P.decoder(P.FetchReply).decode(r.header)
-        self.last_reply[(a.topic, a.partition)] = info
-        self.throttle_ms += info.throttle_ms
-        if r.body is not None and len(r.body):
-            start = a.position
-            a.position = info.next_offset
-            out.append((a, start, info, r.body))
-        if a.tail is not None:
-            self._index_tails()
 
     # --- same-host ring reads: what Consumer and AsyncConsumer share (client/ring_reader.py) -----
     _rings: SharedRings | None = None

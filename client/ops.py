@@ -133,6 +133,8 @@ GROUP_OPS = frozenset(row.op for row in SPEC if row.served == COORDINATOR)
 FORWARDED = frozenset(row.op for row in SPEC if row.served == OWNER)  # the router sends these to the owner
 ACL_NEEDS = {row.op: row.acl for row in SPEC if row.served != INTERNAL}  # op -> ACL operation
 READS_HEADER = frozenset(row.op for row in SPEC if row.request is not None)  # frame 1 decoded and checked
+# op -> the decoder of its request header, by its row's ``request`` type: what every handler decodes frame 1 with
+DECODERS = {row.op: P.decoder(row.request) for row in SPEC if row.request is not None}
 
 
 def frame_counts(row: OpSpec, endpoint: str):

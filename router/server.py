@@ -56,7 +56,7 @@ EXIT_OK = 0
 # the routing-header checks of every client request (broker/envelope.py, over client/ops.py's SPEC)
 ENVELOPE = Envelope("router")
 # forward_many reads the partition list of a many-partition op's header (its SPEC row's request type), nothing else
-_MANY = {row.op: (P.decoder(row.request), row.bodies) for row in ops.SPEC if row.many}
+_MANY = {row.op: (ops.DECODERS[row.op], row.bodies) for row in ops.SPEC if row.many}
 
 Handler = Callable[[Request], None]
 

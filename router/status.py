@@ -17,6 +17,7 @@ from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import Catalog
 from tailrace.broker.datadir import journal_usage
 from tailrace.broker.stats import flusher_disk
+from tailrace.client import ops
 from tailrace.client import protocol as P
 from tailrace.shm.layout import ring_region_bytes
 
@@ -25,7 +26,7 @@ from .placement import Placement
 from .request import Request
 from .traffic import Traffic
 
-_set_workers_dec = P.decoder(P.SetWorkersRequest)
+_set_workers_dec = ops.DECODERS[P.Op.SET_WORKERS]
 
 
 @dataclass

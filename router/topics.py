@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from tailrace.broker import acl, datadir
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import INTERNAL_TOPICS, Catalog, internal_topic_refusal, valid_topic_name
+from tailrace.client import ops
 from tailrace.client import protocol as P
 from tailrace.persistence.retire import free_slots
 from tailrace.shm.layout import ring_region_bytes
@@ -31,10 +32,10 @@ log = logging.getLogger("tailrace.router")
 MAX_PARTITIONS = 1024
 MIN_RING_BYTES = 64 * 1024
 
-_create_dec = P.decoder(P.CreateTopicRequest)
-_create_partitions_dec = P.decoder(P.CreatePartitionsRequest)
-_alter_configs_dec = P.decoder(P.AlterConfigsRequest)
-_list_topics_dec = P.decoder(P.ListTopicsRequest)
+_create_dec = ops.DECODERS[P.Op.CREATE_TOPIC]
+_create_partitions_dec = ops.DECODERS[P.Op.CREATE_PARTITIONS]
+_alter_configs_dec = ops.DECODERS[P.Op.ALTER_CONFIGS]
+_list_topics_dec = ops.DECODERS[P.Op.LIST_TOPICS]
 
 
 @dataclass

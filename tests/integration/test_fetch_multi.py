@@ -159,3 +159,65 @@ def test_bad_fields_are_invalid_request(router, fields):
         create_topic(router, topic, 2)
     code, message = error(router, [routing(P.Op.FETCH_MULTI, topic, 0), P.encode(P.FetchMultiRequest(**fields))])
     assert code == E.INVALID_REQUEST, (E(code).name, message)
+
+
+# --- the Python consumers fetch each worker's partitions with one request ------------------------
+
+
+def _fill(bootstrap: str, topic: str, partitions: int, n: int) -> dict[int, list[bytes]]:
+    from tailrace.client.producer import Producer
+    want = {p: [f"{p}:{i}".encode() for i in range(n)] for p in range(partitions)}
+    with Producer(bootstrap, acks="memory") as prod:
+        for p, values in want.items():
+            prod.send_batch(topic, values, partition=p)
+        prod.flush()
+    return want
+
+
+@pytest.mark.parametrize("multi", [True, False])
+def test_the_blocking_consumer_reads_many_partitions_with_one_fetch_per_worker(broker, router, multi):
+    from tailrace.client.consumer import Consumer
+    from tests.integration.test_produce_multi import _CountOps
+    topic = f"fm-consumer-{multi}"
+    create_topic(router, topic, 8, ring_bytes=1 << 20)
+    want = _fill(broker.bootstrap, topic, 8, 50)
+    got = {p: [] for p in range(8)}
+    with Consumer(broker.bootstrap, max_wait_ms=200, multi_partition=multi) as c:
+        counted = _CountOps(c.pool)
+        c.assign(topic)
+        deadline = time.monotonic() + 30
+        while sum(map(len, got.values())) < 400 and time.monotonic() < deadline:
+            for rec in c.poll(500):
+                got[rec.partition].append(rec.value)
+        for _ in range(3):  # caught up: the next polls long-poll every partition at once
+            assert c.poll(300) == []
+    assert got == want
+    if multi:
+        assert counted.ops.get(P.Op.FETCH_MULTI, 0) >= 2 and counted.ops.get(P.Op.FETCH, 0) <= 8, counted.ops
+    else:
+        assert P.Op.FETCH_MULTI not in counted.ops
+
+
+def test_the_asyncio_consumer_reads_many_partitions_with_fetch_multi(broker, router):
+    import asyncio
+
+    from tailrace.client.aio import AsyncConsumer
+    from tests.integration.test_produce_multi import _CountOps
+    topic = "fm-aio-consumer"
+    create_topic(router, topic, 8, ring_bytes=1 << 20)
+    want = _fill(broker.bootstrap, topic, 8, 40)
+
+    async def run():
+        got = {p: [] for p in range(8)}
+        async with AsyncConsumer(broker.bootstrap, max_wait_ms=200) as c:
+            counted = _CountOps(c.pool)
+            await c.assign(topic)
+            deadline = time.monotonic() + 30
+            while sum(map(len, got.values())) < 320 and time.monotonic() < deadline:
+                for rec in await c.poll(500):
+                    got[rec.partition].append(rec.value)
+        return got, counted.ops
+
+    got, ops = asyncio.run(run())
+    assert got == want
+    assert ops.get(P.Op.FETCH_MULTI, 0) >= 1, ops

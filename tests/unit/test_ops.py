@@ -93,3 +93,14 @@ def test_protocol_md_op_table_is_the_spec():
     tailrace.client.ops`` prints it): a row changed in one place only fails here."""
     text = (ROOT / "docs" / "PROTOCOL.md").read_text()
     assert ops.doc_table() in text, "docs/PROTOCOL.md's op table differs from client/ops.py: paste `python -m tailrace.client.ops`"
+
+
+def test_every_handler_decodes_frame_1_with_its_rows_request_type():
+    """ops.DECODERS comes from the rows, and the handlers' module-level decoders are those objects."""
+    from tailrace.actors import fetch, fetch_multi, offsets, produce
+    from tailrace.router import status, topics
+    assert set(ops.DECODERS) == {row.op for row in ops.SPEC if row.request is not None}
+    used = {produce._produce_dec, produce._multi_dec, fetch._fetch_dec, fetch_multi._dec, offsets._list_offsets_dec,
+            status._set_workers_dec, topics._create_dec, topics._create_partitions_dec, topics._alter_configs_dec,
+            topics._list_topics_dec}
+    assert used <= set(ops.DECODERS.values())

@@ -1,0 +1,178 @@
+"""The consumer's fetches: which to send, and what a reply means (``ConsumerCore``'s half that
+talks to the broker; client/consumer.py).
+
+One fetch per assigned partition is in flight at a time. The partitions due a fetch whose owner
+is known (DESCRIBE's endpoint) are grouped by topic and owner: a group of one is a FETCH, a
+larger one a FETCH_MULTI (docs/PROTOCOL.md 4.2a) whose long poll covers all of them; its reply
+is taken apart into one answer per partition, each handled as a FETCH reply is (data, a reset
+out of range, NOT_OWNER, an error).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from . import protocol as P
+from .errors import OffsetOutOfRangeError, error_for
+
+log = logging.getLogger("tailrace.consumer")
+MIN_TOTAL_BYTES = 16 << 20  # a FETCH_MULTI's max_total_bytes at least (Kafka's fetch.max.bytes is 50 MiB)
+_fetch_reply = P.decoder(P.FetchReply)
+_multi_reply = P.decoder(P.FetchMultiReply)
+_error_reply = P.decoder(P.ErrorReply)
+
+
+class Fetches:
+    """Mixin of ``ConsumerCore``: its state (``assigned``, ``_by_rid``, ``multi_partition``, the
+    limits) is set up there."""
+
+    def _send_fetches(self, max_wait_ms: int, fetch_only: bool = False) -> None:
+        now = time.monotonic()
+        groups: dict[tuple, list] = {}
+        for a in self.assigned.values():
+            if fetch_only and a.tail is not None and not a.below:
+                continue  # read from its ring
+            if a.inflight:
+                if now - a.sent < a.wait_s + self.request_timeout_s:
+                    continue
+                self._by_rid.pop(a.inflight, None)  # lost with a broker process: ask again
+                if a.via is not None:
+                    self.routes.demote(a.topic, a.partition)
+            via = self._route(a.topic, a.partition)
+            if self.multi_partition:
+                owner = via if via is not None else self.routes.endpoints.get((a.topic, a.partition))
+                if owner is not None:
+                    groups.setdefault((a.topic, via, owner), []).append(a)
+                    continue
+            self._fetch_one(a, via, max_wait_ms, now)
+        for (topic, via, _owner), group in groups.items():
+            if len(group) == 1:
+                self._fetch_one(group[0], via, max_wait_ms, now)
+                continue
+            for i in range(0, len(group), P.MAX_REQUEST_PARTITIONS):
+                chunk = group[i:i + P.MAX_REQUEST_PARTITIONS]
+                header = P.encode(P.FetchMultiRequest(
+                    [a.partition for a in chunk], [a.position for a in chunk], self.max_bytes, self.max_records,
+                    max(MIN_TOTAL_BYTES, self.max_bytes), max_wait_ms, self.isolation))
+                rid = self.pool.send(via, P.Op.FETCH_MULTI, topic, chunk[0].partition, header)
+                for a in chunk:
+                    a.inflight, a.sent, a.wait_s, a.via = rid, now, max_wait_ms / 1000, via
+                self._by_rid[rid] = chunk
+
+    def _fetch_one(self, a, via: str | None, max_wait_ms: int, now: float) -> None:
+        header = P.encode(P.FetchRequest(a.position, self.max_bytes, self.max_records, max_wait_ms, self.isolation))
+        rid = self.pool.send(via, P.Op.FETCH, a.topic, a.partition, header)
+        a.inflight, a.sent, a.wait_s, a.via = rid, now, max_wait_ms / 1000, via
+        self._by_rid[rid] = a
+
+    def _connection_lost(self, via: str | None) -> None:
+        """The connection to ``via`` (None: the router) closed: its fetches in flight will never
+        be answered; the next ``_send_fetches`` asks again at once (``Pool.on_lost``)."""
+        for a in self.assigned.values():
+            if a.inflight and a.via == via:
+                self._by_rid.pop(a.inflight, None)
+                a.inflight = 0
+                if via is not None:
+                    self.routes.demote(a.topic, a.partition)
+
+    def _raise_deferred(self) -> None:
+        if self._deferred is not None:  # an error met after records were already handed out
+            exc, self._deferred = self._deferred, None
+            raise exc
+
+    def _take_or_defer(self, r, out: list) -> bool:
+        """``_take``; an error it raises after ``out`` already holds records (whose partitions'
+        positions have moved on) is kept for the next poll, so no record is skipped. Returns
+        False when one was kept (return ``out`` now)."""
+        try:
+            self._take(r, out)
+            return True
+        except Exception as exc:
+            if not out:
+                raise
+            self._deferred = exc
+            return False
+
+    def _take(self, r, out: list) -> None:
+        """One fetch reply: advance its partitions and add their data to ``out``."""
+        entry = self._by_rid.pop(r.request_id, None)
+        if entry is None:
+            return
+        if type(entry) is list:
+            return self._take_multi(entry, r, out)
+        a = entry
+        if a.inflight != r.request_id:
+            return
+        a.inflight = 0
+        info = bounds = None
+        if r.code == P.ErrorCode.OK:
+            info = _fetch_reply.decode(r.header)
+            self.throttle_ms += info.throttle_ms
+        elif r.code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
+            err = _error_reply.decode(r.header)
+            bounds = (err.log_start_offset, err.high_watermark)
+        self._answered(a, r.via, r.code, info, bounds, r.body, r.raise_for_code, out)
+
+    def _take_multi(self, group: list, r, out: list) -> None:
+        live = [a for a in group if a.inflight == r.request_id]
+        for a in live:
+            a.inflight = 0  # (a partition the reply leaves out is fetched again next turn)
+        if r.code != P.ErrorCode.OK:  # the request as a whole was refused
+            for a in live:
+                self._answered(a, r.via, r.code, None, None, None, r.raise_for_code, out)
+            return
+        rep = _multi_reply.decode(r.header)
+        self.throttle_ms += rep.throttle_ms
+        by_partition = {a.partition: a for a in live}
+        body = memoryview(r.body) if r.body is not None else memoryview(b"")
+        at = 0
+        for o in rep.results:
+            chunk = body[at:at + o.body_bytes] if o.body_bytes else None
+            at += o.body_bytes
+            a = by_partition.get(o.partition)
+            if a is None:
+                continue
+            info = P.FetchReply(o.high_watermark, o.durable_watermark, o.log_start_offset, o.next_offset, "multi")
+
+            def fail(o=o):
+                raise error_for(o.code, f"{_code_name(o.code)}: {o.message}")
+            self._answered(a, r.via, o.code, info, (o.log_start_offset, o.high_watermark), chunk, fail, out)
+
+    def _answered(self, a, via: str, code: int, info: P.FetchReply | None, bounds, body, fail, out: list) -> None:
+        """One partition's answer: ``info`` and ``body`` when OK; ``bounds`` (log start, high
+        watermark) when out of range; ``fail()`` raises any other error."""
+        if a.below:
+            a.below = False  # its ring is tried again from the new position
+            self._fetching = True  # re-indexed below, or at the next ring read
+        self.routes.answered(a.topic, a.partition, via, code)
+        if code == P.ErrorCode.NOT_OWNER:
+            return  # asked again through the router on the next turn
+        if code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
+            log_start, hw = bounds
+            to = {"earliest": log_start, "latest": hw}.get(self.auto_offset_reset, -1)
+            if to >= 0:
+                log.warning("%s/%d: offset %d out of range [%d, %d]: position reset to %d (auto_offset_reset=%s)",
+                            a.topic, a.partition, a.position, log_start, hw, to, self.auto_offset_reset)
+                self.resets += 1
+                a.position = to
+                self._index_tails()
+                return
+            raise OffsetOutOfRangeError(f"{a.topic}/{a.partition}: offset {a.position} out of range",
+                                        log_start_offset=log_start, high_watermark=hw)
+        if code != P.ErrorCode.OK:
+            fail()
+        self.last_reply[(a.topic, a.partition)] = info
+        if body is not None and len(body):
+            start = a.position
+            a.position = info.next_offset
+            out.append((a, start, info, body))
+        if a.tail is not None:
+            self._index_tails()
+
+
+def _code_name(code: int) -> str:
+    try:
+        return P.ErrorCode(code).name
+    except ValueError:
+        return f"code {code}"
