@@ -12,27 +12,12 @@ import time
 
 import pytest
 
-from tailrace.bench.launcher import Broker
 from tailrace.client import protocol as P
 from tailrace.client.records import encode_batch, iter_batches
+from tests.integration.test_protocol_conformance import broker  # noqa: F401 - a fixture: a broker of this module's own
 from tests.integration.test_protocol_conformance import Wire, create_topic, error, ok, routing
 
 E = P.ErrorCode
-MAX_BATCH_BYTES = 32 * 1024
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    b = Broker(tmp_path_factory.mktemp("multi"), workers=2, segment_bytes=8 << 20,
-               shm_budget_bytes=512 << 20, max_batch_bytes=MAX_BATCH_BYTES)
-    try:
-        b.start()
-        yield b
-    finally:
-        b.stop()
-        left = b.shm_regions()
-        b.cleanup_shm()
-    assert not left, f"shared memory left after a clean stop: {left}"
 
 
 @pytest.fixture
