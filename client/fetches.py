@@ -6,6 +6,14 @@ is known (DESCRIBE's endpoint) are grouped by topic and owner: a group of one is
 larger one a FETCH_MULTI (docs/PROTOCOL.md 4.2a) whose long poll covers all of them; its reply
 is taken apart into one answer per partition, each handled as a FETCH reply is (data, a reset
 out of range, NOT_OWNER, an error).
+
+Each group keeps a fetch session at its worker (KIP-227 in small): the first request opens it
+with every position, later ones list only the partitions whose position moved since the last
+request (and ``forget`` those that left the group), so a reader of 1,000 quiet partitions sends
+a few bytes a poll, not 1,000 positions. A session is dropped (and the next request opens a new
+one) when its worker says FETCH_SESSION_NOT_FOUND, when a request of it is lost (a timeout, a
+closed connection: the worker may not have its last positions), and when the group is split
+over more than one request.
 """
 
 from __future__ import annotations
@@ -23,13 +31,25 @@ _multi_reply = P.decoder(P.FetchMultiReply)
 _error_reply = P.decoder(P.ErrorReply)
 
 
+class _Session:
+    __slots__ = ("sid", "sent")
+
+    def __init__(self):
+        self.sid = 0  # 0: not opened yet (the next request opens it)
+        self.sent: dict[int, int] = {}  # partition -> the position the worker holds for it
+
+
 class Fetches:
     """Mixin of ``ConsumerCore``: its state (``assigned``, ``_by_rid``, ``multi_partition``, the
-    limits) is set up there."""
+    limits) is set up there; the fetch sessions (``_sessions``) here."""
+
+    _sessions: dict | None = None  # (topic, via, owner) -> _Session
 
     def _send_fetches(self, max_wait_ms: int, fetch_only: bool = False) -> None:
         now = time.monotonic()
         groups: dict[tuple, list] = {}
+        if self._sessions is None:
+            self._sessions = {}
         for a in self.assigned.values():
             if fetch_only and a.tail is not None and not a.below:
                 continue  # read from its ring
@@ -39,6 +59,7 @@ class Fetches:
                 self._by_rid.pop(a.inflight, None)  # lost with a broker process: ask again
                 if a.via is not None:
                     self.routes.demote(a.topic, a.partition)
+                self._drop_sessions(a.via)
             via = self._route(a.topic, a.partition)
             if self.multi_partition:
                 owner = via if via is not None else self.routes.endpoints.get((a.topic, a.partition))
@@ -46,19 +67,45 @@ class Fetches:
                     groups.setdefault((a.topic, via, owner), []).append(a)
                     continue
             self._fetch_one(a, via, max_wait_ms, now)
-        for (topic, via, _owner), group in groups.items():
+        for key, group in groups.items():
+            topic, via = key[0], key[1]
             if len(group) == 1:
                 self._fetch_one(group[0], via, max_wait_ms, now)
                 continue
+            session = None
+            if len(group) <= P.MAX_REQUEST_PARTITIONS:
+                session = self._sessions.setdefault(key, _Session())
+                if not session.sid and session.sent:
+                    session = None  # its opening request is in flight: this one goes without
+            else:
+                self._sessions.pop(key, None)
             for i in range(0, len(group), P.MAX_REQUEST_PARTITIONS):
                 chunk = group[i:i + P.MAX_REQUEST_PARTITIONS]
+                listed, forget = chunk, []
+                if session is not None and session.sid:
+                    sent = session.sent
+                    listed = [a for a in chunk if sent.get(a.partition) != a.position]
+                    here = {a.partition for a in chunk}
+                    forget = [p for p in sent if p not in here]
+                    for p in forget:
+                        del sent[p]
                 header = P.encode(P.FetchMultiRequest(
-                    [a.partition for a in chunk], [a.position for a in chunk], self.max_bytes, self.max_records,
-                    max(MIN_TOTAL_BYTES, self.max_bytes), max_wait_ms, self.isolation))
+                    [a.partition for a in listed], [a.position for a in listed], self.max_bytes, self.max_records,
+                    max(MIN_TOTAL_BYTES, self.max_bytes), max_wait_ms, self.isolation,
+                    -1 if session is None else session.sid, forget))
+                if session is not None:
+                    session.sent.update((a.partition, a.position) for a in listed)
                 rid = self.pool.send(via, P.Op.FETCH_MULTI, topic, chunk[0].partition, header)
                 for a in chunk:
                     a.inflight, a.sent, a.wait_s, a.via = rid, now, max_wait_ms / 1000, via
-                self._by_rid[rid] = chunk
+                self._by_rid[rid] = (chunk, key, session) if session is not None else chunk
+
+    def _drop_sessions(self, via: str | None) -> None:
+        """Forget the sessions of requests sent to ``via``: one of their requests may have been
+        lost, with positions the worker never took in."""
+        if self._sessions:
+            for key in [k for k in self._sessions if k[1] == via]:
+                del self._sessions[key]
 
     def _fetch_one(self, a, via: str | None, max_wait_ms: int, now: float) -> None:
         header = P.encode(P.FetchRequest(a.position, self.max_bytes, self.max_records, max_wait_ms, self.isolation))
@@ -75,6 +122,7 @@ class Fetches:
                 a.inflight = 0
                 if via is not None:
                     self.routes.demote(a.topic, a.partition)
+        self._drop_sessions(via)
 
     def _raise_deferred(self) -> None:
         if self._deferred is not None:  # an error met after records were already handed out
@@ -101,6 +149,8 @@ class Fetches:
             return
         if type(entry) is list:
             return self._take_multi(entry, r, out)
+        if type(entry) is tuple:  # a FETCH_MULTI in a session
+            return self._take_multi(entry[0], r, out, *entry[1:])
         a = entry
         if a.inflight != r.request_id:
             return
@@ -114,16 +164,24 @@ class Fetches:
             bounds = (err.log_start_offset, err.high_watermark)
         self._answered(a, r.via, r.code, info, bounds, r.body, r.raise_for_code, out)
 
-    def _take_multi(self, group: list, r, out: list) -> None:
+    def _take_multi(self, group: list, r, out: list, key=None, session: _Session | None = None) -> None:
         live = [a for a in group if a.inflight == r.request_id]
         for a in live:
             a.inflight = 0  # (a partition the reply leaves out is fetched again next turn)
+        if session is not None and self._sessions.get(key) is not session:
+            session = None  # dropped since (a lost request): a new one opens with every position
         if r.code != P.ErrorCode.OK:  # the request as a whole was refused
+            if session is not None:
+                del self._sessions[key]  # the next request opens a new one, with every position
+            if r.code == P.ErrorCode.FETCH_SESSION_NOT_FOUND:
+                return
             for a in live:
                 self._answered(a, r.via, r.code, None, None, None, r.raise_for_code, out)
             return
         rep = _multi_reply.decode(r.header)
         self.throttle_ms += rep.throttle_ms
+        if session is not None and rep.session_id > 0:
+            session.sid = rep.session_id
         by_partition = {a.partition: a for a in live}
         body = memoryview(r.body) if r.body is not None else memoryview(b"")
         at = 0
@@ -163,7 +221,7 @@ class Fetches:
         if code != P.ErrorCode.OK:
             fail()
         self.last_reply[(a.topic, a.partition)] = info
-        if body is not None and len(body):
+        if body is not None and len(body) and info.next_offset > a.position:
             start = a.position
             a.position = info.next_offset
             out.append((a, start, info, body))

@@ -189,11 +189,18 @@ def test_the_blocking_consumer_reads_many_partitions_with_one_fetch_per_worker(b
         while sum(map(len, got.values())) < 400 and time.monotonic() < deadline:
             for rec in c.poll(500):
                 got[rec.partition].append(rec.value)
+        heads = []
+        send = c.pool.send
+        c.pool.send = lambda endpoint, op, topic, partition, header=P.EMPTY_MAP, body=None: (
+            heads.append(header) if op == P.Op.FETCH_MULTI else None, send(endpoint, op, topic, partition, header, body))[1]
         for _ in range(3):  # caught up: the next polls long-poll every partition at once
             assert c.poll(300) == []
     assert got == want
     if multi:
         assert counted.ops.get(P.Op.FETCH_MULTI, 0) >= 2 and counted.ops.get(P.Op.FETCH, 0) <= 8, counted.ops
+        # in its fetch sessions, a caught-up consumer sends no positions at all (nothing moved)
+        quiet = [P.decoder(P.FetchMultiRequest).decode(h) for h in heads]
+        assert quiet and all(q.session_id > 0 and q.partitions == [] for q in quiet), quiet
     else:
         assert P.Op.FETCH_MULTI not in counted.ops
 
