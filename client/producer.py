@@ -70,6 +70,24 @@ BUFFER_MEMORY = 32 << 20  # Kafka's buffer.memory default
 MAX_BLOCK_MS = 60_000  # Kafka's max.block.ms default
 
 
+def _requests_of(batches: list, cap: int):
+    """``batches`` (in send order) as the batch lists of successive requests: at most one batch
+    of a partition in each (a PRODUCE_MULTI lists a partition once; with more than one in flight
+    per partition, a partition's next batch goes in the next request, after it on the same
+    connection) and at most ``cap`` batches."""
+    rounds: list[list] = []
+    nth: dict[int, int] = {}
+    for b in batches:
+        k = nth.get(b.partition, 0)
+        nth[b.partition] = k + 1
+        if k == len(rounds):
+            rounds.append([])
+        rounds[k].append(b)
+    for one in rounds:
+        for i in range(0, len(one), cap):
+            yield one[i:i + cap]
+
+
 class ProducerCore(Accumulator, Replies):
     """Everything a producer decides, without I/O: batching, partitioning, sequence numbers,
     what to send next, what a reply means (ack, retry, error), request timeouts.
@@ -245,8 +263,7 @@ class ProducerCore(Accumulator, Replies):
         cap = P.MAX_REQUEST_PARTITIONS
         for key, batches in staged.items():
             topic, via = key[0], key[1]
-            for i in range(0, len(batches), cap):
-                chunk = batches[i:i + cap]
+            for chunk in _requests_of(batches, cap):
                 if len(chunk) == 1:
                     b = chunk[0]
                     args = (P.Op.PRODUCE, topic, b.partition, self._header, b.frame)

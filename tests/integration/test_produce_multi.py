@@ -272,3 +272,28 @@ def test_without_multi_partition_the_producer_sends_one_request_per_partition(br
             prod.send(topic, b"v", partition=p)
         prod.flush()
     assert counted.ops == {P.Op.PRODUCE: 4}
+
+
+def test_with_several_batches_in_flight_per_partition_each_request_lists_a_partition_once(broker, router):
+    """max_in_flight_per_partition > 1: a partition's next batches go in the next requests (a
+    PRODUCE_MULTI that listed it twice would be refused whole), and every record lands in order."""
+    from tailrace.client.producer import Producer
+    topic = "multi-window"
+    create_topic(router, topic, 8, ring_bytes=4 << 20)
+    heads = []
+    with Producer(broker.bootstrap, acks="memory", linger_ms=20, batch_records=50,
+                  max_in_flight_per_partition=4) as prod:
+        send = prod.pool.send
+
+        def spy(endpoint, op, topic_, partition, header=P.EMPTY_MAP, body=None):
+            if op == P.Op.PRODUCE_MULTI:
+                heads.append(P.decoder(P.ProduceMultiRequest).decode(header).partitions)
+            return send(endpoint, op, topic_, partition, header, body)
+        prod.pool.send = spy
+        for p in range(8):
+            prod.send_batch(topic, [f"{p}:{i}".encode() for i in range(1000)], partition=p)
+        prod.flush()
+    assert heads and any(len(h) > 1 for h in heads)
+    assert all(len(set(h)) == len(h) for h in heads), "a request listed a partition twice"
+    stored = _stored(broker.bootstrap, topic, 8)
+    assert stored == {p: [f"{p}:{i}".encode() for i in range(1000)] for p in range(8)}
