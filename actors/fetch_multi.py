@@ -212,7 +212,7 @@ def _disk_done(ctx: FetchContext, m: MultiFetch, entry: list, res: FetchResult) 
 
 def _send(ctx: FetchContext, m: MultiFetch) -> None:
     out, req = [], m.req
-    body_parts, fetched, totals = [], ctx.traffic.fetched, ctx.traffic.totals
+    bodies, nbytes, fetched, totals = [], 0, ctx.traffic.fetched, ctx.traffic.totals
     session = m.req.session_id >= 0
     for res, where in m.results:
         if where is None:  # refused up front
@@ -235,9 +235,10 @@ def _send(ctx: FetchContext, m: MultiFetch) -> None:
         size = sum(map(len, res.parts))
         if session and not size and p not in m.listed:
             continue  # a session's quiet partition: nothing to say
-        body_parts.extend(res.parts)
         out.append(P.PartitionFetch(p, P.ErrorCode.OK, hw, durable, log_start, res.next_offset, size))
-        if size:
+        if size:  # its own frame: a ring read of one part goes out without a copy, as FETCH's body
+            bodies.append(res.parts[0] if len(res.parts) == 1 else b"".join(res.parts))
+            nbytes += size
             records = res.next_offset - offset
             totals[2] += records
             totals[3] += size
@@ -246,13 +247,12 @@ def _send(ctx: FetchContext, m: MultiFetch) -> None:
                 got = fetched[actor.slot] = [0, 0]
             got[0] += records
             got[1] += size
-    body = b"".join(body_parts)
-    hold_ms = ctx.throttle.charge(m.who, quota.FETCH, len(body), time.monotonic()) if ctx.throttle is not None else 0
+    hold_ms = ctx.throttle.charge(m.who, quota.FETCH, nbytes, time.monotonic()) if ctx.throttle is not None else 0
     op, _code, partition, request_id, topic = m.head
     head = P.pack_routing(op, partition, request_id, topic)
     ctx.out.count(op, P.ErrorCode.OK)
     ctx.out.send_after([*m.ident, head, P.encode(P.FetchMultiReply(out, m.sid if m.req.session_id >= 0 else -1, hold_ms)),
-                        body], hold_ms)
+                        *bodies], hold_ms)
     m.sent = True
 
 

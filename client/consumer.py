@@ -101,7 +101,7 @@ class ConsumerCore(Fetches):
 
     def __init__(self, *, max_bytes: int = 4 << 20, max_records: int = 1 << 20, max_wait_ms: int = 500,
                  isolation: str = "memory", request_timeout_ms: int = 3000, auto_offset_reset: str = "error",
-                 multi_partition: bool = True):
+                 multi_partition: bool = True, multi_partition_min: int = 5, multi_partition_max: int = 64):
         if auto_offset_reset not in AUTO_OFFSET_RESETS:
             raise InvalidRequestError(f"auto_offset_reset={auto_offset_reset!r}: one of {', '.join(AUTO_OFFSET_RESETS)}")
         # where a position the log no longer holds (retention) or never held goes: Kafka's
@@ -116,6 +116,8 @@ class ConsumerCore(Fetches):
         self.assigned: dict[tuple[str, int], _Assigned] = {}
         self._by_rid: dict[int, _Assigned | list[_Assigned]] = {}  # request id -> partition (a list: a FETCH_MULTI's)
         self.multi_partition = multi_partition  # one FETCH_MULTI per worker for its partitions (client/fetches.py)
+        self.multi_partition_min = max(2, multi_partition_min)  # ... when it has at least this many due,
+        self.multi_partition_max = max(self.multi_partition_min, min(multi_partition_max, P.MAX_REQUEST_PARTITIONS))  # at most this many a request
         self.last_reply: dict[tuple[str, int], P.FetchReply] = {}
         self._tailed: list[_Assigned] = []
         self._tail_slots = self._tail_pos = np.zeros(0, dtype=np.int64)

