@@ -19,6 +19,7 @@ FETCH_SESSION_NOT_FOUND and opens a new one with every position.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import OrderedDict
 
@@ -35,10 +36,10 @@ _dec = ops.DECODERS[P.Op.FETCH_MULTI]
 
 
 class Session:
-    __slots__ = ("topic", "positions", "used")
+    __slots__ = ("topic", "owner", "positions", "used")
 
-    def __init__(self, topic: bytes):
-        self.topic = topic
+    def __init__(self, topic: bytes, owner: bytes):
+        self.topic, self.owner = topic, owner  # the client connection that opened it (its identity frame)
         self.positions: dict[int, int] = {}  # partition -> where the reader reads it from
         self.used = time.monotonic()
 
@@ -49,23 +50,27 @@ class Sessions:
     def __init__(self, limit: int = MAX_SESSIONS, idle_s: float = SESSION_IDLE_S):
         self.limit, self.idle_s = limit, idle_s
         self.by_id: OrderedDict[int, Session] = OrderedDict()
-        self._next = 0
 
-    def open(self, topic: bytes) -> tuple[int, Session]:
+    def open(self, topic: bytes, owner: bytes) -> tuple[int, Session]:
+        """A new session of ``owner`` (a client connection's identity frame). Its id is random
+        (62 bits): ids of another worker, or of this one before a restart, never name it."""
         now = time.monotonic()
         while self.by_id:
             sid, oldest = next(iter(self.by_id.items()))
             if len(self.by_id) < self.limit and now - oldest.used < self.idle_s:
                 break
             del self.by_id[sid]
-        self._next += 1
-        s = self.by_id[self._next] = Session(topic)
-        return self._next, s
+        sid = secrets.randbits(62) or 1
+        s = self.by_id[sid] = Session(topic, owner)
+        return sid, s
 
-    def get(self, sid: int, topic: bytes) -> Session | None:
+    def get(self, sid: int, topic: bytes, owner: bytes) -> Session | None:
+        """The session ``sid`` if ``owner`` opened it for ``topic`` and it is not stale."""
         s = self.by_id.get(sid)
-        if s is None or s.topic != topic or time.monotonic() - s.used >= self.idle_s:
-            self.by_id.pop(sid, None)
+        if s is None or s.topic != topic or s.owner != owner:
+            return None
+        if time.monotonic() - s.used >= self.idle_s:
+            del self.by_id[sid]
             return None
         s.used = time.monotonic()
         self.by_id.move_to_end(sid)
@@ -113,17 +118,23 @@ def fetch_multi(ctx: FetchContext, ident, assign, topic, partition, rest, who, r
     sessions = ctx.parked.sessions
     positions = dict(zip(parts, offsets))
     sid = req.session_id
+    owner = bytes(ident[-1])  # the client's connection: a session is its own
     if sid > 0:
-        session = sessions.get(sid, topic)
+        session = sessions.get(sid, topic, owner)
         if session is None:
             return reply(P.ErrorCode.FETCH_SESSION_NOT_FOUND, P.ErrorReply(
-                f"no fetch session {sid} for this topic on this worker (expired, or the worker restarted): open a new one"))
+                f"no fetch session {sid} of this connection for this topic on this worker "
+                "(expired, or the worker restarted): open a new one"))
         for p in req.forget:
             session.positions.pop(p, None)
         session.positions.update(positions)
+        if len(session.positions) > P.MAX_REQUEST_PARTITIONS:
+            del sessions.by_id[sid]
+            return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
+                f"a fetch session holds at most {P.MAX_REQUEST_PARTITIONS} partitions (the session is closed)"))
         positions = session.positions
     elif sid == 0:
-        sid, session = sessions.open(topic)
+        sid, session = sessions.open(topic, owner)
         session.positions.update(positions)
     index = {p: i for i, p in enumerate(parts)}
     owned, targets = ctx.owned, []
@@ -144,7 +155,7 @@ def fetch_multi(ctx: FetchContext, ident, assign, topic, partition, rest, who, r
         else:
             targets.append((p, actor, offset, None))
     m = MultiFetch(ident, P.unpack_routing(rest[0])[1:6], req, sid, targets, set(parts), who)
-    if not run(ctx, m, final=req.max_wait_ms == 0):
+    if not run(ctx, m, final=req.max_wait_ms == 0 or not m.slots):  # nothing to wait on: answer now
         ctx.parked.waits.append(m)
         ctx.turn.parked_slots.update(m.slots)
 
@@ -214,6 +225,7 @@ def _send(ctx: FetchContext, m: MultiFetch) -> None:
     out, req = [], m.req
     bodies, nbytes, fetched, totals = [], 0, ctx.traffic.fetched, ctx.traffic.totals
     session = m.req.session_id >= 0
+    held = ctx.parked.sessions.by_id.get(m.sid) if session else None
     for res, where in m.results:
         if where is None:  # refused up front
             out.append(res)
@@ -235,6 +247,8 @@ def _send(ctx: FetchContext, m: MultiFetch) -> None:
         size = sum(map(len, res.parts))
         if session and not size and p not in m.listed:
             continue  # a session's quiet partition: nothing to say
+        if session and size and held is not None and p in held.positions:
+            held.positions[p] = held.positions.pop(p)  # served: to the back, so a full reply rotates (KIP-227)
         out.append(P.PartitionFetch(p, P.ErrorCode.OK, hw, durable, log_start, res.next_offset, size))
         if size:  # its own frame: a ring read of one part goes out without a copy, as FETCH's body
             bodies.append(res.parts[0] if len(res.parts) == 1 else b"".join(res.parts))

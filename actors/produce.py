@@ -159,9 +159,16 @@ def produce_multi(ctx: ProduceContext, ident, assign, topic, partition, rest, wh
         return
     due = time.monotonic_ns() + hold_ms * 1_000_000 if hold_ms else 0
     pending = MultiAck([*ident, head], results, len(durable), hold_ms)
-    turn = ctx.turn
+    turn, live = ctx.turn, owned.actors
     for actor, end, i in durable:
-        actor.durable_waiters.append((end, MultiPart(pending, i), due))
+        part = MultiPart(pending, i)
+        if live.get(actor.slot) is not actor:  # let go by a later partition's adoption (its topic deleted)
+            frames = part.settle(P.ErrorCode.UNKNOWN_TOPIC, "batch not durable: its topic was deleted")
+            if frames is not None:
+                out.count(P.Op.PRODUCE_MULTI, P.ErrorCode.OK)
+                out.port.send(frames)
+            continue
+        actor.durable_waiters.append((end, part, due))
         turn.waiting_slots.add(actor.slot)
     turn.durable_added = True
 

@@ -387,7 +387,8 @@ class WorkerProcess:
         self.kicks.after_turn(worker.owned, turn, now)
         if turn.waiting_slots:
             worker.release_durable()
-        next_ms = worker.service_parked(time.monotonic_ns(), synced) if turn.parked_slots else -1
+        parked = turn.parked_slots or worker.fetch_ctx.parked.waits
+        next_ms = worker.service_parked(time.monotonic_ns(), synced) if parked else -1
         if worker.out.held:
             due_ms = worker.release_held(time.monotonic_ns())
             next_ms = due_ms if next_ms < 0 else min(next_ms, due_ms) if due_ms >= 0 else next_ms

@@ -89,6 +89,7 @@ class _Assigned:
     via: str | None = None  # endpoint of the fetch in flight (None: the router)
     tail: object = None  # ring_reader.PartitionTail when read from the ring (shm=True)
     below: bool = False  # the position is below the ring: fetch it
+    alone: bool = False  # answered NOT_OWNER: fetched on its own (through the router) until answered
 
 
 class ConsumerCore(Fetches):
@@ -198,7 +199,8 @@ class ConsumerCore(Fetches):
         a = self.assigned.pop((topic, partition), None)
         if a is None:
             return
-        self._by_rid.pop(a.inflight, None)
+        if self._by_rid.get(a.inflight) is a:  # (a FETCH_MULTI's entry stays for its other partitions)
+            del self._by_rid[a.inflight]
         a.inflight = 0
         a.tail = None
         self.last_reply.pop((topic, partition), None)

@@ -64,7 +64,7 @@ class Fetches:
                     self.routes.demote(a.topic, a.partition)
                 self._drop_sessions(a.via)
             via = self._route(a.topic, a.partition)
-            if self.multi_partition:
+            if self.multi_partition and not a.alone:
                 owner = via if via is not None else self.routes.endpoints.get((a.topic, a.partition))
                 if owner is not None:
                     groups.setdefault((a.topic, via, owner), []).append(a)
@@ -202,7 +202,8 @@ class Fetches:
 
             def fail(o=o):
                 raise error_for(o.code, f"{_code_name(o.code)}: {o.message}")
-            self._answered(a, r.via, o.code, info, (o.log_start_offset, o.high_watermark), chunk, fail, out)
+            hw = o.durable_watermark if self.isolation == "durable" else o.high_watermark  # as FETCH's (its isolation's)
+            self._answered(a, r.via, o.code, info, (o.log_start_offset, hw), chunk, fail, out)
 
     def _answered(self, a, via: str, code: int, info: P.FetchReply | None, bounds, body, fail, out: list) -> None:
         """One partition's answer: ``info`` and ``body`` when OK; ``bounds`` (log start, high
@@ -211,8 +212,9 @@ class Fetches:
             a.below = False  # its ring is tried again from the new position
             self._fetching = True  # re-indexed below, or at the next ring read
         self.routes.answered(a.topic, a.partition, via, code)
-        if code == P.ErrorCode.NOT_OWNER:
-            return  # asked again through the router on the next turn
+        a.alone = code == P.ErrorCode.NOT_OWNER
+        if a.alone:
+            return  # asked again on its own through the router on the next turn (its group's owner is stale)
         if code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
             log_start, hw = bounds
             to = {"earliest": log_start, "latest": hw}.get(self.auto_offset_reset, -1)

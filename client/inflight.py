@@ -44,6 +44,7 @@ class _InFlight:
     not_before: float = 0.0  # a retry waits for its backoff
     header: bytes | None = None  # its own produce header (None: the producer's)
     barrier: bool = False  # acks="none"'s closing round trip: a copy of a batch already counted
+    alone: bool = False  # answered NOT_OWNER: resent on its own (its group's owner is stale)
 
 
 _produce_reply = P.decoder(P.ProduceReply)
@@ -102,6 +103,7 @@ class Replies:
                 if b.waiters:
                     self._resolve(b, rep)
         elif code in P.RETRIABLE and time.monotonic() - b.first_sent < self.delivery_timeout_s:
+            b.alone = b.alone or code == P.ErrorCode.NOT_OWNER
             b.not_before = time.monotonic() + self.retry_backoff_s
             self._retry.setdefault(tp, deque()).appendleft(b)
         elif (code == P.ErrorCode.OUT_OF_ORDER_SEQUENCE and (self._inflight_per[tp] or self._retry.get(tp))

@@ -223,7 +223,7 @@ class ProducerCore(Accumulator, Replies):
             b.via = self._route(b.topic, b.partition)
             if not self._inflight and self.acks != P.Acks.NONE:
                 self.pool.settle()  # a close seen while nothing was in flight loses nothing
-            if self._staging is not None and b.header is None:
+            if self._staging is not None and b.header is None and not b.alone:
                 key = self._owner_of(b)
                 if key is not None:  # sent with the other batches for its worker (_send_staged)
                     self._staging.setdefault(key, []).append(b)

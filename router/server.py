@@ -182,6 +182,9 @@ class Router:
         not read."""
         dec, bodies = _MANY[req.op]
         parts = dec.decode(req.frames[2]).partitions
+        if len(parts) > P.MAX_REQUEST_PARTITIONS:
+            return req.reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
+                f"{len(parts)} partitions: at most {P.MAX_REQUEST_PARTITIONS} a request"))
         if bodies and len(parts) != len(req.frames) - 3:  # the worker checks the rest (acks, a partition twice)
             return req.reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
                 f"header lists {len(parts)} partitions for {len(req.frames) - 3} batch frames: one batch frame per partition"))

@@ -149,6 +149,18 @@ def test_a_session_sends_only_what_moved_and_answers_only_what_changed(router):
     code, message = error(router, [routing(P.Op.FETCH_MULTI, topic, mine[0]),
                                    P.encode(P.FetchMultiRequest(session_id=sid + 1000))])
     assert code == E.FETCH_SESSION_NOT_FOUND and "open a new one" in message
+    # a session is its connection's own: another connection naming its id is not served from it
+    other = Wire(_bootstrap)
+    try:
+        code, message = error(other, [routing(P.Op.FETCH_MULTI, topic, mine[0]),
+                                      P.encode(P.FetchMultiRequest(session_id=sid))])
+        assert code == E.FETCH_SESSION_NOT_FOUND, E(code).name
+    finally:
+        other.close()
+    # nothing to wait on (no partition, no session): answered at once, not parked
+    t = time.monotonic()
+    rep, out = fetch_multi(router, topic, {}, partition=mine[0], max_wait_ms=5_000)
+    assert rep.results == [] and time.monotonic() - t < 2
 
 
 @pytest.mark.parametrize("fields", [dict(partitions=[0, 1], offsets=[0]), dict(partitions=[0, 0], offsets=[0, 0]),
