@@ -4,6 +4,7 @@ address changed): it once failed with ``UNKNOWN_TOPIC 'events-copy'``, a topic i
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 from tailrace import Admin, Consumer, Producer
@@ -26,8 +27,16 @@ def test_the_readmes_spark_example_runs_as_written(spark, spark_broker, tmp_path
         admin.create_topic("events", 2)
     with Producer(spark_broker.bootstrap) as p:
         p.send_batch("events", [b"e%d" % i for i in range(100)])
-    monkeypatch.chdir(tmp_path)  # its parquet folder lands here
-    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    # Its parquet folder is a relative path: Spark's JVM resolves it against its own working
+    # directory (where the session started), so that copy is removed after the run.
+    jvm_copy = Path.cwd() / "events-parquet"
+    made_here = not jvm_copy.exists()
+    monkeypatch.chdir(tmp_path)
+    try:
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    finally:
+        if made_here:
+            shutil.rmtree(jvm_copy, ignore_errors=True)
     assert capsys.readouterr().out.strip().splitlines()[-1] == "100"
     with Consumer(spark_broker.bootstrap, max_wait_ms=200) as c:
         c.assign("events-copy", start="earliest")
