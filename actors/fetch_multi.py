@@ -89,8 +89,7 @@ class MultiFetch:
     """One FETCH_MULTI: its partitions' actors and offsets, the results so far, and the disk
     reads it waits for."""
 
-    __slots__ = ("ident", "head", "req", "sid", "targets", "listed", "who", "deadline", "slots", "results", "parts",
-                 "pending", "sent")
+    __slots__ = ("ident", "head", "req", "sid", "targets", "listed", "who", "deadline", "slots", "results", "pending")
 
     def __init__(self, ident, head: tuple, req: P.FetchMultiRequest, sid: int, targets: list, listed: set, who):
         self.ident, self.head, self.req, self.sid, self.who = ident, head, req, sid, who
@@ -99,9 +98,7 @@ class MultiFetch:
         self.deadline = time.monotonic_ns() + min(req.max_wait_ms, MAX_WAIT_MS) * 1_000_000
         self.slots = {a.slot for _p, a, _o, _r in targets if a is not None}
         self.results: list = []
-        self.parts: list = []
         self.pending = 0
-        self.sent = False
 
 
 def fetch_multi(ctx: FetchContext, ident, assign, topic, partition, rest, who, reply) -> None:
@@ -267,7 +264,6 @@ def _send(ctx: FetchContext, m: MultiFetch) -> None:
     ctx.out.count(op, P.ErrorCode.OK)
     ctx.out.send_after([*m.ident, head, P.encode(P.FetchMultiReply(out, m.sid if m.req.session_id >= 0 else -1, hold_ms)),
                         *bodies], hold_ms)
-    m.sent = True
 
 
 def service_parked(ctx: FetchContext, now_ns: int, synced: bool) -> int:
