@@ -113,7 +113,8 @@ class Worker:
                                                   self.watchers, throttle)
         self.fetch_ctx = fetch.FetchContext(owned, self.out, self.traffic, self.turn, throttle, reader, fetch_multi.Parked())
         self.offsets_ctx = offsets.OffsetsContext(self.catalog, table, s.data_dir, self.journal, s.instance)
-        contexts = {P.Op.PRODUCE: self.produce_ctx, P.Op.PRODUCE_MULTI: self.produce_ctx, P.Op.FETCH: self.fetch_ctx, P.Op.FETCH_MULTI: self.fetch_ctx, P.Op.LIST_OFFSETS: self.offsets_ctx,
+        contexts = {P.Op.PRODUCE: self.produce_ctx, P.Op.PRODUCE_MULTI: self.produce_ctx, P.Op.FETCH: self.fetch_ctx,
+                    P.Op.FETCH_MULTI: self.fetch_ctx, P.Op.LIST_OFFSETS: self.offsets_ctx,
                     P.Op.WATCH: self.watchers, P.Op.ADOPT: owned,
                     P.Op.PING: ping.PingContext(worker_id, time.time_ns(), owned, table, self.traffic)}
         self.handlers = {op: (fn, contexts[op]) for op, fn in HANDLERS.items()}  # op -> (handler, its context)

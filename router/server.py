@@ -117,9 +117,6 @@ class Router:
                P.Op.DESCRIBE_TOPIC: self.asks.ask}
         self.handlers = dispatch_table(own, {ops.OWNER: self.forward, ops.ANY_WORKER: self.asks.ask,
                                              ops.COORDINATOR: self.groups.serve})
-        for row in ops.SPEC:  # a many-partition op names its partitions in its header (one assign per batch)
-            if row.many:
-                self.handlers[row.op] = self.forward_many
 
     # --- front door ----------------------------------------------------------------------
     def on_client(self, frames: list[bytes], principal: str | None = None) -> None:
@@ -161,7 +158,10 @@ class Router:
                                     "this client's key is not in the broker's allow-list"))
 
     def forward(self, req: Request) -> None:
-        """The handler of the OWNER rows (produce, fetch): to the partition's owner, unread."""
+        """The handler of the OWNER rows (produce, fetch): to the partition's owner, unread; a
+        many-partition op (its row's ``many``) by ``forward_many``."""
+        if req.op in _MANY:
+            return self.forward_many(req)
         route = self.placement.route(req.topic, req.partition)
         if route is None:
             code = P.ErrorCode.UNKNOWN_TOPIC if self.catalog.get(req.name) is None else P.ErrorCode.UNKNOWN_PARTITION
