@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 
+from tailrace.broker import record_policy
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import Catalog
 from tailrace.client import protocol as P
@@ -80,6 +81,7 @@ class Owned:
             s = self.s
             actor = PartitionActor(self.table, s.instance, slot, topic.topic_id, partition,
                                    topic.ring_bytes, epoch, s.data_dir, self.journal, s.ipc_path())
+            actor.policy = record_policy.policy_of(topic.config)
         except Fenced as exc:
             reply(P.ErrorCode.NOT_OWNER, P.ErrorReply(str(exc)))
             return None
@@ -88,7 +90,8 @@ class Owned:
         return actor
 
     def check_catalog(self) -> None:
-        """Re-read the catalog if it changed, and let go of the actors of deleted topics: their
+        """Re-read the catalog if it changed, apply changed record settings (ALTER_CONFIGS), and
+        let go of the actors of deleted topics: their
         waiting requests are answered UNKNOWN_TOPIC (a durable produce not yet synced was not
         stored for good), and later ones get it from the catalog."""
         if not self.catalog.reload():
@@ -97,6 +100,8 @@ class Owned:
             found = self.catalog.by_slot.get(slot)
             if found is None or found[0].topic_id != actor.topic_id:
                 self.drop_actor(slot, "its topic was deleted")
+            else:
+                actor.policy = record_policy.policy_of(found[0].config)  # compression.type, timestamp type...
 
     def drop_actor(self, slot: int, why: str) -> None:
         actor = self.actors.pop(slot)

@@ -20,12 +20,15 @@ from collections import deque
 
 import numpy as np
 
+from tailrace.broker import record_policy
 from tailrace.broker.datadir import slot_lock_name
 from tailrace.client.protocol import ErrorCode
 from tailrace.client.records import (
-    BASE_OFFSET, COUNT, COUNT_AT, HEADER_BYTES, IDEMPOTENCE, IDEMPOTENCE_AT, LENGTH, STAMP, STAMP_AT, BatchError,
-    now_us, validate_frame,
+    BASE_OFFSET, COUNT, COUNT_AT, F_LOG_APPEND_TIME, FLAGS_AT, IDEMPOTENCE, IDEMPOTENCE_AT, LENGTH, PREFIX_BYTES,
+    STAMP, STAMP_AT, STAMP_V2, STAMP_V2_AT, VERSION_2, VERSION_AT, BatchError, check_batch, now_us, rewrite_batch,
+    time_key,
 )
+from tailrace.persistence.timesearch import batch_stamp
 from tailrace.shm import layout
 from tailrace.shm.ring import READ_WINDOW, ControlTable, Ring, RingFull, RingWriter, cut_batches
 from tailrace.shm.rows import OwnerRow
@@ -68,6 +71,9 @@ class PartitionActor:
         self.lock = OwnerLock(os.path.join(lock_dir, slot_lock_name(slot)))
         self.producers = ProducerState()
         self.log = PartitionLog(row, data_dir, slot, journal)  # offsets, index, journal reads (persistence/log.py)
+        self.policy = record_policy.DEFAULT_POLICY  # the topic's record settings (Owned keeps it current)
+        self.leader_epoch = 0  # stamped into every v2 batch; 0 until replication
+        self.max_time_us = 0  # the largest record time appended so far: v2's max_time_us (FORMAT.md 1.6)
         self.durable_waiters: deque = deque()  # of (end_offset, reply frames)
         self.parked: list = []  # of (deadline_ns, ident frames, routing, FetchRequest)
         self.check_ownership()
@@ -100,6 +106,7 @@ class PartitionActor:
         """First moment with the lock: state the previous owner left is final now."""
         self.writer.repair()
         self._load_producer_state()
+        self._load_max_time()
         if self.owner_row.next_offset:  # a partition with records changed hands (a fresh one is not news)
             log.info("slot %d taken over at epoch %d at offset %d", self.slot, self.epoch, self.owner_row.next_offset)
 
@@ -120,6 +127,18 @@ class PartitionActor:
         times = np.zeros(len(descs), dtype=np.int64)
         self.producers.load(pids, seqs, descs["count"], descs["base_offset"], times)
 
+    def _load_max_time(self) -> None:
+        """The running largest record time from the last batch (the ring's, else the journal's)."""
+        row, ring = self.owner_row, self.ring
+        try:
+            if row.desc_head > row.desc_tail:
+                d = ring.descriptors(row.desc_head - 1, row.desc_head)
+                self.max_time_us = time_key(ring.mv, int(d["position"][0]) % ring.ring_bytes)
+            elif row.flushed_offset > row.log_start_offset:
+                self.max_time_us = batch_stamp(self.log.index(), self.journal, row.flushed_offset - 1)[1]
+        except (OSError, ValueError) as exc:  # expired meanwhile: times start from the next batch's
+            log.warning("slot %d: no last batch time (%s)", self.slot, exc)
+
     def _load_producer_state_from_disk(self, end_offset: int) -> None:
         lo = max(self.owner_row.log_start_offset, end_offset - (1 << 16))  # below the log start: gone (retention)
         if lo >= end_offset:
@@ -128,7 +147,7 @@ class PartitionActor:
         starts = np.flatnonzero(entries["rel"] == 0)[-DEDUP_DISK_BATCHES:]
         for i in starts.tolist():
             try:
-                head = self.journal.read(int(entries[i]["position"]), HEADER_BYTES)
+                head = self.journal.read(int(entries[i]["position"]), PREFIX_BYTES)
             except FileNotFoundError:  # expired meanwhile: retention deleted its segment
                 continue
             pid, seq = IDEMPOTENCE.unpack_from(head, IDEMPOTENCE_AT)
@@ -153,12 +172,21 @@ class PartitionActor:
         if row.io_error:
             return ErrorCode.STORAGE_UNAVAILABLE, "journal cannot be written", -1, 0, 0
         try:
-            size, count = validate_frame(body, 0, len(body), max_batch_bytes)
+            chk = check_batch(body, 0, len(body), max_batch_bytes)
         except BatchError as exc:
             code = {"crc": ErrorCode.CORRUPT_BATCH, "too_large": ErrorCode.BATCH_TOO_LARGE}.get(exc.reason, ErrorCode.MALFORMED)
             return code, str(exc), -1, 0, 0
+        size, count = chk.size, chk.count
         if size != len(body):
             return ErrorCode.MALFORMED, f"frame holds {len(body)} bytes, batch frame is {size}", -1, 0, 0
+        policy = self.policy
+        t = now_us()
+        why = record_policy.timestamp_refusal(policy, chk.min_time_us, chk.max_time_us, t)
+        if why is not None:
+            return ErrorCode.INVALID_TIMESTAMP, why, -1, 0, 0
+        if policy.codec is not None and (chk.codec != policy.codec or chk.version != VERSION_2):
+            body = rewrite_batch(body, chk, policy.codec)  # the topic's compression.type (Kafka's)
+            size = len(body)
         if size > self.ring.ring_bytes // 2:
             return ErrorCode.BATCH_TOO_LARGE, f"batch of {size} bytes over half the ring ({self.ring.ring_bytes})", -1, 0, 0
         pid, seq = IDEMPOTENCE.unpack_from(body, IDEMPOTENCE_AT)
@@ -172,7 +200,6 @@ class PartitionActor:
                         f"expects {expected} (the last batch's base sequence + its count) or a retry of one of "
                         f"its last {KEEP} batches; nothing stored", -1, 0, 0)
         base = row.next_offset
-        t = now_us()
         w = self.writer
         try:
             pos = w.claim(size)
@@ -182,6 +209,13 @@ class PartitionActor:
         # ever sees the frame unstamped, and the ring stays free of record fields.
         frame = w.copy(pos, memoryview(body), base)
         STAMP.pack_into(frame, STAMP_AT, base, t, self.partition, self.topic_id)
+        if frame[VERSION_AT] == VERSION_2:
+            top = max(self.max_time_us, t if policy.log_append_time else chk.max_time_us)
+            frame[FLAGS_AT] = F_LOG_APPEND_TIME if policy.log_append_time else 0
+            STAMP_V2.pack_into(frame, STAMP_V2_AT, self.leader_epoch, top)
+            self.max_time_us = top
+        else:
+            self.max_time_us = max(self.max_time_us, t)  # a v1 batch's lookup time is its append time
         w.publish(pos, size, LENGTH.unpack_from(body)[0], base, count)
         self.producers.record(pid, seq, count, base, t)
         return ErrorCode.OK, "", base, count, t

@@ -32,7 +32,7 @@ class TopicEntry(msgspec.Struct):
     partitions: int
     ring_bytes: int
     slots: list[int]
-    config: dict[str, int] = {}  # the topic's own settings (retention.ms); the broker's defaults fill the rest
+    config: dict[str, int | str] = {}  # the topic's own settings (retention.ms, compression.type...); defaults fill the rest
 
 
 class CatalogData(msgspec.Struct):
@@ -129,7 +129,7 @@ class Catalog:
         """Slots a new partition can take now: free retired ones and never-used ones."""
         return len(set(free) & set(self.data.retired)) + max(0, max_slots - self.data.next_slot)
 
-    def add_topic(self, name: str, partitions: int, ring_bytes: int, config: dict[str, int] | None = None,
+    def add_topic(self, name: str, partitions: int, ring_bytes: int, config: dict[str, int | str] | None = None,
                   free: list[int] = ()) -> TopicEntry:
         """Add a topic and write the catalog durably (router only). ``free``: retired slots that
         are known clear (the router checks; persistence/retire.py clears them)."""
@@ -171,7 +171,7 @@ class Catalog:
         ids = np.asarray(topic_ids, dtype=np.int64)
         return (ids >= 1) & (ids < self.data.next_topic_id) & ~np.isin(ids, live)
 
-    def set_config(self, name: str, changes: dict[str, int | None]) -> TopicEntry:
+    def set_config(self, name: str, changes: dict[str, int | str | None]) -> TopicEntry:
         """Set (or, for None, remove) settings of topic ``name``, written durably (router only)."""
         d = self.data
         old = d.topics[name]

@@ -19,9 +19,9 @@ import numpy as np
 
 from .errors import BatchTooLargeError
 from .partitioners import hash_partitions, key_hash, sticky
-from .records import HEADER_BYTES, encode_batch, encode_batch_buffers, restamp
+from .records import HEADER_BYTES, encode_batch, encode_batch_buffers, now_us, restamp
 
-__all__ = ["DEFAULT_MAX_BATCH_BYTES", "Accumulator"]
+__all__ = ["DEFAULT_MAX_BATCH_BYTES", "Accumulator", "batch_times", "header_bytes"]
 
 DEFAULT_MAX_BATCH_BYTES = 1 << 20  # the broker's default max_batch_bytes: the limit until DESCRIBE says
 _BATCH_SLACK_BYTES = HEADER_BYTES + 8 * 3  # a batch's bytes besides its records' (offset arrays' ends, padding)
@@ -43,6 +43,27 @@ class _Pending:
     charged: int = 0  # values' and keys' bytes, counted against buffer_memory
     since: float = 0.0
     waiters: list | None = None  # one future per record (the asyncio producer), else None
+    headers: list | None = None  # one header list (or None) per record, once a record has headers
+    times: list | None = None  # one create time (us) per record, once a record has its own
+    t0_us: int = 0  # wall clock when the first record came: the time of records without one
+
+
+def batch_times(timestamps_ms, n: int) -> np.ndarray | None:
+    """``send_batch``'s per-record create times (ms) as an int64 array of us, or None."""
+    if timestamps_ms is None:
+        return None
+    times = np.asarray(timestamps_ms, dtype=np.int64)
+    if times.shape != (n,):
+        raise ValueError(f"timestamps_ms and values differ in length: timestamps_ms={len(times)} values={n}")
+    return times * 1000
+
+
+def header_bytes(headers) -> int:
+    """What a record's headers add to its batch (keys, values, 9 bytes of arrays each)."""
+    if not headers:
+        return 0
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    return sum(len(k.encode() if isinstance(k, str) else k) + (0 if v is None else len(v)) + 9 for k, v in pairs)
 
 
 class Accumulator:
@@ -61,19 +82,26 @@ class Accumulator:
         """The broker's batch limit (DESCRIBE_TOPIC's), its default until one was heard."""
         return self.routes.max_batch_bytes or DEFAULT_MAX_BATCH_BYTES
 
-    def _too_large(self, value: bytes, key: bytes | None) -> BatchTooLargeError | None:
-        """The error for a record that cannot fit in any batch the broker takes, else None."""
-        size = len(value) + (0 if key is None else len(key) + 8) + _BATCH_SLACK_BYTES
+    def _encoding(self) -> dict:
+        """The producer's compression, as encode_batch's keywords."""
+        return {"compression": self.compression, "compression_level": self.compression_level} if self.compression else {}
+
+    def _too_large(self, value: bytes, key: bytes | None, extra: int = 0) -> BatchTooLargeError | None:
+        """The error for a record that cannot fit in any batch the broker takes, else None
+        (``extra``: its headers' and time's bytes)."""
+        size = len(value) + (0 if key is None else len(key) + 8) + _BATCH_SLACK_BYTES + extra
         limit = self.max_batch_bytes
         if size <= limit:
             return None
         return BatchTooLargeError(f"BATCH_TOO_LARGE: a record of {size - _BATCH_SLACK_BYTES} bytes makes a batch of "
                                   f"{size} bytes; the broker takes at most max_batch_bytes={limit} (not sent)")
 
-    def _add(self, tp, value: bytes, key: bytes | None, waiter=None) -> None:
-        """Queue one record for partition ``tp`` (and its future, if it has one). The caller
-        checked it with ``_too_large``."""
-        rec = len(value) + (0 if key is None else len(key))
+    def _add(self, tp, value: bytes, key: bytes | None, waiter=None, headers=None, time_us: int | None = None,
+             extra: int = 0) -> None:
+        """Queue one record for partition ``tp`` (and its future, if it has one; its headers and
+        own create time, if it has them: ``extra`` is their bytes). The caller checked it with
+        ``_too_large``."""
+        rec = len(value) + (0 if key is None else len(key)) + extra
         pend = self._pending.get(tp)
         if pend is None:
             pend = self._pending[tp] = _Pending(since=time.monotonic())
@@ -82,6 +110,16 @@ class Accumulator:
         elif pend.charged + rec + 8 * (len(pend.values) + 1) * (1 + pend.keyed) + _BATCH_SLACK_BYTES > self.max_batch_bytes:
             self._seal(tp, pend)  # with this record the batch would be over the broker's limit
             pend.since = time.monotonic()
+        if not pend.values:
+            pend.t0_us = now_us()
+        if headers and pend.headers is None:
+            pend.headers = [None] * len(pend.values)
+        if pend.headers is not None:
+            pend.headers.append(headers or None)
+        if time_us is not None and pend.times is None:
+            pend.times = [pend.t0_us] * len(pend.values)
+        if pend.times is not None:
+            pend.times.append(now_us() if time_us is None else time_us)
         self._buffered_bytes += rec
         pend.charged += rec
         if key is not None and not pend.keyed:
@@ -102,34 +140,50 @@ class Accumulator:
             self._seal(tp, pend)
 
     def _split_batch(self, topic: str, values: Sequence[bytes], keys: Sequence[bytes] | None,
-                     partitions: int) -> list[tuple[int, list, list | None]]:
-        """``send_batch``'s partitioning: (partition, values, keys) groups. With a key-hash
-        partitioner and keys, by key; otherwise the whole call to one partition."""
+                     partitions: int, headers=None, times=None) -> list[tuple]:
+        """``send_batch``'s partitioning: (partition, values, keys, headers, times) groups. With
+        a key-hash partitioner and keys, by key; otherwise the whole call to one partition."""
         if keys is not None and self.partitioner in (key_hash, sticky):
             parts = hash_partitions(keys, partitions)
             order = np.argsort(parts, kind="stable")  # by partition, send order kept within each
             sorted_parts = parts[order]
             cuts = (np.flatnonzero(sorted_parts[1:] != sorted_parts[:-1]) + 1).tolist()
-            vs, ks = _objects(values)[order], _objects(keys)[order]
+            cols = [_objects(c)[order] for c in (values, keys, headers) if c is not None]
+            if times is not None:
+                cols.append(np.asarray(times, dtype=np.int64)[order])
             starts = [0, *cuts]
-            return [(int(sorted_parts[a]), v.tolist(), k.tolist())
-                    for a, v, k in zip(starts, np.split(vs, cuts), np.split(ks, cuts))]
-        return [(self._choose(topic, None, None, partitions), values, keys)]
+            pieces = [np.split(c, cuts) for c in cols]
+            out = []
+            for j, a in enumerate(starts):
+                got = [p[j] for p in pieces]
+                vs, ks = got[0].tolist(), got[1].tolist()
+                hs = got[2].tolist() if headers is not None else None
+                ts = got[-1] if times is not None else None
+                out.append((int(sorted_parts[a]), vs, ks, hs, ts))
+            return out
+        return [(self._choose(topic, None, None, partitions), values, keys, headers, times)]
 
-    def _queue_batch(self, tp, values: Sequence[bytes], keys: Sequence[bytes] | None) -> None:
-        """Queue ``values`` for ``tp`` as batches of at most batch_records / batch_bytes."""
+    def _queue_batch(self, tp, values: Sequence[bytes], keys: Sequence[bytes] | None, headers=None,
+                     times=None) -> None:
+        """Queue ``values`` for ``tp`` as batches of at most batch_records / batch_bytes (with
+        their keys, per-record header lists and create times in us, where given)."""
         step = self.batch_records
         avg = max(1, sum(map(len, values[:64])) // min(len(values), 64))
         step = max(1, min(step, self.batch_bytes // avg))
         q = self._ready.setdefault(tp, deque())
+        enc = self._encoding()
         for i in range(0, len(values), step):
             chunk = values[i : i + step]
-            frame = encode_batch(chunk, None if keys is None else keys[i : i + step], **self._ids(tp, len(chunk)))
+            frame = encode_batch(chunk, None if keys is None else keys[i : i + step],
+                                 headers=None if headers is None else headers[i : i + step],
+                                 timestamps_us=None if times is None else times[i : i + step],
+                                 **enc, **self._ids(tp, len(chunk)))
             self._buffered_bytes += len(frame)
             q.append((frame, len(chunk), None))
 
-    def _queue_buffers(self, tp, values, value_offsets, keys, key_offsets) -> None:
-        frame = encode_batch_buffers(values, value_offsets, keys, key_offsets, **self._ids(tp, len(value_offsets) - 1))
+    def _queue_buffers(self, tp, values, value_offsets, keys, key_offsets, headers=None, times=None) -> None:
+        frame = encode_batch_buffers(values, value_offsets, keys, key_offsets, headers=headers, timestamps_us=times,
+                                     **self._encoding(), **self._ids(tp, len(value_offsets) - 1))
         self._buffered_bytes += len(frame)
         self._ready.setdefault(tp, deque()).append((frame, len(value_offsets) - 1, None))
 
@@ -170,12 +224,19 @@ class Accumulator:
             if pend.keyed:
                 pend.keys = [pend.keys[i] for i in keep]
             waiters = [waiters[i] for i in keep]
+            if pend.headers is not None:
+                pend.headers = [pend.headers[i] for i in keep]
+            if pend.times is not None:
+                pend.times = [pend.times[i] for i in keep]
         self._buffered_bytes -= pend.charged  # the records' bytes become the frame's
         if pend.values:
-            frame = encode_batch(pend.values, pend.keys if pend.keyed else None, **self._ids(tp, len(pend.values)))
+            frame = encode_batch(pend.values, pend.keys if pend.keyed else None, headers=pend.headers,
+                                 timestamps_us=pend.times, create_time_us=pend.t0_us or None, **self._encoding(),
+                                 **self._ids(tp, len(pend.values)))
             self._buffered_bytes += len(frame)
             self._ready.setdefault(tp, deque()).append((frame, len(pend.values), waiters))
         pend.values, pend.keys, pend.keyed, pend.nbytes, pend.charged, pend.waiters = [], [], False, 0, 0, None
+        pend.headers = pend.times = None
 
     def _seal_all(self) -> None:
         for tp in list(self._lingering):

@@ -40,9 +40,11 @@ from collections import deque
 from typing import Sequence
 
 from .admin import AdminCalls, Call
+from .accumulator import batch_times, header_bytes
 from .aio_connection import AsyncPool, AsyncRoutes
 from .aio_consumer import AsyncConsumer
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Reply
+from .sections import HeaderArrays
 from .security import curve_keys
 from .consumer import Record
 from .errors import TimeoutError_
@@ -87,20 +89,24 @@ class AsyncProducer(ProducerCore):
     async def partitions_for(self, topic: str) -> int:
         return await self.routes.partitions(topic)
 
-    def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None) -> asyncio.Future:
-        """Queue one record now; the returned future resolves with its ``Ack`` (or raises the
-        error that stopped it). ``await p.send(...)`` waits for the acknowledgement."""
+    def send(self, topic: str, value: bytes, key: bytes | None = None, headers=None, timestamp_ms: int | None = None,
+             partition: int | None = None) -> asyncio.Future:
+        """Queue one record now (headers and create time as ``Producer.send``'s); the returned
+        future resolves with its ``Ack`` (or raises the error that stopped it). ``await
+        p.send(...)`` waits for the acknowledgement."""
         fut = self.loop.create_future()
         if self.closed:
             fut.set_exception(RuntimeError("the producer is closed"))
             return fut
+        extra = None if headers is None and timestamp_ms is None else (headers, None if timestamp_ms is None else int(timestamp_ms) * 1000)
+        item = ("one", value, key, partition, extra, fut)
         n = self.routes.partitions_of.get(topic)
         if topic in self._waiting_meta or (n is None and (partition is None or self.routes.direct)):
             # learn the topic first (as the blocking producer does, inline): where its partitions
             # are, so even the first request goes straight to the owner; behind earlier sends
-            self._wait_meta(topic, ("one", value, key, partition, fut))
+            self._wait_meta(topic, item)
             return fut
-        self._queue_item(topic, ("one", value, key, partition, fut), n)
+        self._queue_item(topic, item, n)
         self._kick()
         return fut
 
@@ -108,13 +114,14 @@ class AsyncProducer(ProducerCore):
         """Queue a send whose topic's partition count ``n`` is known: now, or behind the sends
         waiting for room in ``buffer_memory`` (its future raises ``TimeoutError_`` if none comes
         within ``max_block_ms``). A record over the broker's batch limit fails at once."""
-        kind, values, keys, partition, fut = item
+        kind, values, keys, partition, extra, fut = item
         if kind == "one":
-            exc = self._too_large(values, keys)
+            more = 0 if extra is None else header_bytes(extra[0]) + (8 if extra[1] is not None else 0)
+            exc = self._too_large(values, keys, more)
             if exc is not None:
                 fut.set_exception(exc)
                 return
-            nbytes = len(values) + (0 if keys is None else len(keys))
+            nbytes = len(values) + (0 if keys is None else len(keys)) + more
         elif kind == "buffers":  # values: (values, value_offsets, keys, key_offsets) of one joined batch
             nbytes = len(values[0]) + (0 if values[2] is None else len(values[2]))
         else:
@@ -123,18 +130,23 @@ class AsyncProducer(ProducerCore):
             self._blocked.append((time.monotonic() + self.max_block_s, nbytes, topic, item, n))
             return
         if kind == "one":
-            self._add((topic, self._choose(topic, keys, partition, n)), values, keys, fut)
+            tp = (topic, self._choose(topic, keys, partition, n))
+            if extra is None:
+                self._add(tp, values, keys, fut)
+            else:
+                self._add(tp, values, keys, fut, extra[0], extra[1], more)
             return
         if kind == "buffers":
             tp = (topic, partition)
-            self._queue_buffers(tp, *values)
+            self._queue_buffers(tp, *values, *(extra or ()))
             frame, count, _w = self._ready[tp][-1]
             self._ready[tp][-1] = (frame, count, [fut])
             return
         futs = []
-        groups = [(partition, values, keys)] if partition is not None else self._split_batch(topic, values, keys, n)
-        for p, vs, ks in groups:
-            futs += self._queue_futures((topic, p), vs, ks)
+        hs, ts = extra or (None, None)
+        groups = [(partition, values, keys, hs, ts)] if partition is not None else self._split_batch(topic, values, keys, n, hs, ts)
+        for p, vs, ks, hg, tg in groups:
+            futs += self._queue_futures((topic, p), vs, ks, hg, tg)
         g = asyncio.gather(*futs)
         g.add_done_callback(lambda g, fut=fut: _copy_outcome(g, fut))
 
@@ -162,25 +174,29 @@ class AsyncProducer(ProducerCore):
                 break
 
     def send_batch(self, topic: str, values: Sequence[bytes], keys: Sequence[bytes] | None = None,
-                   partition: int | None = None) -> asyncio.Future:
-        """Queue many values now (grouped as ``Producer.send_batch`` does); the future resolves
-        with one ``Ack`` per batch sent (its first record's offset)."""
+                   partition: int | None = None, headers: Sequence | None = None,
+                   timestamps_ms: Sequence[int] | None = None) -> asyncio.Future:
+        """Queue many values now (grouped, with headers and create times, as
+        ``Producer.send_batch`` does); the future resolves with one ``Ack`` per batch sent (its
+        first record's offset)."""
         if not values:
             f = self.loop.create_future()
             f.set_result([])
             return f
         known = topic in self.routes.partitions_of and topic not in self._waiting_meta
         f = self.loop.create_future()
+        times = batch_times(timestamps_ms, len(values))
+        item = ("batch", values, keys, partition, None if headers is None and times is None else (headers, times), f)
         if known or (partition is not None and not self.routes.direct):
-            self._queue_item(topic, ("batch", values, keys, partition, f), self.routes.partitions_of.get(topic, 0))
+            self._queue_item(topic, item, self.routes.partitions_of.get(topic, 0))
         else:
-            self._wait_meta(topic, ("batch", values, keys, partition, f))
+            self._wait_meta(topic, item)
             return f
         self._kick()
         return f
 
     def send_buffers(self, topic: str, values, value_offsets, partition: int | None = None, keys=None,
-                     key_offsets=None) -> asyncio.Future:
+                     key_offsets=None, headers: HeaderArrays | None = None, timestamps_us=None) -> asyncio.Future:
         """``Producer.send_buffers``: one pre-joined batch; resolves with its first offset's ``Ack``
         (the partition must be given, or the topic's partitions known: ``await partitions_for``)."""
         if partition is None:
@@ -190,13 +206,14 @@ class AsyncProducer(ProducerCore):
             partition = self._choose(topic, None, None, n)
         f = self.loop.create_future()
         # held back like every send while buffer_memory is full (``_queue_item``)
-        self._queue_item(topic, ("buffers", (values, value_offsets, keys, key_offsets), None, partition, f), 0)
+        extra = None if headers is None and timestamps_us is None else (headers, timestamps_us)
+        self._queue_item(topic, ("buffers", (values, value_offsets, keys, key_offsets), None, partition, extra, f), 0)
         self._kick()
         return f
 
-    def _queue_futures(self, tp, values, keys) -> list:
+    def _queue_futures(self, tp, values, keys, headers=None, times=None) -> list:
         before = len(self._ready.get(tp, ()))
-        self._queue_batch(tp, values, keys)
+        self._queue_batch(tp, values, keys, headers, times)
         q = self._ready[tp]
         futs = []
         for i in range(before, len(q)):
@@ -223,7 +240,7 @@ class AsyncProducer(ProducerCore):
             n, error = 0, exc
         q = self._waiting_meta.pop(topic, deque())
         for item in q:
-            partition, fut = item[3], item[4]
+            partition, fut = item[3], item[5]
             if error is not None and (partition is None or not getattr(error, "retriable", False)):
                 if not fut.done():
                     fut.set_exception(error)

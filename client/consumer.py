@@ -30,7 +30,7 @@ from .security import curve_keys
 from .routes import BlockingRoutes
 from .errors import InvalidRequestError, UnknownPartitionError
 from .fetches import Fetches
-from .records import Columns, batches_to_columns, iter_batches
+from .records import CREATE_TIME, Columns, batches_to_columns, iter_batches
 from .ring_reader import WATERMARK_COLUMN, SharedRings, TailStatus
 
 EARLIEST, LATEST = "earliest", "latest"
@@ -73,9 +73,11 @@ class Record(NamedTuple):
     topic: str
     partition: int
     offset: int
-    timestamp: int  # producer create time, ms since the epoch
+    timestamp: int  # ms since the epoch: the producer's create time, or the append time (timestamp_type)
     key: bytes | None
     value: bytes
+    headers: tuple = ()  # ((key str, value bytes or None), ...) in the order sent, repeats kept
+    timestamp_type: int = CREATE_TIME  # CREATE_TIME (0) or LOG_APPEND_TIME (1): the topic's message.timestamp.type
 
 
 @dataclass
@@ -335,8 +337,17 @@ class ConsumerCore(Fetches):
             v, vo = cols.values.tobytes(), cols.value_offsets.tolist()
             k, ko, kv = cols.keys.tobytes(), cols.key_offsets.tolist(), cols.key_valid.tolist()
             ts = (cols.timestamps_us // 1000).tolist()
+            if cols.headers is None and cols.timestamp_types is None:
+                records.extend(
+                    Record(topic, partition, off, ts[i], k[ko[i] : ko[i + 1]] if kv[i] else None, v[vo[i] : vo[i + 1]])
+                    for i, off in enumerate(cols.offsets.tolist())
+                )
+                continue
+            hs = cols.headers.lists() if cols.headers is not None else [()] * len(cols)
+            tt = cols.timestamp_types.tolist() if cols.timestamp_types is not None else [CREATE_TIME] * len(cols)
             records.extend(
-                Record(topic, partition, off, ts[i], k[ko[i] : ko[i + 1]] if kv[i] else None, v[vo[i] : vo[i + 1]])
+                Record(topic, partition, off, ts[i], k[ko[i] : ko[i + 1]] if kv[i] else None, v[vo[i] : vo[i + 1]],
+                       hs[i], tt[i])
                 for i, off in enumerate(cols.offsets.tolist())
             )
         return records

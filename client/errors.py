@@ -51,6 +51,8 @@ OutOfOrderSequenceError = _make(ErrorCode.OUT_OF_ORDER_SEQUENCE,
                                 "Raised when an idempotent batch's base sequence skips ahead of, or falls behind, what the partition expects.")
 StorageFullError = _make(ErrorCode.STORAGE_FULL, "Raised when the broker refuses produce because its journal's disk is nearly full (retriable).")
 InternalTopicError = _make(ErrorCode.INTERNAL_TOPIC, "Raised when topic admin names one of the broker's own topics (__consumer_offsets).")
+InvalidTimestampError = _make(ErrorCode.INVALID_TIMESTAMP, "Raised when a record's create time is further from the broker's clock than "
+                              "the topic's message.timestamp.{before,after}.max.ms allow (nothing stored).")
 
 
 

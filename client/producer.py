@@ -55,12 +55,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from . import codecs
 from . import protocol as P
-from .accumulator import DEFAULT_MAX_BATCH_BYTES, Accumulator, _Pending
+from .accumulator import DEFAULT_MAX_BATCH_BYTES, Accumulator, _Pending, batch_times, header_bytes
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Pool
 from .security import curve_keys
 from .routes import BlockingRoutes
 from .errors import BatchTooLargeError, TailraceError, TimeoutError_, error_for
+from .sections import HeaderArrays
 # (every partitioner name is importable from here too, where it was defined before partitioners.py)
 from .partitioners import (PARTITIONERS, STICKY_RECORDS, Partitioner, hash_partition, hash_partitions, key_hash,
                            round_robin, sticky)
@@ -119,8 +121,14 @@ class ProducerCore(Accumulator, Replies):
         buffer_memory: int = BUFFER_MEMORY,
         max_block_ms: float = MAX_BLOCK_MS,
         multi_partition: bool = True,
+        compression: str | None = None,
+        compression_level: int | None = None,
     ):
         self.acks = P.ACKS_BY_NAME[acks] if isinstance(acks, str) else P.Acks(acks)
+        # each batch's record section compressed with this codec (client/codecs.py: Kafka's
+        # gzip, snappy, lz4, zstd; None / "none": not), at this level (None: the codec's default)
+        self.compression = codecs.codec_id(compression)  # ValueError names the choices
+        self.compression_level = codecs.check_level(self.compression, compression_level)
         self.linger_s = linger_ms / 1000
         self.batch_records = batch_records
         self.batch_bytes = batch_bytes
@@ -343,18 +351,22 @@ class Producer(ProducerCore):
         return self.routes.partitions(topic)
 
     # --- sending -------------------------------------------------------------------------
-    def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
-        """Queue one record. Raises ``BatchTooLargeError`` at once for a record over the broker's
-        batch limit; blocks while ``buffer_memory`` is full, ``TimeoutError_`` after ``max_block_ms``."""
+    def send(self, topic: str, value: bytes, key: bytes | None = None, headers=None, timestamp_ms: int | None = None,
+             partition: int | None = None) -> None:
+        """Queue one record, with its headers (a list of (str key, bytes-or-None value) pairs,
+        repeats allowed, or a dict) and its create time (ms since the epoch; default: now).
+        Raises ``BatchTooLargeError`` at once for a record over the broker's batch limit; blocks
+        while ``buffer_memory`` is full, ``TimeoutError_`` after ``max_block_ms``."""
         if partition is None:
             partition = self._choose(topic, key, None, self.partitions_for(topic))
-        exc = self._too_large(value, key)
+        extra = header_bytes(headers) + (8 if timestamp_ms is not None else 0)
+        exc = self._too_large(value, key, extra)
         if exc is not None:
             raise exc
-        rec = len(value) + (0 if key is None else len(key))
+        rec = len(value) + (0 if key is None else len(key)) + extra
         if not self._room(rec):
             self._wait_for_room(rec)
-        self._add((topic, partition), value, key)
+        self._add((topic, partition), value, key, None, headers, None if timestamp_ms is None else int(timestamp_ms) * 1000, extra)
         self._pump()
 
     def _wait_for_room(self, nbytes: int) -> None:
@@ -374,33 +386,39 @@ class Producer(ProducerCore):
                 time.sleep(min(0.001, left))  # lingering records: sealed and sent when their time comes
 
     def send_batch(self, topic: str, values: Sequence[bytes], keys: Sequence[bytes] | None = None,
-                   partition: int | None = None) -> None:
-        """Send many values in one call. With a key-hash partitioner and keys, values are
-        grouped by partition; otherwise the whole call goes to one partition (explicit, or the
-        next round-robin choice), split into batches of at most batch_records / batch_bytes."""
+                   partition: int | None = None, headers: Sequence | None = None,
+                   timestamps_ms: Sequence[int] | np.ndarray | None = None) -> None:
+        """Send many values in one call, with per-record keys, header lists (as ``send``'s, one
+        per value, None for none) and create times (ms). With a key-hash partitioner and keys,
+        values are grouped by partition; otherwise the whole call goes to one partition
+        (explicit, or the next round-robin choice), split into batches of at most batch_records
+        / batch_bytes."""
         if not values:
             return
+        times = batch_times(timestamps_ms, len(values))
         nbytes = sum(map(len, values)) + (0 if keys is None else sum(map(len, keys)))
         if not self._room(nbytes):
             self._wait_for_room(nbytes)
         if partition is not None:
-            self._queue_batch((topic, partition), values, keys)
+            self._queue_batch((topic, partition), values, keys, headers, times)
         else:
-            for p, vs, ks in self._split_batch(topic, values, keys, self.partitions_for(topic)):
-                self._queue_batch((topic, p), vs, ks)
+            for p, vs, ks, hs, ts in self._split_batch(topic, values, keys, self.partitions_for(topic), headers, times):
+                self._queue_batch((topic, p), vs, ks, hs, ts)
         self._pump()
 
     def send_buffers(self, topic: str, values: bytes | np.ndarray, value_offsets: np.ndarray,
                      partition: int | None = None, keys: bytes | np.ndarray | None = None,
-                     key_offsets: np.ndarray | None = None) -> None:
+                     key_offsets: np.ndarray | None = None, headers: HeaderArrays | None = None,
+                     timestamps_us: np.ndarray | None = None) -> None:
         """Send one pre-joined batch: ``values`` back to back, ``value_offsets`` int32[n + 1]
-        (and optionally ``keys`` with ``key_offsets`` the same way): no Python step per record."""
+        (and optionally ``keys`` with ``key_offsets`` the same way, headers as columns, create
+        times in us): no Python step per record."""
         if partition is None:
             partition = self._choose(topic, None, None, self.partitions_for(topic))
         nbytes = len(values) + (0 if keys is None else len(keys))
         if not self._room(nbytes):
             self._wait_for_room(nbytes)
-        self._queue_buffers((topic, partition), values, value_offsets, keys, key_offsets)
+        self._queue_buffers((topic, partition), values, value_offsets, keys, key_offsets, headers, timestamps_us)
         self._pump()
 
     def _pump(self, timeout_ms: int = 0) -> None:

@@ -179,6 +179,7 @@ class ErrorCode(enum.IntEnum):
     INTERNAL_TOPIC = 25  # the topic is the broker's own (__consumer_offsets): topic admin may not create, alter or delete it
     STORAGE_FULL = 26  # the journal's filesystem is fuller than disk_max_used_ratio: produce refused, nothing stored (retriable)
     FETCH_SESSION_NOT_FOUND = 27  # FETCH_MULTI: the worker holds no such session (expired, or the worker restarted): send every position again
+    INVALID_TIMESTAMP = 28  # a CreateTime record's timestamp is further from the broker's clock than the topic allows: nothing stored
 
 
 RETRIABLE = frozenset({ErrorCode.NOT_OWNER, ErrorCode.BACKPRESSURE, ErrorCode.NOT_READY, ErrorCode.TIMEOUT,
@@ -353,6 +354,11 @@ TOPIC_CONFIGS = {
     "retention.ms": "ms a record is kept, -1 for ever (the broker's --retention-ms by default)",
     "retention.bytes": "bytes of batches a partition keeps at most, -1 no limit (the broker's --retention-bytes by default)",
     "ring.bytes": "the shared-memory ring of each partition, bytes (at creation only: ring_bytes)",
+    # the record settings (broker/record_policy.py SETTINGS, Kafka's names and meanings)
+    "message.timestamp.type": "CreateTime (the producer's time per record, default) or LogAppendTime (the broker's)",
+    "compression.type": "producer (keep what came, default), uncompressed, gzip, snappy, lz4 or zstd (recompressed on the broker)",
+    "message.timestamp.before.max.ms": "a CreateTime record at most this many ms older than the broker's clock, -1 no limit (default)",
+    "message.timestamp.after.max.ms": "a CreateTime record at most this many ms ahead of the broker's clock, -1 no limit (default 3600000)",
 }
 
 

@@ -1,32 +1,32 @@
 """THE record-batch format: the same bytes on the wire, in the shared-memory ring and in the journal.
 
-A batch carries ``record_count`` records of one partition. The client writes everything from
-``crc`` on; the broker stamps ``base_offset``, ``append_time_us``, ``partition`` and
-``topic_id`` in place when it appends, which is why those fields sit *before* the CRC-covered
-part: stamping needs no CRC recompute. All integers are little-endian.
+A batch carries ``record_count`` records of one partition. The client writes everything the CRC
+covers; the broker stamps ``base_offset``, ``append_time_us``, ``partition`` and ``topic_id`` (and,
+in version 2, the flags byte, ``leader_epoch`` and ``max_time_us``) in place when it appends: those
+fields lie outside the CRC-covered bytes, so stamping needs no CRC recompute. All integers are
+little-endian. docs/FORMAT.md section 1 is the byte-by-byte description.
 
-::
+Version 2 (what new batches are), an 80-byte header::
 
-     0               8               16              24              32              40
+     0       4   6 7 8               16              24      28      32      36      40
      +-------+---+-+-+---------------+---------------+-------+-------+-------+-------+
-     |length |mag|v|a|  base_offset  | append_time_us|  part | topic | crc   | count |
+     |length |mag|v|f|  base_offset  |append_time_us | part  | topic | crc   | count |
      +-------+---+-+-+---------------+---------------+-------+-------+-------+-------+
-     40              48              56              64
-     +---------------+-------+-------+---------------+
-     |  producer_id  | bseq  | rsvd  | create_time_us|
-     +---------------+-------+-------+---------------+
-     64: value_offsets  int32[count + 1]   value_offsets[0] == 0, non-decreasing
-         key_offsets    int32[count + 1]   only when attributes & HAS_KEYS
-         values         bytes  (value_offsets[count] bytes, all values back to back)
-         keys           bytes  (key_offsets[count] bytes)
-     length: end of the batch; the frame that carries it is padded with zeros to a multiple of 8
+     40              48      52  54  56              64      68      72              80
+     +---------------+-------+---+---+---------------+-------+-------+---------------+
+     |  producer_id  | bseq  |pep|att| base_time_us  |rec_len|l_epoch|  max_time_us  |
+     +---------------+-------+---+---+---------------+-------+-------+---------------+
+     80: the record section (client/sections.py), compressed as one block when att & 7 != 0
+     crc = CRC-32C of bytes [36, 68) continued over [80, length)
 
-     crc = CRC-32C (Castagnoli) of bytes [CRC_START, length)   (CRC_START = 36)
+Version 1 (still read and stored, never written by this client unless asked): a 64-byte header
+whose bytes 0..51 mean the same, byte 7 is the attributes (``HAS_KEYS``), 52..55 reserved, 56..63
+the batch's one create time; its body is a v2 section without times or headers, uncompressed;
+crc = CRC-32C of bytes [36, length).
 
 Why this shape: the values of a batch are one contiguous buffer with an Arrow-compatible int32
-offsets array, so a consumer (the Spark bridge) builds an Arrow ``binary`` column from a fetch
-reply with numpy alone, no Python object per message. Per-record timestamps are the batch's
-``create_time_us`` (the producer's clock) and ``append_time_us`` (the broker's clock).
+offsets array, so a consumer (the Spark bridge) builds Arrow columns from a fetch reply with
+numpy alone, no Python object per message; headers are columns of the same kind.
 
 Vocabulary: an *offset* is a record's logical number in its partition; a *position* is a byte
 location (in a ring or the journal); a *relative offset* is ``offset - base_offset``.
@@ -44,10 +44,18 @@ from crc32c import crc32c
 
 from tailrace.shm.layout import FRAME_ALIGN, align_frame, align_frames
 
-MAGIC = 0x5452  # "TR"
-VERSION = 1
-HAS_KEYS = 0x01
+from . import codecs
+from .columns import CREATE_TIME, LOG_APPEND_TIME, OFFSETS_DTYPE, Columns, batches_to_columns  # noqa: F401 (re-exported)
+from .sections import (A_HEADERS, A_KEYS, A_TIMES, HeaderArrays, SectionError, headers_from_lists, parse_section,
+                       section_size, write_section)
 
+MAGIC = 0x5452  # "TR"
+VERSION_1, VERSION_2 = 1, 2
+VERSION = VERSION_2  # what encode_batch writes
+VERSIONS = (VERSION_1, VERSION_2)
+HAS_KEYS = 0x01  # v1's attribute byte (byte 7)
+
+# Version 1's header; its bytes 0..51 are every version's (the *prefix* one-field readers use).
 HEADER_DTYPE = np.dtype(
     [
         ("length", "<i4"),
@@ -66,45 +74,89 @@ HEADER_DTYPE = np.dtype(
         ("create_time_us", "<i8"),
     ]
 )
-HEADER_BYTES = HEADER_DTYPE.itemsize
+HEADER_V2_DTYPE = np.dtype(
+    [
+        ("length", "<i4"),
+        ("magic", "<u2"),
+        ("version", "u1"),
+        ("flags", "u1"),
+        ("base_offset", "<i8"),
+        ("append_time_us", "<i8"),
+        ("partition", "<i4"),
+        ("topic_id", "<u4"),
+        ("crc", "<u4"),
+        ("record_count", "<i4"),
+        ("producer_id", "<i8"),
+        ("base_sequence", "<i4"),
+        ("producer_epoch", "<i2"),
+        ("attributes", "<u2"),
+        ("base_time_us", "<i8"),
+        ("records_bytes", "<i4"),
+        ("leader_epoch", "<i4"),
+        ("max_time_us", "<i8"),
+    ]
+)
+HEADER_V1_BYTES = HEADER_DTYPE.itemsize  # 64
+HEADER_V2_BYTES = HEADER_V2_DTYPE.itemsize  # 80
+PREFIX_BYTES = HEADER_V1_BYTES  # every version's header is at least this long; its shared fields lie within
+HEADER_BYTES = HEADER_V2_BYTES  # a new batch's header
 CRC_START = HEADER_DTYPE.fields["record_count"][1]
-OFFSETS_DTYPE = np.dtype("<i4")
+CRC_GAP = (HEADER_V2_DTYPE.fields["leader_epoch"][1], HEADER_V2_BYTES)  # v2: bytes [68, 80) are stamped, not CRC'd
 
-# The same header as a struct, for reading one header without making a numpy view.
+# The same headers as structs, for reading one without making a numpy view.
 HEADER_STRUCT = struct.Struct("<iHBBqqiIIiqiiq")
+HEADER_V2_STRUCT = struct.Struct("<iHBBqqiIIiqihHqiiq")
 HEADER_FIELDS = HEADER_DTYPE.names
+HEADER_V2_FIELDS = HEADER_V2_DTYPE.names
 _LENGTH, _MAGIC, _VERSION, _ATTRIBUTES, _CRC, _COUNT, _BASE, _PARTITION, _APPEND_TIME, _CREATE_TIME = (
     HEADER_FIELDS.index(f) for f in ("length", "magic", "version", "attributes", "crc", "record_count", "base_offset",
                                      "partition", "append_time_us", "create_time_us"))
+_FLAGS, _PEPOCH, _ATTRS2, _BASE_TIME, _REC_BYTES, _LEPOCH, _MAX_TIME, _PID = (
+    HEADER_V2_FIELDS.index(f) for f in ("flags", "producer_epoch", "attributes", "base_time_us", "records_bytes",
+                                        "leader_epoch", "max_time_us", "producer_id"))
 _TWO_OFFSETS = struct.Struct("<ii")  # the offsets array of a one-record batch
-assert HEADER_BYTES == 64 == HEADER_STRUCT.size, HEADER_BYTES
-assert HEADER_DTYPE.fields["crc"][1] == 32 and CRC_START == 36
-assert HEADER_DTYPE.fields["base_offset"][1] == 8
-assert HEADER_BYTES % FRAME_ALIGN == 0
+assert HEADER_V1_BYTES == 64 == HEADER_STRUCT.size and HEADER_V2_BYTES == 80 == HEADER_V2_STRUCT.size
+assert HEADER_DTYPE.fields["crc"][1] == 32 and CRC_START == 36 and CRC_GAP == (68, 80)
+assert all(HEADER_DTYPE.fields[f] == HEADER_V2_DTYPE.fields[f] for f in HEADER_FIELDS[:12] if f != "attributes")
+assert HEADER_V2_DTYPE.fields["base_time_us"][1] == HEADER_DTYPE.fields["create_time_us"][1] == 56
+assert HEADER_BYTES % FRAME_ALIGN == 0 and PREFIX_BYTES % FRAME_ALIGN == 0
 
 # Single fields, for code that reads or writes one without a numpy view (the broker's append path,
-# recovery, same-host readers). Positions derive from HEADER_DTYPE, never retyped.
+# recovery, same-host readers). Positions derive from the dtypes, never retyped; the same in
+# every version.
 LENGTH = struct.Struct("<i")  # at LENGTH_AT: the batch's own length (its frame is align8 of it)
 LENGTH_AT = HEADER_DTYPE.fields["length"][1]
+VERSION_AT = HEADER_DTYPE.fields["version"][1]
+FLAGS_AT = HEADER_V2_DTYPE.fields["flags"][1]  # v2: the broker's flags byte
+F_LOG_APPEND_TIME = 0x01  # flags: the records' timestamp is the append time (the topic's type at append)
 STAMP = struct.Struct("<qqiI")  # what the broker stamps at append: base_offset, append_time_us, partition, topic_id
 STAMP_AT = HEADER_DTYPE.fields["base_offset"][1]
+STAMP_V2 = struct.Struct("<iq")  # v2's other stamp: leader_epoch, max_time_us
+STAMP_V2_AT = HEADER_V2_DTYPE.fields["leader_epoch"][1]
 BASE_OFFSET = struct.Struct("<q")  # at STAMP_AT
-CRC = struct.Struct("<I")  # at CRC_AT: CRC-32C of bytes [CRC_START, length)
+CRC = struct.Struct("<I")  # at CRC_AT
 CRC_AT = HEADER_DTYPE.fields["crc"][1]
 COUNT = struct.Struct("<i")  # record_count, at COUNT_AT
 COUNT_AT = HEADER_DTYPE.fields["record_count"][1]
 IDEMPOTENCE = struct.Struct("<qi")  # producer_id, base_sequence, at IDEMPOTENCE_AT
 IDEMPOTENCE_AT = HEADER_DTYPE.fields["producer_id"][1]
-assert LENGTH_AT == 0 and STAMP_AT == 8 and COUNT_AT == CRC_START == 36 and IDEMPOTENCE_AT == 40
+assert LENGTH_AT == 0 and STAMP_AT == 8 and COUNT_AT == CRC_START == 36 and IDEMPOTENCE_AT == 40 and VERSION_AT == 6
 assert STAMP_AT + STAMP.size == HEADER_DTYPE.fields["crc"][1]  # the stamp ends where the CRC'd part begins
+assert STAMP_V2_AT + STAMP_V2.size == HEADER_V2_BYTES
 assert HEADER_DTYPE.fields["base_sequence"][1] == IDEMPOTENCE_AT + 8
 assert [HEADER_DTYPE.fields[f][0].str for f in ("base_offset", "append_time_us", "partition", "topic_id")] == [
     "<i8", "<i8", "<i4", "<u4"]  # STAMP's "<qqiI", field by field
 
+# v2 attributes (u16 at 54, CRC-covered): codec in bits 0-2; bit 3 reserved (Kafka's timestamp
+# type: ours is the broker's flags byte); TRANSACTIONAL and CONTROL (Kafka's bits 4, 5) reserved
+# for transactions: refused until served; the section's parts in bits 8-10.
+A_CODEC = codecs.CODEC_MASK
+A_TRANSACTIONAL, A_CONTROL = 0x0010, 0x0020
+A_SUPPORTED = A_CODEC | A_KEYS | A_HEADERS | A_TIMES
+
 # Largest count a header may claim before we even look at the body (keeps a lying count from
 # making us allocate): one record needs at least one int32 offset.
 MAX_RECORDS_PER_BATCH = 1 << 24
-
 
 align8 = align_frame  # a frame's size for a batch of n bytes (the ring's FRAME_ALIGN)
 align8_array = align_frames  # the same over an array of lengths, as int64
@@ -115,48 +167,61 @@ def now_us() -> int:
 
 
 class BatchError(ValueError):
-    """Raised when bytes do not form a valid batch; ``reason`` is a short machine word."""
+    """Raised when bytes do not form a valid batch; ``reason`` is a short machine word
+    (``malformed``, ``too_large``, ``crc``)."""
 
     def __init__(self, reason: str, message: str):
         super().__init__(message)
         self.reason = reason
 
 
-def _lengths_to_offsets(lengths: np.ndarray) -> np.ndarray:
-    offsets = np.empty(len(lengths) + 1, dtype=OFFSETS_DTYPE)
-    offsets[0] = 0
-    np.cumsum(lengths, out=offsets[1:])
-    return offsets
+def _offsets(lengths) -> np.ndarray:
+    out = np.empty(len(lengths) + 1, dtype=OFFSETS_DTYPE)
+    out[0] = 0
+    np.cumsum(lengths, out=out[1:])
+    return out
 
 
+def batch_crc(buf, pos: int, length: int, version: int) -> int:
+    """The CRC a batch at ``pos`` must carry (v2 skips its stamped bytes [68, 80))."""
+    mv = memoryview(buf)
+    if version == VERSION_1:
+        return crc32c(mv[pos + CRC_START : pos + length])
+    return crc32c(mv[pos + HEADER_V2_BYTES : pos + length], crc32c(mv[pos + CRC_START : pos + CRC_GAP[0]]))
+
+
+# --- encoding ------------------------------------------------------------------------------------
 def encode_batch(
     values: Sequence[bytes],
     keys: Sequence[bytes] | None = None,
     *,
+    headers: Sequence | None = None,
+    timestamps_us: Sequence[int] | np.ndarray | None = None,
     create_time_us: int | None = None,
     producer_id: int = -1,
     base_sequence: int = -1,
+    producer_epoch: int = -1,
+    compression: int = codecs.NONE,
+    compression_level: int | None = None,
+    version: int = VERSION,
 ) -> bytes:
-    """Encode a list of values (and optional keys of the same length) as one padded batch frame."""
+    """Encode values (and optional keys, per-record header lists, per-record create times in
+    microseconds) as one padded batch frame. ``compression`` is a codec id (client/codecs.py)."""
     n = len(values)
-    if n == 1 and keys is None:  # a single-message send: the same bytes without numpy
-        return _encode_one(values[0], create_time_us, producer_id, base_sequence)
+    if n == 1 and keys is None and headers is None and timestamps_us is None and not compression and version == VERSION:
+        return _encode_one(values[0], create_time_us, producer_id, base_sequence, producer_epoch)
     value_lengths = np.fromiter(map(len, values), dtype=np.int64, count=n)
-    value_bytes = b"".join(values)
-    key_lengths = key_bytes = None
+    key_offsets = key_bytes = None
     if keys is not None:
         if len(keys) != n:
             raise ValueError(f"keys and values differ in length: keys={len(keys)} values={n}")
-        key_lengths = np.fromiter(map(len, keys), dtype=np.int64, count=n)
+        key_offsets = _offsets(np.fromiter(map(len, keys), dtype=np.int64, count=n))
         key_bytes = b"".join(keys)
     return encode_batch_buffers(
-        value_bytes,
-        _lengths_to_offsets(value_lengths),
-        key_bytes,
-        None if key_lengths is None else _lengths_to_offsets(key_lengths),
-        create_time_us=create_time_us,
-        producer_id=producer_id,
-        base_sequence=base_sequence,
+        b"".join(values), _offsets(value_lengths), key_bytes, key_offsets,
+        headers=None if headers is None else headers_from_lists(headers, n), timestamps_us=timestamps_us,
+        create_time_us=create_time_us, producer_id=producer_id, base_sequence=base_sequence,
+        producer_epoch=producer_epoch, compression=compression, compression_level=compression_level, version=version,
     )
 
 
@@ -166,11 +231,18 @@ def encode_batch_buffers(
     keys: bytes | memoryview | np.ndarray | None = None,
     key_offsets: np.ndarray | None = None,
     *,
+    headers: HeaderArrays | None = None,
+    timestamps_us: Sequence[int] | np.ndarray | None = None,
     create_time_us: int | None = None,
     producer_id: int = -1,
     base_sequence: int = -1,
+    producer_epoch: int = -1,
+    compression: int = codecs.NONE,
+    compression_level: int | None = None,
+    version: int = VERSION,
 ) -> bytes:
-    """Encode a batch from one values buffer plus an offsets array (count + 1 entries, from 0).
+    """Encode a batch from one values buffer plus an offsets array (count + 1 entries, from 0),
+    and, as columns, keys, headers (``HeaderArrays``) and per-record create times.
 
     This is the zero-Python-per-message path: the caller already holds its values back to back.
     """
@@ -184,50 +256,82 @@ def encode_batch_buffers(
             f"value_offsets must start at 0 and end at len(values): "
             f"first={int(value_offsets[0])} last={int(value_offsets[-1])} len={values_mv.nbytes}"
         )
-    has_keys = keys is not None
-    parts_len = HEADER_BYTES + 4 * (n + 1) + values_mv.nbytes
-    if has_keys:
+    keys_mv = None
+    if keys is not None:
         key_offsets = np.asarray(key_offsets, dtype=OFFSETS_DTYPE)
         keys_mv = memoryview(keys).cast("B")
         if len(key_offsets) != n + 1 or int(key_offsets[-1]) != keys_mv.nbytes:
             raise ValueError("key_offsets must have count + 1 entries ending at len(keys)")
-        parts_len += 4 * (n + 1) + keys_mv.nbytes
-    length = parts_len
-    buf = bytearray(align8(length))
-    _pack_header(buf, length, HAS_KEYS if has_keys else 0, n, create_time_us, producer_id, base_sequence)
-    pos = HEADER_BYTES
-    buf[pos : pos + 4 * (n + 1)] = value_offsets.tobytes()
-    pos += 4 * (n + 1)
-    if has_keys:
-        buf[pos : pos + 4 * (n + 1)] = key_offsets.tobytes()
-        pos += 4 * (n + 1)
-    buf[pos : pos + values_mv.nbytes] = values_mv
-    pos += values_mv.nbytes
-    if has_keys:
-        buf[pos : pos + keys_mv.nbytes] = keys_mv
-    CRC.pack_into(buf, CRC_AT, crc32c(memoryview(buf)[CRC_START:length]))
+    if version == VERSION_1:
+        if headers is not None or timestamps_us is not None or compression:
+            raise ValueError("a version 1 batch has no headers, per-record times or compression")
+        return _encode_v1(values_mv, value_offsets, keys_mv, key_offsets, n, create_time_us, producer_id, base_sequence)
+    if version != VERSION_2:
+        raise ValueError(f"batch version {version}: one of {VERSIONS}")
+    deltas = None
+    if timestamps_us is not None:
+        ts = np.asarray(timestamps_us, dtype=np.int64)
+        if len(ts) != n:
+            raise ValueError(f"timestamps and values differ in length: timestamps={len(ts)} values={n}")
+        create_time_us = int(ts[0])
+        deltas = ts - create_time_us
+        if not deltas.any():
+            deltas = None  # one time for all: as cheap as a batch without
+    if headers is not None and len(headers.starts) != n + 1:
+        raise ValueError(f"header starts must have count + 1 entries: {len(headers.starts)} for {n} records")
+    size = section_size(n, values_mv.nbytes, None if keys_mv is None else keys_mv.nbytes, headers, deltas is not None)
+    codec = compression & A_CODEC
+    if compression != codec:
+        raise ValueError(f"compression={compression}: a codec id, one of {sorted(codecs.NAMES)}")
+    if not codec:
+        buf = bytearray(align8(HEADER_V2_BYTES + size))
+        attrs = write_section(memoryview(buf)[HEADER_V2_BYTES : HEADER_V2_BYTES + size], n, deltas, value_offsets,
+                              values_mv, key_offsets, keys_mv, headers)
+        length = HEADER_V2_BYTES + size
+    else:
+        section = bytearray(size)
+        attrs = write_section(memoryview(section), n, deltas, value_offsets, values_mv, key_offsets, keys_mv, headers)
+        packed = codecs.compress(codec, section, compression_level)
+        length = HEADER_V2_BYTES + packed.nbytes
+        buf = bytearray(align8(length))
+        buf[HEADER_V2_BYTES:length] = packed
+    _pack_v2(buf, length, attrs | codec, n, size, create_time_us, producer_id, base_sequence, producer_epoch)
     return bytes(buf)
 
 
-def _pack_header(buf: bytearray, length: int, attributes: int, n: int, create_time_us: int | None, producer_id: int,
-                 base_sequence: int) -> None:
-    """A new batch's header into ``buf`` (one struct pack): base offset and partition -1 until
-    the broker stamps them, append time and topic id 0, CRC 0 until computed."""
-    HEADER_STRUCT.pack_into(buf, 0, length, MAGIC, VERSION, attributes, -1, 0, -1, 0, 0, n, producer_id, base_sequence, 0,
-                            now_us() if create_time_us is None else create_time_us)
+def _pack_v2(buf: bytearray, length: int, attrs: int, n: int, records_bytes: int, create_time_us: int | None,
+             producer_id: int, base_sequence: int, producer_epoch: int) -> None:
+    """A new v2 batch's header and CRC into ``buf`` (section already in place): base offset and
+    partition -1 until the broker stamps them; append time, topic id, flags, leader epoch 0."""
+    t = now_us() if create_time_us is None else create_time_us
+    HEADER_V2_STRUCT.pack_into(buf, 0, length, MAGIC, VERSION_2, 0, -1, 0, -1, 0, 0, n, producer_id, base_sequence,
+                               producer_epoch, attrs, t, records_bytes, 0, t)
+    CRC.pack_into(buf, CRC_AT, batch_crc(buf, 0, length, VERSION_2))
 
 
-def _encode_one(value: bytes, create_time_us: int | None, producer_id: int, base_sequence: int) -> bytes:
+def _encode_one(value: bytes, create_time_us: int | None, producer_id: int, base_sequence: int,
+                producer_epoch: int) -> bytes:
     """``encode_batch([value])`` in plain Python: header, the offsets [0, len], the value, CRC."""
     if type(value) is not bytes:  # any bytes-like: its length in bytes, whatever its item size
         value = memoryview(value).cast("B")
     size = len(value)
-    length = HEADER_BYTES + 8 + size
+    length = HEADER_V2_BYTES + 8 + size
     buf = bytearray(align8(length))
-    _pack_header(buf, length, 0, 1, create_time_us, producer_id, base_sequence)
-    _TWO_OFFSETS.pack_into(buf, HEADER_BYTES, 0, size)
-    buf[HEADER_BYTES + 8 : length] = value
-    CRC.pack_into(buf, CRC_AT, crc32c(memoryview(buf)[CRC_START:length]))
+    _TWO_OFFSETS.pack_into(buf, HEADER_V2_BYTES, 0, size)
+    buf[HEADER_V2_BYTES + 8 : length] = value
+    _pack_v2(buf, length, 0, 1, 8 + size, create_time_us, producer_id, base_sequence, producer_epoch)
+    return bytes(buf)
+
+
+def _encode_v1(values_mv, value_offsets, keys_mv, key_offsets, n, create_time_us, producer_id, base_sequence) -> bytes:
+    """The version 1 writer, kept for the upgrade tests and v1-speaking peers (FORMAT.md 1.7)."""
+    size = section_size(n, values_mv.nbytes, None if keys_mv is None else keys_mv.nbytes, None, False)
+    length = HEADER_V1_BYTES + size
+    buf = bytearray(align8(length))
+    write_section(memoryview(buf)[HEADER_V1_BYTES:length], n, None, value_offsets, values_mv, key_offsets, keys_mv, None)
+    HEADER_STRUCT.pack_into(buf, 0, length, MAGIC, VERSION_1, HAS_KEYS if keys_mv is not None else 0, -1, 0, -1, 0, 0,
+                            n, producer_id, base_sequence, 0, now_us() if create_time_us is None else create_time_us)
+    CRC.pack_into(buf, CRC_AT, batch_crc(buf, 0, length, VERSION_1))
     return bytes(buf)
 
 
@@ -238,239 +342,31 @@ def restamp(frame: bytes, producer_id: int, base_sequence: int) -> bytes:
     buf = bytearray(frame)
     length = LENGTH.unpack_from(buf, LENGTH_AT)[0]
     IDEMPOTENCE.pack_into(buf, IDEMPOTENCE_AT, producer_id, base_sequence)
-    CRC.pack_into(buf, CRC_AT, crc32c(memoryview(buf)[CRC_START:length]))
+    CRC.pack_into(buf, CRC_AT, batch_crc(buf, 0, length, buf[VERSION_AT]))
     return bytes(buf)
 
 
 class Header(dict):
-    """One batch header as plain ints (keys are HEADER_DTYPE's field names)."""
+    """One batch header as plain ints (keys are the version's dtype field names)."""
 
 
 def read_header(buf, pos: int = 0) -> Header:
+    """The header at ``pos``: v2's fields for a v2 batch with its 80 bytes there, else v1's
+    names over the shared 64-byte prefix (what recovery and the index checks read)."""
+    mv = memoryview(buf)
+    if mv[pos + VERSION_AT] == VERSION_2 and len(mv) - pos >= HEADER_V2_BYTES:
+        return Header(zip(HEADER_V2_FIELDS, HEADER_V2_STRUCT.unpack_from(buf, pos)))
     return Header(zip(HEADER_FIELDS, HEADER_STRUCT.unpack_from(buf, pos)))
 
 
-def validate_frame(buf, pos: int, end: int, max_batch_bytes: int) -> tuple[int, int]:
-    """Check the batch starting at ``pos`` (structure and CRC); return (padded frame size, count).
-
-    Raises BatchError with a reason of ``malformed``, ``too_large`` or ``crc``. Reads at most
-    the bytes in ``[pos, end)``; never trusts a length or count before bounding it.
-    """
-    avail = end - pos
-    if avail < HEADER_BYTES:
-        raise BatchError("malformed", f"batch header needs {HEADER_BYTES} bytes, got {avail}")
-    h = HEADER_STRUCT.unpack_from(buf, pos)  # a tuple: this runs once per produce request
-    length, magic, version, attributes, n = h[_LENGTH], h[_MAGIC], h[_VERSION], h[_ATTRIBUTES], h[_COUNT]
-    if magic != MAGIC:
-        raise BatchError("malformed", f"bad batch magic: magic={magic:#x} expected={MAGIC:#x}")
-    if version != VERSION:
-        raise BatchError("malformed", f"unsupported batch version: version={version} supported={VERSION}")
-    if length > max_batch_bytes:
-        raise BatchError("too_large", f"batch of {length} bytes over the limit of {max_batch_bytes}")
-    keyed = bool(attributes & HAS_KEYS)
-    if n < 1 or n > MAX_RECORDS_PER_BATCH:
-        raise BatchError("malformed", f"record_count out of range: record_count={n}")
-    arrays = 4 * (n + 1) * (2 if keyed else 1)
-    if length < HEADER_BYTES + arrays or align8(length) > avail:
-        raise BatchError(
-            "malformed", f"batch length lies: length={length} count={n} frame bytes available={avail}"
-        )
-    mv = memoryview(buf)
-    if crc32c(mv[pos + CRC_START : pos + length]) != h[_CRC]:
-        raise BatchError("crc", f"CRC-32C mismatch in batch of {n} records at byte {pos}")
-    body = length - HEADER_BYTES - arrays
-    at = pos + HEADER_BYTES
-    if n == 1:  # one record (the single-message produce): two struct reads instead of numpy
-        v0, total = _TWO_OFFSETS.unpack_from(buf, at)
-        k0 = k1 = 0
-        if keyed:
-            k0, k1 = _TWO_OFFSETS.unpack_from(buf, at + 8)
-        if k0 != 0 or k1 < 0:
-            raise BatchError("malformed", "key_offsets must start at 0 and never decrease")
-        if v0 != 0 or total < 0 or total + k1 != body:
-            raise BatchError("malformed", "value_offsets must start at 0, never decrease and match the body")
-        return align8(length), n
-    voffs = np.frombuffer(buf, dtype=OFFSETS_DTYPE, count=n + 1, offset=at)
-    total = int(voffs[-1])
-    if keyed:
-        koffs = np.frombuffer(buf, dtype=OFFSETS_DTYPE, count=n + 1, offset=at + 4 * (n + 1))
-        total += int(koffs[-1])
-        if koffs[0] != 0 or bool(np.any(koffs[1:] < koffs[:-1])):
-            raise BatchError("malformed", "key_offsets must start at 0 and never decrease")
-    if voffs[0] != 0 or total != body or bool(np.any(voffs[1:] < voffs[:-1])):
-        raise BatchError("malformed", "value_offsets must start at 0, never decrease and match the body")
-    return align8(length), n
+def time_key(buf, pos: int = 0) -> int:
+    """The time a lookup by time compares for the batch at ``pos`` (only grows along a
+    partition): v2's ``max_time_us`` (the partition's largest record timestamp through this
+    batch, stamped at append), v1's append time."""
+    if buf[pos + VERSION_AT] == VERSION_2:
+        return STAMP_V2.unpack_from(buf, pos + STAMP_V2_AT)[1]
+    return STAMP.unpack_from(buf, pos + STAMP_AT)[1]
 
 
-@dataclass(slots=True)
-class BatchView:
-    """A decoded view of one batch inside a larger buffer (no copies). (Not frozen: a frozen
-    dataclass's __init__ costs ~3 us, paid once per batch read by a tailing consumer.)"""
-
-    base_offset: int
-    record_count: int
-    partition: int
-    append_time_us: int
-    create_time_us: int
-    value_offsets: np.ndarray  # int32[count + 1], starts at 0
-    values: memoryview
-    key_offsets: np.ndarray | None
-    keys: memoryview | None
-
-    def value(self, i: int) -> bytes:
-        return bytes(self.values[self.value_offsets[i] : self.value_offsets[i + 1]])
-
-    def key(self, i: int) -> bytes | None:
-        if self.key_offsets is None:
-            return None
-        return bytes(self.keys[self.key_offsets[i] : self.key_offsets[i + 1]])
-
-
-def iter_batches(buf) -> list[BatchView]:
-    """Split a buffer of back-to-back padded batches (a fetch reply body) into views.
-
-    One Python step per batch, none per record. Trusts the broker (no CRC check here).
-    """
-    mv = memoryview(buf).cast("B")
-    views = []
-    pos, end = 0, mv.nbytes
-    while pos + HEADER_BYTES <= end:
-        h = HEADER_STRUCT.unpack_from(mv, pos)  # a tuple, not a Header dict: once per batch read
-        length = h[_LENGTH]
-        if length < HEADER_BYTES:
-            break
-        n = h[_COUNT]
-        keyed = bool(h[_ATTRIBUTES] & HAS_KEYS)
-        arr = pos + HEADER_BYTES
-        voffs = np.frombuffer(mv, dtype=OFFSETS_DTYPE, count=n + 1, offset=arr)
-        arr += 4 * (n + 1)
-        koffs = None
-        if keyed:
-            koffs = np.frombuffer(mv, dtype=OFFSETS_DTYPE, count=n + 1, offset=arr)
-            arr += 4 * (n + 1)
-        vend = arr + int(voffs[-1])
-        values = mv[arr:vend]
-        keys = mv[vend : vend + int(koffs[-1])] if keyed else None
-        views.append(BatchView(h[_BASE], n, h[_PARTITION], h[_APPEND_TIME], h[_CREATE_TIME], voffs, values, koffs, keys))
-        pos += align8(length)
-    return views
-
-
-@dataclass(slots=True)
-class Columns:
-    """Records of many batches as flat columns: what Arrow's binary arrays are made of. (Not
-    frozen: a frozen dataclass's __init__ is one object.__setattr__ per field, paid per partition
-    in every poll of a tailing consumer.)"""
-
-    offsets: np.ndarray  # int64[n]: record offsets
-    timestamps_us: np.ndarray  # int64[n]: producer create time of each record's batch
-    value_offsets: np.ndarray  # int32[n + 1], from 0
-    values: np.ndarray  # uint8[value_offsets[-1]]
-    key_offsets: np.ndarray  # int32[n + 1]; all-equal runs where a batch had no keys
-    keys: np.ndarray  # uint8
-    key_valid: np.ndarray  # bool[n]: False where the batch had no keys (null key)
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-
-_INT32_MAX = int(np.iinfo(np.int32).max)
-
-
-def batches_to_columns(views: list[BatchView], start_offset: int = 0, end_offset: int | None = None) -> Columns:
-    """Flatten batch views to columns, keeping records with start_offset <= offset < end_offset.
-
-    numpy over the whole set; the only Python steps are one per batch.
-    """
-    keep = []
-    for v in views:
-        lo = max(start_offset - v.base_offset, 0)
-        hi = v.record_count if end_offset is None else min(end_offset - v.base_offset, v.record_count)
-        if hi > lo:
-            keep.append((v, lo, hi))
-    if not keep:
-        z = np.zeros(0, dtype=np.int64)
-        return Columns(z, z, np.zeros(1, OFFSETS_DTYPE), np.zeros(0, np.uint8), np.zeros(1, OFFSETS_DTYPE), np.zeros(0, np.uint8), np.zeros(0, bool))
-    if len(keep) == 1:
-        return _one_batch_columns(*keep[0])
-    return _many_batch_columns(keep)
-
-
-def _one_batch_columns(v: BatchView, lo: int, hi: int) -> Columns:
-    """``batches_to_columns`` of one batch (a tailing read): the same columns in a third of the
-    numpy calls. Values and keys are copied, as in the general case, so the columns outlive
-    the buffer they were read from."""
-    n = hi - lo
-    vo = v.value_offsets[lo : hi + 1]
-    keyed = v.key_offsets is not None
-    if keyed:
-        ko = v.key_offsets[lo : hi + 1]
-        key_offsets, keys = ko - ko[0], np.frombuffer(v.keys, dtype=np.uint8)[ko[0] : ko[-1]].copy()
-        key_valid = np.ones(n, dtype=bool)
-    else:
-        key_offsets, keys, key_valid = np.zeros(n + 1, dtype=OFFSETS_DTYPE), np.zeros(0, np.uint8), np.zeros(n, dtype=bool)
-    timestamps = np.empty(n, dtype=np.int64)
-    timestamps.fill(v.create_time_us)  # np.full is a Python function around the same two calls
-    return Columns(
-        offsets=np.arange(v.base_offset + lo, v.base_offset + hi, dtype=np.int64),
-        timestamps_us=timestamps,
-        value_offsets=vo - vo[0],
-        values=np.frombuffer(v.values, dtype=np.uint8)[vo[0] : vo[-1]].copy(),
-        key_offsets=key_offsets,
-        keys=keys,
-        key_valid=key_valid,
-    )
-
-
-def _many_batch_columns(keep: list[tuple[BatchView, int, int]]) -> Columns:
-    """The general case: one numpy step per batch for each column piece (shifted as it is cut,
-    so joining the pieces is one concatenate), then one step per column. Batches without keys
-    (the common case) add no key piece: with none keyed, the key columns are made at once."""
-    vpieces, kpieces, vbufs, kbufs, counts, bases, times, keyed = [], [], [], [], [], [], [], []
-    vshift = kshift = 0  # bytes of values / keys taken so far
-    for v, lo, hi in keep:
-        vo = v.value_offsets[lo : hi + 1]
-        v0, v1 = int(vo[0]), int(vo[-1])
-        vpieces.append(vo[1:] + (vshift - v0))  # int32: exact while the total fits (checked below)
-        vbufs.append(np.frombuffer(v.values, dtype=np.uint8)[v0:v1])
-        vshift += v1 - v0
-        if v.key_offsets is not None:
-            if not kbufs:  # the first keyed batch: the unkeyed ones before it had empty keys
-                kpieces = [np.zeros(c, dtype=OFFSETS_DTYPE) for c in counts]
-            ko = v.key_offsets[lo : hi + 1]
-            k0, k1 = int(ko[0]), int(ko[-1])
-            kpieces.append(ko[1:] + (kshift - k0))
-            kbufs.append(np.frombuffer(v.keys, dtype=np.uint8)[k0:k1])
-            kshift += k1 - k0
-        elif kbufs:
-            kpieces.append(np.full(hi - lo, kshift, dtype=OFFSETS_DTYPE))
-        counts.append(hi - lo)
-        bases.append(v.base_offset + lo)
-        times.append(v.create_time_us)
-        keyed.append(v.key_offsets is not None)
-    if vshift > _INT32_MAX or kshift > _INT32_MAX:
-        raise OverflowError("more than 2 GiB of values in one column set")
-    counts_a = np.asarray(counts, dtype=np.int64)
-    ends = np.cumsum(counts_a)
-    n = int(ends[-1])
-    offsets = np.repeat(np.asarray(bases, dtype=np.int64) - (ends - counts_a), counts_a)
-    offsets += np.arange(n, dtype=np.int64)
-    value_offsets = np.empty(n + 1, dtype=OFFSETS_DTYPE)
-    value_offsets[0] = 0
-    np.concatenate(vpieces, out=value_offsets[1:])
-    if kbufs:
-        key_offsets = np.empty(n + 1, dtype=OFFSETS_DTYPE)
-        key_offsets[0] = 0
-        np.concatenate(kpieces, out=key_offsets[1:])
-        keys, key_valid = np.concatenate(kbufs), np.repeat(np.asarray(keyed, dtype=bool), counts_a)
-    else:
-        key_offsets, keys, key_valid = np.zeros(n + 1, dtype=OFFSETS_DTYPE), np.zeros(0, np.uint8), np.zeros(n, bool)
-    return Columns(
-        offsets=offsets,
-        timestamps_us=np.repeat(np.asarray(times, dtype=np.int64), counts_a),
-        value_offsets=value_offsets,
-        values=np.concatenate(vbufs),
-        key_offsets=key_offsets,
-        keys=keys,
-        key_valid=key_valid,
-    )
+from .checks import Checked, check_batch, rewrite_batch, validate_frame  # noqa: E402,F401 (re-exported)
+from .views import BatchView, iter_batches  # noqa: E402,F401 (re-exported)

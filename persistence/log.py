@@ -46,7 +46,7 @@ import numpy as np
 
 from tailrace.broker.datadir import JOURNAL_DIR, segment_name
 from tailrace.client.protocol import ErrorCode
-from tailrace.client.records import COUNT, COUNT_AT, HEADER_BYTES, align8_array, iter_batches, read_header
+from tailrace.client.records import COUNT, COUNT_AT, PREFIX_BYTES, align8_array, iter_batches, read_header
 from tailrace.client.ring_reader import TailStatus
 from tailrace.shm.layout import COL, ROW_WORDS
 
@@ -258,10 +258,10 @@ class PartitionLog:
         try:
             with open(os.path.join(self.data_dir, JOURNAL_DIR, segment_name(seg)), "rb") as f:
                 f.seek(pos - seg)
-                raw = f.read(HEADER_BYTES)
+                raw = f.read(PREFIX_BYTES)
         except OSError:
             return False
-        if len(raw) < HEADER_BYTES:
+        if len(raw) < PREFIX_BYTES:
             return False
         h = read_header(raw)
         return (h["topic_id"] == topic_id and h["partition"] == partition and h["base_offset"] == n - 1 - rel
@@ -347,8 +347,8 @@ class PartitionLog:
             if got.status != TailStatus.DATA:
                 raise OSError(f"partition slot {self.slot}: offsets {start}-{hi} not readable from its ring ({got.status.name})")
             for v in iter_batches(got.body):  # one step per batch, on an admin request
-                if v.append_time_us >= t_us:
-                    return max(v.base_offset, flushed), v.append_time_us
+                if v.time_key_us >= t_us:
+                    return max(v.base_offset, flushed), v.time_key_us
             start = got.next_offset
         return None
 

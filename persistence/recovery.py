@@ -40,7 +40,7 @@ import numpy as np
 
 from tailrace.broker.catalog import Catalog
 from tailrace.broker.datadir import CHECKPOINT_FILE, INSTANCE_FILE, JOURNAL_DIR, segment_name, write_atomic
-from tailrace.client.records import HEADER_BYTES, BatchError, align8_array, read_header, validate_frame
+from tailrace.client.records import PREFIX_BYTES, BatchError, align8_array, read_header, validate_frame
 
 from .index import entries_for
 from .journal import check_segments, list_segments
@@ -109,12 +109,12 @@ def scan(journal_dir: Path, segment_bytes: int, start: int, max_batch_bytes: int
         with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mm:
             p = max(start, seg) - seg
             good_end = None
-            while p + HEADER_BYTES <= size:
+            while p + PREFIX_BYTES <= size:
                 length = int.from_bytes(mm[p : p + 4], "little", signed=True)
                 if length == 0:
                     break
                 try:
-                    frame, _ = validate_frame(mm, p, size, max_batch_bytes)
+                    frame, _ = validate_frame(mm, p, size, max_batch_bytes, deep=False)  # CRC and structure; a compressed section was checked at produce
                 except BatchError as exc:
                     good_end = seg + p
                     res.torn_at = good_end

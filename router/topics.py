@@ -16,7 +16,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from tailrace.broker import acl, datadir
+from tailrace.broker import acl, datadir, record_policy
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import INTERNAL_TOPICS, Catalog, internal_topic_refusal, valid_topic_name
 from tailrace.client import ops
@@ -49,7 +49,8 @@ class TopicContext:
 def info(s: settings_mod.Settings, t) -> P.TopicInfo:
     """A topic as clients see it, with its effective settings (its own, else the broker's)."""
     config = {"retention.ms": str(t.config.get("retention.ms", s.retention_ms)),
-              "retention.bytes": str(t.config.get("retention.bytes", s.retention_bytes)), "ring.bytes": str(t.ring_bytes)}
+              "retention.bytes": str(t.config.get("retention.bytes", s.retention_bytes)), "ring.bytes": str(t.ring_bytes),
+              **record_policy.effective(t.config)}
     return P.TopicInfo(t.name, t.topic_id, t.partitions, t.ring_bytes, config)
 
 
@@ -196,10 +197,10 @@ def prepare_slots(s: settings_mod.Settings, slots) -> None:
                 log.warning("could not make %s ahead: %s", path, exc)
 
 
-def check_config(config: dict[str, str], creating: bool) -> tuple[dict[str, int | None], str | None]:
+def check_config(config: dict[str, str], creating: bool) -> tuple[dict[str, int | str | None], str | None]:
     """A request's topic settings as stored values (None: back to the broker's default), or
     why they are refused. Names and values: ``P.TOPIC_CONFIGS``."""
-    out: dict[str, int | None] = {}
+    out: dict[str, int | str | None] = {}
     for name, raw in config.items():
         if name not in P.TOPIC_CONFIGS:
             return {}, f"unknown topic setting {name!r}: one of {', '.join(P.TOPIC_CONFIGS)}"
@@ -207,6 +208,12 @@ def check_config(config: dict[str, str], creating: bool) -> tuple[dict[str, int 
             return {}, "ring.bytes is set when a topic is created; a topic's rings do not change size"
         if raw == "" and not creating:
             out[name] = None
+            continue
+        if name in record_policy.DEFAULTS:
+            value, why = record_policy.check_value(name, raw)
+            if why is not None:
+                return {}, why
+            out[name] = value
             continue
         try:
             value = int(raw)

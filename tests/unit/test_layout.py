@@ -21,16 +21,24 @@ def _offsets(dtype) -> dict[str, int]:
     return {name: dtype.fields[name][1] for name in dtype.names}
 
 
-def test_the_record_batch_header_is_64_bytes_with_the_documented_offsets():
-    assert _offsets(records.HEADER_DTYPE) == {
+def test_the_record_batch_headers_have_the_documented_offsets():
+    assert _offsets(records.HEADER_V2_DTYPE) == {
+        "length": 0, "magic": 4, "version": 6, "flags": 7, "base_offset": 8, "append_time_us": 16,
+        "partition": 24, "topic_id": 28, "crc": 32, "record_count": 36, "producer_id": 40,
+        "base_sequence": 48, "producer_epoch": 52, "attributes": 54, "base_time_us": 56, "records_bytes": 64,
+        "leader_epoch": 68, "max_time_us": 72,
+    }
+    assert _offsets(records.HEADER_DTYPE) == {  # version 1: still read, and its first 52 bytes are every version's
         "length": 0, "magic": 4, "version": 6, "attributes": 7, "base_offset": 8, "append_time_us": 16,
         "partition": 24, "topic_id": 28, "crc": 32, "record_count": 36, "producer_id": 40,
         "base_sequence": 48, "reserved": 52, "create_time_us": 56,
     }
-    assert records.HEADER_BYTES == 64 and records.CRC_START == 36
+    assert records.HEADER_BYTES == records.HEADER_V2_BYTES == 80 and records.PREFIX_BYTES == 64
+    assert records.CRC_START == 36 and records.CRC_GAP == (68, 80)
     assert (records.STAMP_AT, records.STAMP.size) == (8, 24)  # base_offset .. topic_id, outside the CRC
+    assert (records.STAMP_V2_AT, records.STAMP_V2.size, records.FLAGS_AT) == (68, 12, 7)  # leader_epoch, max_time_us
     assert (records.COUNT_AT, records.IDEMPOTENCE_AT, records.LENGTH_AT) == (36, 40, 0)
-    assert records.MAGIC == 0x5452 and records.VERSION == 1
+    assert records.MAGIC == 0x5452 and records.VERSION == 2
 
 
 def test_frames_are_padded_to_8_bytes_by_one_rule():
@@ -87,7 +95,9 @@ def _table(text: str, pattern: str) -> dict[str, int]:
 def test_every_offset_the_format_document_states_is_the_one_the_code_declares():
     doc = FORMAT_MD.read_text()
     header = _table(_section(doc, "### 1.1", "### 1.2"), r"^\| (?P<at>\d+) \| \d+ \| \w+ \| `(?P<name>\w+)` \|")
-    assert header == _offsets(records.HEADER_DTYPE)
+    assert header == _offsets(records.HEADER_V2_DTYPE)
+    header_v1 = _table(_section(doc, "### 1.8", "## 2."), r"^\| (?P<at>\d+) \| \d+ \| \w+ \| `(?P<name>\w+)` \|")
+    assert header_v1 == _offsets(records.HEADER_DTYPE)
     entry = _table(_section(doc, "## 3. Partition index", "## 4."), r"^\| (?P<at>\d+) \| \d+ \| \w+ \| `(?P<name>\w+)` \|")
     assert entry == _offsets(index.ENTRY_DTYPE)
     table = _table(_section(doc, "Table header:", "Row: "), r"^\| (?P<at>\d+) \| `(?P<name>\w+)`")

@@ -39,8 +39,8 @@ def test_partition_log_reads_the_rows_offsets_and_the_flushed_batches_through_th
             views = iter_batches(b"".join(res.parts))
             assert [v.base_offset for v in views] == [3, 6, 9, 12] and res.next_offset == 15 and res.source == "disk"
             first = iter_batches(b"".join(plog.read(DiskRead(actor.slot, 0, 1 << 20, 1 << 20, 15)).parts))[0]
-            assert plog.offset_for_time(0, lambda: None) == (0, first.append_time_us)
-            assert plog.offset_for_time(views[1].append_time_us, lambda: None)[0] <= 6
+            assert plog.offset_for_time(0, lambda: None) == (0, first.time_key_us)
+            assert plog.offset_for_time(views[1].time_key_us, lambda: None)[0] <= 6
             last = views[-1].append_time_us
             assert plog.offset_for_time(last + 1, lambda: None) is None  # all older, and nothing above the index
         finally:
@@ -150,9 +150,9 @@ def test_the_flushers_log_reads_the_row_and_the_index_as_retention_asks(tmp_path
         assert plog.first_at_position(0, 15, positions[2] + 1) == 9
         assert plog.first_at_position(7, 15, 0) == 7 and plog.first_at_position(0, 15, 1 << 40) == 15
 
-        times = [v.append_time_us for v in views]
+        times = [v.time_key_us for v in views]
         assert plog.first_indexed_at_or_after(0, 0, 15) == (0, times[0])
-        expect = min(v.base_offset for v in views if v.append_time_us >= times[3])
+        expect = min(v.base_offset for v in views if v.time_key_us >= times[3])
         assert plog.first_indexed_at_or_after(times[3], 0, 15) == (expect, times[expect // 3])
         assert plog.first_indexed_at_or_after(times[3], 0, 9) is None  # only [lo, hi) is searched
         assert plog.first_indexed_at_or_after(times[-1] + 1, 0, 15) is None
