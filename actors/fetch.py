@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from tailrace.broker import quota
 from tailrace.client import ops
 from tailrace.client import protocol as P
+from tailrace.client.records import V1_READER_REFUSAL, newest_version
 from tailrace.persistence.log import DiskRead, FetchResult
 
 from .adopt import Owned
@@ -78,7 +79,13 @@ def answer(ctx: FetchContext, actor: PartitionActor, ident, routing: bytes, req:
 
 def send(ctx: FetchContext, actor: PartitionActor, ident, routing: bytes, req: P.FetchRequest, res: FetchResult,
          who: str | None) -> None:
-    _v, op, _c, partition, request_id, topic = P.unpack_routing(routing)
+    version, op, _c, partition, request_id, topic = P.unpack_routing(routing)
+    if version == 1 and res.code == P.ErrorCode.OK and newest_version(res.parts) > 1:
+        res = FetchResult(P.ErrorCode.UNSUPPORTED_VERSION, [], req.offset, "")
+        head = P.pack_routing(op, partition, request_id, topic, res.code)
+        ctx.out.count(op, res.code)
+        ctx.out.port.send([*ident, head, P.encode(P.ErrorReply(V1_READER_REFUSAL))])
+        return
     head = P.pack_routing(op, partition, request_id, topic, res.code)
     out = ctx.out
     out.count(op, res.code)

@@ -26,6 +26,7 @@ from collections import OrderedDict
 from tailrace.broker import quota
 from tailrace.client import ops
 from tailrace.client import protocol as P
+from tailrace.client.records import V1_READER_REFUSAL, newest_version
 from tailrace.persistence.log import DiskRead, FetchResult
 
 from .fetch import MAX_WAIT_MS, FetchContext, missing_segment
@@ -89,7 +90,8 @@ class MultiFetch:
     """One FETCH_MULTI: its partitions' actors and offsets, the results so far, and the disk
     reads it waits for."""
 
-    __slots__ = ("ident", "head", "req", "sid", "targets", "listed", "who", "deadline", "slots", "results", "pending")
+    __slots__ = ("ident", "head", "req", "sid", "targets", "listed", "who", "deadline", "slots", "results", "pending",
+                 "version")
 
     def __init__(self, ident, head: tuple, req: P.FetchMultiRequest, sid: int, targets: list, listed: set, who):
         self.ident, self.head, self.req, self.sid, self.who = ident, head, req, sid, who
@@ -99,6 +101,7 @@ class MultiFetch:
         self.slots = {a.slot for _p, a, _o, _r in targets if a is not None}
         self.results: list = []
         self.pending = 0
+        self.version = P.PROTOCOL_VERSION  # the client's protocol version (1 reads v1 batches only)
 
 
 def fetch_multi(ctx: FetchContext, ident, assign, topic, partition, rest, who, reply) -> None:
@@ -152,6 +155,7 @@ def fetch_multi(ctx: FetchContext, ident, assign, topic, partition, rest, who, r
         else:
             targets.append((p, actor, offset, None))
     m = MultiFetch(ident, P.unpack_routing(rest[0])[1:6], req, sid, targets, set(parts), who)
+    m.version = P.unpack_routing(rest[0])[0]
     if not run(ctx, m, final=req.max_wait_ms == 0 or not m.slots):  # nothing to wait on: answer now
         ctx.parked.waits.append(m)
         ctx.turn.parked_slots.update(m.slots)
@@ -242,6 +246,10 @@ def _send(ctx: FetchContext, m: MultiFetch) -> None:
             out.append(P.PartitionFetch(p, res.code, hw, durable, log_start, offset, message=f"fetch failed ({res.source})"))
             continue
         size = sum(map(len, res.parts))
+        if m.version == 1 and size and newest_version(res.parts) > 1:
+            out.append(P.PartitionFetch(p, P.ErrorCode.UNSUPPORTED_VERSION, hw, durable, log_start, offset,
+                                        message=V1_READER_REFUSAL))
+            continue
         if session and not size and p not in m.listed:
             continue  # a session's quiet partition: nothing to say
         if session and size and held is not None and p in held.positions:

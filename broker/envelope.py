@@ -60,8 +60,8 @@ class Envelope:
         the routing header and what follows it; ``from_router``: it came on the router's link."""
         if len(topic) > P.MAX_TOPIC_BYTES:
             return P.ErrorCode.INVALID_REQUEST, f"topic name of {len(topic)} bytes: at most {P.MAX_TOPIC_BYTES}"
-        if version != P.PROTOCOL_VERSION:
-            return P.ErrorCode.UNSUPPORTED_VERSION, f"protocol version {version} unsupported; this broker speaks {P.PROTOCOL_VERSION}"
+        if version not in P.PROTOCOL_VERSIONS:
+            return P.ErrorCode.UNSUPPORTED_VERSION, f"protocol version {version} unsupported; this broker speaks {P.PROTOCOL_VERSIONS}"
         accepted = self.frames.get(op)
         if accepted is None:
             return self.elsewhere.get(op) or (P.ErrorCode.UNKNOWN_OP, f"unknown op {op}")

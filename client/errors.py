@@ -86,7 +86,7 @@ BY_CODE: dict[int, type[TailraceError]] = {
         StorageUnavailableError, TopicExistsError, ShmBudgetExceededError, InvalidRequestError, TimeoutError_,
         NotReadyError, InternalError, NotAuthorizedError, AuthenticationFailedError, UnknownMemberIdError,
         FencedMemberEpochError, GroupNotEmptyError, UnknownGroupError, OutOfOrderSequenceError, InternalTopicError,
-        StorageFullError,
+        StorageFullError, InvalidTimestampError,
     )
 }
 

@@ -32,7 +32,8 @@ import msgspec
 import zmq
 from zmq.backend import Socket as _RawSocket
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the client reads record format v2 (docs/PROTOCOL.md 1); a broker still serves 1
+PROTOCOL_VERSIONS = (1, 2)
 ROUTING = struct.Struct("<BBHiQ")
 ROUTING_BYTES = ROUTING.size
 MAX_TOPIC_BYTES = 200  # a topic name's UTF-8 bytes at most (catalog.valid_topic_name)

@@ -368,5 +368,25 @@ def time_key(buf, pos: int = 0) -> int:
     return STAMP.unpack_from(buf, pos + STAMP_AT)[1]
 
 
+def newest_version(parts) -> int:
+    """The highest batch version in buffers of back-to-back frames (one step per batch): what a
+    FETCH from a client of protocol version 1, which reads only v1 batches, must not be sent."""
+    top = 0
+    for buf in parts:
+        mv = memoryview(buf)
+        pos, end = 0, mv.nbytes
+        while pos + PREFIX_BYTES <= end:
+            length = LENGTH.unpack_from(mv, pos)[0]
+            if length < PREFIX_BYTES:
+                break
+            top = max(top, mv[pos + VERSION_AT])
+            pos += align8(length)
+    return top
+
+
+V1_READER_REFUSAL = ("a version 2 batch is next in this partition, and a client of protocol version 1 reads only "
+                     "version 1 batches: upgrade the client (docs/PROTOCOL.md 1)")
+
+
 from .checks import Checked, check_batch, rewrite_batch, validate_frame  # noqa: E402,F401 (re-exported)
 from .views import BatchView, iter_batches  # noqa: E402,F401 (re-exported)
