@@ -62,7 +62,7 @@ def batches_to_columns(views: list, start_offset: int = 0, end_offset: int | Non
             keep.append((v, lo, hi))
     if not keep:
         return _empty()
-    if len(keep) == 1 and keep[0][0].headers is None:
+    if len(keep) == 1:
         return _one_batch_columns(*keep[0])
     return _many_batch_columns(keep)
 
@@ -81,9 +81,9 @@ def _times(v, lo: int, hi: int) -> np.ndarray:
 
 
 def _one_batch_columns(v, lo: int, hi: int) -> Columns:
-    """``batches_to_columns`` of one batch without headers (a tailing read): the same columns in
-    a third of the numpy calls. Values and keys are copied, as in the general case, so the
-    columns outlive the buffer they were read from."""
+    """``batches_to_columns`` of one batch (a tailing read): the same columns in a third of the
+    numpy calls. Values, keys and headers are copied, as in the general case, so the columns
+    outlive the buffer they were read from."""
     n = hi - lo
     vo = v.value_offsets[lo : hi + 1]
     if v.key_offsets is not None:
@@ -96,6 +96,15 @@ def _one_batch_columns(v, lo: int, hi: int) -> Columns:
     if v.timestamp_type != CREATE_TIME:
         types = np.empty(n, dtype=np.uint8)
         types.fill(v.timestamp_type)
+    headers = None
+    h = v.headers
+    if h is not None:
+        st = h.starts[lo : hi + 1]
+        a, b = int(st[0]), int(st[-1])
+        hk, hv = h.key_offsets[a : b + 1], h.value_offsets[a : b + 1]
+        headers = HeaderArrays(st - a, hk - hk[0], np.frombuffer(h.keys, dtype=np.uint8)[hk[0] : hk[-1]].copy(),
+                               hv - hv[0], np.frombuffer(h.values, dtype=np.uint8)[hv[0] : hv[-1]].copy(),
+                               h.valid[a:b].copy())
     return Columns(
         offsets=np.arange(v.base_offset + lo, v.base_offset + hi, dtype=np.int64),
         timestamps_us=_times(v, lo, hi),
@@ -105,6 +114,7 @@ def _one_batch_columns(v, lo: int, hi: int) -> Columns:
         keys=keys,
         key_valid=key_valid,
         timestamp_types=types,
+        headers=headers,
     )
 
 

@@ -178,7 +178,7 @@ def _array(mv: memoryview, dtype, count: int, at: int, what: str) -> np.ndarray:
 
 def _monotone(a: np.ndarray, what: str) -> int:
     """Check offsets start at 0 and never decrease; return the last."""
-    if int(a[0]) != 0 or (len(a) > 1 and bool(np.any(a[1:] < a[:-1]))):
+    if int(a[0]) != 0 or (len(a) > 1 and (a[1:] < a[:-1]).any()):
         raise SectionError(f"{what} must start at 0 and never decrease")
     return int(a[-1])
 
@@ -237,9 +237,11 @@ def parse_section(buf, n: int, attrs: int, check: bool) -> Section:
 
 
 def _check_headers(hk: np.ndarray, hkeys: memoryview, hv: np.ndarray, hnull: np.ndarray) -> None:
-    if len(hnull) and (bool(np.any(hnull > 1)) or bool(np.any((hnull == 1) & (hv[1:] != hv[:-1])))):
+    if len(hnull) and hnull.any() and (hnull.max() > 1 or ((hnull == 1) & (hv[1:] != hv[:-1])).any()):
         raise SectionError("hvalue_null holds 0 or 1, and a null value's range is empty")
     kb = np.frombuffer(hkeys, dtype=np.uint8)
+    if not len(kb) or kb.max() < 0x80:  # ASCII keys (the common case): UTF-8, each on its own
+        return
     try:
         bytes(hkeys).decode("utf-8")
     except UnicodeDecodeError as exc:

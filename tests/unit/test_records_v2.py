@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tailrace.client import codecs, records
+from tailrace.client import codecs, columns, records
 from tailrace.client.records import BatchError, batches_to_columns, check_batch, encode_batch, iter_batches, rewrite_batch
 from tailrace.client.sections import A_HEADERS, headers_from_lists
 
@@ -57,6 +57,14 @@ def test_every_batch_decodes_to_what_was_encoded(values, keyed, with_headers, wi
     assert len(cols) == 2 * n and cols.timestamps_us.tolist() == 2 * (times or [123] * n)
     if cols.headers is not None:
         assert cols.headers.lists() == 2 * want
+    lo = data.draw(st.integers(0, n - 1))  # a tailing read's slice of one batch: the shortcut gives the general path's columns
+    hi = data.draw(st.integers(lo + 1, n))
+    one, many = batches_to_columns([v], 100 + lo, 100 + hi), columns._many_batch_columns([(v, lo, hi)])
+    for field in ("offsets", "timestamps_us", "value_offsets", "values", "key_offsets", "keys", "key_valid"):
+        assert getattr(one, field).tolist() == getattr(many, field).tolist(), field
+    assert (one.headers is None) == (many.headers is None)
+    if one.headers is not None:
+        assert one.headers.lists() == many.headers.lists() == want[lo:hi]
     h = records.read_header(frame)
     assert (h["producer_id"], h["base_sequence"], h["producer_epoch"], h["attributes"] & 7) == (5, 9, 2, codec)
 
