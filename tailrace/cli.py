@@ -25,6 +25,7 @@ from tailrace.broker import acl as acl_mod
 from tailrace.broker import auth as auth_mod
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import stored_worker_count
+from tailrace.client import codecs
 from tailrace.client.connection import DEFAULT_BOOTSTRAP, parse_bootstrap
 from tailrace.client.errors import BootstrapError, TailraceError
 
@@ -346,6 +347,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="none: no reply; memory: acked once in the broker's memory; durable: once fsynced to disk")
     pr.add_argument("--linger-ms", type=console.float_above(0.0, or_equal=True, maximum=60_000.0), default=5.0,
                     help="a line waits at most this long for others to share its batch")
+    pr.add_argument("--header", type=console.parse_header, action="append", default=None, metavar="KEY=VALUE",
+                    help="a header on every message, repeatable (a key may repeat; the order is kept): KEY=VALUE, "
+                         "KEY= for an empty value, KEY alone for a null value")
+    pr.add_argument("--compression", default="none", choices=list(codecs.NAMES.values()),
+                    help="compress each batch with this codec (the broker stores it so unless the topic's "
+                         "compression.type says otherwise)")
+    pr.add_argument("--compression-level", type=console.int_at_least(console.LEVELS[0], maximum=console.LEVELS[1]),
+                    default=None, metavar="N",
+                    help="the codec's level: " + ", ".join(
+                        f"{codecs.NAMES[c]} {lo}..{hi} (default {codecs.DEFAULT_LEVELS[c]})"
+                        for c, (lo, hi) in codecs.LEVEL_RANGES.items()) + "; snappy has none")
     pr.set_defaults(func=cmd_produce)
 
     co = with_bootstrap(command(sub, "consume", "print messages, one per line (values, or what --print-*, --format or --json ask)"))
@@ -367,13 +379,21 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--print-key", action="store_true", help="print the key before the value (null if none)")
     co.add_argument("--print-offset", action="store_true", help="print Offset:N before the value")
     co.add_argument("--print-partition", action="store_true", help="print Partition:N before the value")
-    co.add_argument("--print-timestamp", action="store_true", help="print CreateTime:MS (ms since the epoch) before the value")
+    co.add_argument("--print-timestamp", action="store_true",
+                    help="print CreateTime:MS (ms since the epoch; LogAppendTime:MS for a topic with "
+                         "message.timestamp.type=LogAppendTime) before the value")
+    co.add_argument("--print-headers", action="store_true",
+                    help="print the headers before the key and value as KEY=VALUE,KEY=VALUE (in the order sent; "
+                         "a null value as KEY alone; empty if none; nothing escaped: --json is exact)")
     co.add_argument("--format", type=console.kcat_format, default=None, metavar="FMT",
                     help="kcat-style line: %%t topic, %%p partition, %%o offset, %%k key, %%v value, %%T timestamp, "
-                         "%%S value bytes, \\t, \\n (e.g. '%%p %%o %%k %%v %%T')")
+                         "%%y its type (CreateTime or LogAppendTime), %%h headers (as --print-headers), "
+                         "%%S value bytes, \\t, \\n (e.g. '%%p %%o %%k %%v %%T %%h')")
     co.add_argument("--json", action="store_true",
-                    help="one JSON object a line: topic, partition, offset, timestamp, key, value (UTF-8 text)")
-    co.add_argument("--base64", action="store_true", help="with --json: key and value as base64 (for binary data)")
+                    help="one JSON object a line: topic, partition, offset, timestamp, timestamp_type, key, value "
+                         "(UTF-8 text), headers (a list of {\"key\": text, \"value\": text or null})")
+    co.add_argument("--base64", action="store_true",
+                    help="with --json: key, value and header values as base64 (for binary data)")
     co.set_defaults(func=cmd_consume)
 
     wk = command(sub, "workers", "show or change the number of workers of a running broker")

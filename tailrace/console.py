@@ -6,8 +6,12 @@ tailrace produce t`` delivers continuously; stdin is read with ``os.read`` as da
 to its end first. Ctrl-C sends what was read, says how many were acked and
 exits 130; SIGTERM and SIGHUP do the same and exit 143 and 129 (``Stopped``).
 
+produce ``--header`` gives every record the same headers (one list, repeated: no Python step
+per line) and ``--compression`` compresses each batch (client/codecs.py).
+
 consume prints one line per record: the value, or what ``--print-*``, ``--format`` (kcat's
-tokens) or ``--json`` ask for. Stopped by Ctrl-C, SIGTERM or SIGHUP, a ``--group`` consumer
+tokens) or ``--json`` ask for. Headers print as ``k1=v1,k2=v2`` (``header_text``), the form
+``--header`` takes. Stopped by Ctrl-C, SIGTERM or SIGHUP, a ``--group`` consumer
 leaves its group before it exits, so its partitions go to the others (and ``groups
 reset-offsets`` is allowed) at once, not after the 45 s session timeout.
 """
@@ -24,6 +28,8 @@ import signal
 import sys
 import time
 
+from tailrace.client import codecs
+from tailrace.client.columns import TIMESTAMP_TYPES
 from tailrace.client.consumer import EARLIEST, LATEST, Consumer, Record
 from tailrace.client.errors import InvalidRequestError, TailraceError, UnknownPartitionError
 from tailrace.client.producer import Producer
@@ -86,12 +92,14 @@ class LineProducer:
 
     Partitions are chosen per line without a Python step per line: by the producer's key hash
     (``send_batch`` groups by ``hash_partitions``), a fixed ``--partition``, or round robin over
-    lines (every P-th line of a handoff to one partition: a list slice).
+    lines (every P-th line of a handoff to one partition: a list slice). ``headers`` (``--header``)
+    go with every line as the one list object repeated, made by a list product, not a loop.
     """
 
     def __init__(self, prod: Producer, topic: str, *, key: bytes | None, separator: bytes | None,
-                 partition: int | None, linger_s: float = 0.005):
+                 partition: int | None, linger_s: float = 0.005, headers: list | None = None):
         self.prod, self.topic, self.key, self.sep, self.partition = prod, topic, key, separator, partition
+        self.headers = headers or None  # [(key str, value bytes or None), ...]: every line's
         self.linger_s = linger_s
         self.pair = None if separator is None else re.compile(b"(?m)^(.*?)" + re.escape(separator) + b"(.*)$")
         self.partial = b""
@@ -151,12 +159,14 @@ class LineProducer:
             keys = [self.key] * len(values)
         elif self.sep is None:
             keys = None
+        headers = None if self.headers is None else [self.headers] * len(values)
         if self.partition is not None or keys is not None:
-            self.prod.send_batch(self.topic, values, keys, partition=self.partition)
+            self.prod.send_batch(self.topic, values, keys, partition=self.partition, headers=headers)
             return
         count = self.prod.partitions_for(self.topic)
         for k in range(min(count, len(values))):
-            self.prod.send_batch(self.topic, values[k::count], partition=(self.rr + k) % count)
+            self.prod.send_batch(self.topic, values[k::count], partition=(self.rr + k) % count,
+                                 headers=None if headers is None else headers[k::count])
         self.rr = (self.rr + len(values)) % count
 
     def finish(self) -> None:
@@ -167,14 +177,51 @@ class LineProducer:
         self.handoff()
 
 
+def parse_header(text: str) -> tuple[str, bytes | None]:
+    """``--header``: KEY=VALUE, KEY= (an empty value) or KEY alone (a null value, Kafka's null
+    header value). The value is the bytes the shell passed (``os.fsencode``: not UTF-8 is fine);
+    the key must be text, and ends at the first ``=``."""
+    key, sep, value = text.partition("=")
+    if not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: KEY=VALUE, KEY= (an empty value) or KEY (a null value)")
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a header key must be UTF-8 text") from None
+    return key, os.fsencode(value) if sep else None
+
+
+LEVELS = (min(lo for lo, _ in codecs.LEVEL_RANGES.values()), max(hi for _, hi in codecs.LEVEL_RANGES.values()))
+
+
+def level_error(compression: str, level: int | None) -> str | None:
+    """Why ``--compression-level`` does not suit ``--compression`` (each codec has its own range),
+    or None."""
+    if level is None:
+        return None
+    codec = codecs.codec_id(compression)
+    if codec not in codecs.LEVEL_RANGES:
+        return f"--compression-level applies to {', '.join(codecs.NAMES[c] for c in codecs.LEVEL_RANGES)}, not {compression}"
+    lo, hi = codecs.LEVEL_RANGES[codec]
+    if not lo <= level <= hi:
+        return f"--compression-level {level}: {compression} takes {lo} to {hi}"
+    return None
+
+
 def produce(args, stdin_fd: int = 0) -> int:
     key = args.key.encode() if args.key is not None else None
     sep = args.key_separator.encode() if args.key_separator is not None else None
     keyed = key is not None or sep is not None
+    bad_level = level_error(args.compression, args.compression_level)
+    if bad_level is not None:
+        say(f"tailrace produce: {bad_level}")
+        return EXIT_USAGE
     prod = Producer(args.bootstrap, acks=args.acks, linger_ms=args.linger_ms,
                     partitioner="key_hash" if keyed else "round_robin", connect_timeout_ms=args.connect_timeout_ms,
-                    key_file=args.key_file, server_key=args.server_key)
-    lines = LineProducer(prod, args.name, key=key, separator=sep, partition=args.partition, linger_s=args.linger_ms / 1000)
+                    key_file=args.key_file, server_key=args.server_key,
+                    compression=args.compression, compression_level=args.compression_level)
+    lines = LineProducer(prod, args.name, key=key, separator=sep, partition=args.partition,
+                         linger_s=args.linger_ms / 1000, headers=args.header)
     try:
         if args.partition is not None:  # a wrong partition is one line at once, not a retry loop
             count = prod.partitions_for(args.name)
@@ -308,24 +355,41 @@ def _text(b: bytes | None, b64: bool) -> str | None:
     return base64.b64encode(b).decode() if b64 else b.decode("utf-8", "replace")
 
 
+def header_text(headers) -> bytes:
+    """A record's headers as one field: ``k1=v1,k2=v2`` in the order sent, repeats kept, a null
+    value as the key alone (as ``--header`` takes it), nothing for none. Nothing is escaped: a
+    ``,`` or ``=`` inside a header prints as it is (``--json`` is unambiguous)."""
+    return b",".join(k.encode() if v is None else k.encode() + b"=" + v for k, v in headers)
+
+
+def _type_name(r: Record) -> bytes:
+    return TIMESTAMP_TYPES[r.timestamp_type].encode()
+
+
 def formatter(args):
     """A function from a list of records to the bytes to print for them."""
     if args.json:
+        b64 = args.base64
+
         def as_json(records: list[Record]) -> bytes:
             return "".join(json.dumps({"topic": r.topic, "partition": r.partition, "offset": r.offset,
-                                       "timestamp": r.timestamp, "key": _text(r.key, args.base64),
-                                       "value": _text(r.value, args.base64)}, ensure_ascii=False) + "\n"
+                                       "timestamp": r.timestamp, "timestamp_type": TIMESTAMP_TYPES[r.timestamp_type],
+                                       "key": _text(r.key, b64), "value": _text(r.value, b64),
+                                       "headers": [{"key": k, "value": _text(v, b64)} for k, v in r.headers]},
+                                      ensure_ascii=False) + "\n"
                            for r in records).encode()
         return as_json
     if args.format is not None:
         return args.format  # kcat_format made it
-    fields = []
+    fields = []  # Kafka's console consumer's order: time, partition, offset, headers, key, value
     if args.print_timestamp:
-        fields.append(lambda r: b"CreateTime:%d" % r.timestamp)
+        fields.append(lambda r: _type_name(r) + b":%d" % r.timestamp)
     if args.print_partition:
         fields.append(lambda r: b"Partition:%d" % r.partition)
     if args.print_offset:
         fields.append(lambda r: b"Offset:%d" % r.offset)
+    if args.print_headers:
+        fields.append(lambda r: header_text(r.headers))
     if args.print_key:
         fields.append(lambda r: b"null" if r.key is None else r.key)
     if not fields:
@@ -338,13 +402,15 @@ TOKENS = {
     "t": lambda r: r.topic.encode(), "p": lambda r: b"%d" % r.partition, "o": lambda r: b"%d" % r.offset,
     "k": lambda r: r.key or b"", "K": lambda r: b"%d" % len(r.key or b""), "v": lambda r: r.value,
     "s": lambda r: r.value, "S": lambda r: b"%d" % len(r.value), "T": lambda r: b"%d" % r.timestamp,
+    "h": lambda r: header_text(r.headers), "y": _type_name,
 }
 
 
 def kcat_format(fmt: str):
     """kcat's ``-f``: %t topic, %p partition, %o offset, %k key, %K key bytes, %v or %s value, %S
-    value bytes, %T timestamp (ms), %% a percent sign, \\n \\t \\\\ escapes. A line ends each
-    record unless the format has its own \\n."""
+    value bytes, %T timestamp (ms), %h headers (``header_text``), %% a percent sign, \\n \\t
+    \\\\ escapes; and, not kcat's, %y the timestamp's type (CreateTime or LogAppendTime). A line
+    ends each record unless the format has its own \\n."""
     parts: list = []
     i, lit, ends_line = 0, [], False
     while i < len(fmt):
@@ -362,7 +428,7 @@ def kcat_format(fmt: str):
                 lit.append({"n": "\n", "t": "\t", "\\": "\\"}[n])
                 ends_line = ends_line or n == "n"
             else:
-                raise argparse.ArgumentTypeError(f"unknown token {c}{n} (known: %t %p %o %k %K %v %s %S %T %% \\n \\t)")
+                raise argparse.ArgumentTypeError(f"unknown token {c}{n} (known: %t %p %o %k %K %v %s %S %T %h %y %% \\n \\t)")
             i += 2
             continue
         lit.append(c)

@@ -171,6 +171,98 @@ def test_consume_prints_what_it_is_asked_for(broker):
     assert run(*base, "--from", "latest", bootstrap=broker.bootstrap).stdout == b""
 
 
+def _raw_codecs(bootstrap: str, topic: str, n: int) -> list[int]:
+    """The codec of every batch of ``topic``'s partition 0, read raw until ``n`` records."""
+    from tailrace.client.records import iter_batches
+
+    codecs, count = [], 0
+    with Consumer(bootstrap, max_wait_ms=100) as c:
+        c.assign(topic, [0], start="earliest")
+        deadline = time.monotonic() + 30
+        while count < n and time.monotonic() < deadline:
+            for _a, _start, _info, body in c.poll_raw(200):
+                for v in iter_batches(bytes(body.buffer if hasattr(body, "buffer") else body)):
+                    codecs.append(v.codec)
+                    count += v.record_count
+    assert count == n, count
+    return codecs
+
+
+def test_produce_headers_and_compression_come_back_in_every_consume_output(broker):
+    topic = "cli-headers"
+    with Admin(broker.bootstrap) as a:
+        a.create_topic(topic, 1)
+    # a repeated key, an empty value, a null value (KEY alone), a value with '=' and non-UTF-8 bytes
+    r = run("produce", topic, "--compression", "zstd", "--key", "k", "--header", "tag=a", "--header", "tag=b=c",
+            "--header", "empty=", "--header", "nul", "--header", os.fsdecode(b"bin=\xff"),
+            stdin=b"v1\nv2\n", bootstrap=broker.bootstrap)
+    assert r.returncode == 0 and b"produced 2 messages" in r.stderr, r.stderr
+    assert run("produce", topic, stdin=b"plain\n", bootstrap=broker.bootstrap).returncode == 0  # no headers
+    assert _raw_codecs(broker.bootstrap, topic, 3) == [4, 0]  # zstd (codecs.ZSTD), then none
+
+    base = ["consume", topic, "--timeout-ms", "500"]
+    r = run(*base, "--print-headers", bootstrap=broker.bootstrap)
+    assert r.stdout == (b"tag=a,tag=b=c,empty=,nul,bin=\xff\tv1\n" b"tag=a,tag=b=c,empty=,nul,bin=\xff\tv2\n"
+                        b"\tplain\n"), r.stdout
+    r = run(*base, "--print-offset", "--print-headers", "--print-key", "--max", "1", bootstrap=broker.bootstrap)
+    assert r.stdout == b"Offset:0\ttag=a,tag=b=c,empty=,nul,bin=\xff\tk\tv1\n", r.stdout
+    r = run(*base, "--format", "%o [%h] %v %y", bootstrap=broker.bootstrap)
+    assert r.stdout == (b"0 [tag=a,tag=b=c,empty=,nul,bin=\xff] v1 CreateTime\n"
+                        b"1 [tag=a,tag=b=c,empty=,nul,bin=\xff] v2 CreateTime\n" b"2 [] plain CreateTime\n"), r.stdout
+    rows = [json.loads(line) for line in run(*base, "--json", bootstrap=broker.bootstrap).stdout.splitlines()]
+    headers = [{"key": "tag", "value": "a"}, {"key": "tag", "value": "b=c"}, {"key": "empty", "value": ""},
+               {"key": "nul", "value": None}, {"key": "bin", "value": "\ufffd"}]  # not UTF-8: replaced, as values are
+    assert [(r["offset"], r["value"], r["headers"], r["timestamp_type"]) for r in rows] == [
+        (0, "v1", headers, "CreateTime"), (1, "v2", headers, "CreateTime"), (2, "plain", [], "CreateTime")], rows
+    row = json.loads(run(*base, "--json", "--base64", "--max", "1", bootstrap=broker.bootstrap).stdout)
+    assert row["headers"][3:] == [{"key": "nul", "value": None}, {"key": "bin", "value": "/w=="}], row
+    # round robin over partitions (no key): every line of every partition carries them
+    with Admin(broker.bootstrap) as a:
+        a.create_topic(topic + "-rr", 3)
+    r = run("produce", topic + "-rr", "--header", "h=1", "--compression", "lz4", stdin=b"a\nb\nc\nd\ne\n",
+            bootstrap=broker.bootstrap)
+    assert r.returncode == 0, r.stderr
+    r = run("consume", topic + "-rr", "--timeout-ms", "500", "--format", "%h %v", bootstrap=broker.bootstrap)
+    assert sorted(r.stdout.splitlines()) == [b"h=1 a", b"h=1 b", b"h=1 c", b"h=1 d", b"h=1 e"], r.stdout
+
+
+def test_a_topic_with_log_append_time_prints_that_type(broker):
+    topic = "cli-append-time"
+    with Admin(broker.bootstrap) as a:
+        a.create_topic(topic, 1, config={"message.timestamp.type": "LogAppendTime"})
+    assert run("produce", topic, "--header", "h=1", stdin=b"v\n", bootstrap=broker.bootstrap).returncode == 0
+    base = ["consume", topic, "--timeout-ms", "500"]
+    assert run(*base, "--format", "%y %h %v", bootstrap=broker.bootstrap).stdout == b"LogAppendTime h=1 v\n"
+    r = run(*base, "--print-timestamp", bootstrap=broker.bootstrap)
+    assert r.stdout.startswith(b"LogAppendTime:") and r.stdout.endswith(b"\tv\n"), r.stdout
+    assert json.loads(run(*base, "--json", bootstrap=broker.bootstrap).stdout)["timestamp_type"] == "LogAppendTime"
+
+
+@pytest.mark.parametrize("argv, err", [
+    (["--compression", "brotli"], b"invalid choice: 'brotli'"),
+    (["--compression", "snappy", "--compression-level", "3"], b"--compression-level applies to gzip, lz4, zstd, not snappy"),
+    (["--compression", "gzip", "--compression-level", "12"], b"--compression-level 12: gzip takes 1 to 9"),
+    (["--compression-level", "99"], b"must be at most 22"),
+    (["--header", "=v"], b"KEY=VALUE, KEY= (an empty value) or KEY (a null value)"),
+])
+def test_bad_header_and_compression_options_are_usage_errors_before_anything_is_sent(broker, argv, err):
+    r = run("produce", TOPIC, *argv, stdin=b"never\n", bootstrap=broker.bootstrap)
+    assert r.returncode == 2 and err in r.stderr.strip().splitlines()[-1], (r.returncode, r.stderr)  # one line, last
+    assert b"produced" not in r.stderr, r.stderr
+    no_traceback(r)
+
+
+def test_the_help_shows_the_header_and_compression_options():
+    produce = " ".join(run("produce", "--help").stdout.decode().split())
+    for words in ("--header KEY=VALUE", "KEY alone for a null value", "--compression {none,gzip,snappy,lz4,zstd}",
+                  "(default: none)", "--compression-level N", "zstd -7..22 (default 3)"):
+        assert words in produce, (words, produce)
+    consume = " ".join(run("consume", "--help").stdout.decode().split())
+    for words in ("--print-headers", "a null value as KEY alone", "%h headers", "%y its type", "timestamp_type",
+                  '{"key": text, "value": text or null}'):
+        assert words in consume, (words, consume)
+
+
 def test_every_option_has_help_with_its_default():
     for argv in (["--help"], ["serve", "--help"], ["topic", "create", "--help"], ["topic", "list", "--help"],
                  ["topic", "describe", "--help"], ["produce", "--help"], ["consume", "--help"], ["workers", "set", "--help"],
