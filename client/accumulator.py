@@ -58,6 +58,11 @@ def batch_times(timestamps_ms, n: int) -> np.ndarray | None:
     return times * 1000
 
 
+def headers_sample_bytes(headers, sample: int) -> int:
+    """The header bytes of the first ``sample`` records (per-record lists, or None)."""
+    return 0 if headers is None else sum(map(header_bytes, headers[:sample]))
+
+
 def header_bytes(headers) -> int:
     """What a record's headers add to its batch (keys, values, 9 bytes of arrays each)."""
     if not headers:
@@ -168,8 +173,9 @@ class Accumulator:
         """Queue ``values`` for ``tp`` as batches of at most batch_records / batch_bytes (with
         their keys, per-record header lists and create times in us, where given)."""
         step = self.batch_records
-        avg = max(1, sum(map(len, values[:64])) // min(len(values), 64))
-        step = max(1, min(step, self.batch_bytes // avg))
+        sample = min(len(values), 64)
+        avg = max(1, (sum(map(len, values[:sample])) + headers_sample_bytes(headers, sample)) // sample)
+        step = max(1, min(step, self.batch_bytes // avg, (self.max_batch_bytes - _BATCH_SLACK_BYTES) // (avg + 8)))
         q = self._ready.setdefault(tp, deque())
         enc = self._encoding()
         for i in range(0, len(values), step):

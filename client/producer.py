@@ -57,7 +57,7 @@ import numpy as np
 
 from . import codecs
 from . import protocol as P
-from .accumulator import DEFAULT_MAX_BATCH_BYTES, Accumulator, _Pending, batch_times, header_bytes
+from .accumulator import DEFAULT_MAX_BATCH_BYTES, Accumulator, _Pending, batch_times, header_bytes, headers_sample_bytes
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Pool
 from .security import curve_keys
 from .routes import BlockingRoutes
@@ -397,6 +397,8 @@ class Producer(ProducerCore):
             return
         times = batch_times(timestamps_ms, len(values))
         nbytes = sum(map(len, values)) + (0 if keys is None else sum(map(len, keys)))
+        if headers is not None:  # estimated from the first records' (buffer_memory is a bound, not a ledger)
+            nbytes += headers_sample_bytes(headers, min(64, len(values))) * len(values) // min(64, len(values))
         if not self._room(nbytes):
             self._wait_for_room(nbytes)
         if partition is not None:

@@ -107,10 +107,12 @@ def test_offsets_for_times_index_and_ring_and_seek(broker):
     assert bad.returncode == 2 and "ISO 8601" in bad.stderr
 
 
-def test_a_records_timestamp_is_the_producers_create_time_and_lookups_use_the_append_time(make_broker):
+def test_a_records_timestamp_is_the_producers_create_time_and_lookups_use_the_running_max(make_broker):
     """What README, DESIGN.md and SPARK.md say: ``Record.timestamp`` (and ``CreateTime:``, the
     Spark column) is the create time the producer put in the batch; ``offsets_for_times`` is
-    over the broker's append time. A batch created "in 2001" is found by a 2017 lookup."""
+    over the partition's running largest record time (a version 1 batch's: its append time). A
+    batch created "in 2001" after one created "in 2010" is not found by a 2005 lookup: the
+    2010 batch is (Kafka's answer); a version 1 batch appended now is found by a 2017 lookup."""
     from tailrace.client import protocol as P
     from tailrace.client.connection import Connection
     from tailrace.client.records import encode_batch
@@ -118,15 +120,19 @@ def test_a_records_timestamp_is_the_producers_create_time_and_lookups_use_the_ap
     b = make_broker()
     with Admin(b.bootstrap) as a:
         a.create_topic("stamped", 1)
-    created_ms = 1_000_000_000_000  # 2001-09-09
+    y2010, y2001 = 1_262_304_000_000, 1_000_000_000_000
     conn = Connection(b.bootstrap)
-    conn.request(P.Op.PRODUCE, "stamped", 0, P.encode(P.ProduceRequest(acks=P.Acks.MEMORY)),
-                 encode_batch([b"old clock"], create_time_us=created_ms * 1000))
+    for value, ms, version in ((b"2010 clock", y2010, 2), (b"2001 clock", y2001, 2), (b"v1 batch", y2001, 1)):
+        conn.request(P.Op.PRODUCE, "stamped", 0, P.encode(P.ProduceRequest(acks=P.Acks.MEMORY)),
+                     encode_batch([value], create_time_us=ms * 1000, version=version))
     conn.close()
     before_append_ms = _now_ms() - 60_000
     with Consumer(b.bootstrap, max_wait_ms=200) as c:
         c.assign("stamped", start="earliest")
         records = c.poll(5000)
-        assert [(r.value, r.timestamp) for r in records] == [(b"old clock", created_ms)]
-        found = c.offsets_for_times({("stamped", 0): 1_500_000_000_000})[("stamped", 0)]  # 2017
-        assert found is not None and found.offset == 0 and found.timestamp_ms >= before_append_ms, found
+        assert [(r.value, r.timestamp) for r in records] == [(b"2010 clock", y2010), (b"2001 clock", y2001),
+                                                              (b"v1 batch", y2001)]
+        got = c.offsets_for_times({("stamped", 0): 1_100_000_000_000})[("stamped", 0)]  # 2004: the 2010 batch
+        assert got is not None and (got.offset, got.timestamp_ms) == (0, y2010), got
+        found = c.offsets_for_times({("stamped", 0): 1_500_000_000_000})[("stamped", 0)]  # 2017: the v1 batch
+        assert found is not None and found.offset == 2 and found.timestamp_ms >= before_append_ms, found
