@@ -301,14 +301,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--ring-bytes", type=_natural, default=0,
                    help="shared-memory ring per partition in bytes; 0 takes the broker's default")
     c.add_argument("--config", type=_config, action="append", default=[], metavar="NAME=VALUE",
-                   help="a topic setting, repeatable: retention.ms (-1: for ever), retention.bytes (per partition), ring.bytes")
+                   help="a topic setting, repeatable: retention.ms (-1: for ever), retention.bytes (per partition), ring.bytes, "
+                        "compression.type (producer|uncompressed|gzip|snappy|lz4|zstd), message.timestamp.type "
+                        "(CreateTime|LogAppendTime), message.timestamp.before.max.ms, message.timestamp.after.max.ms")
     al_ = command(tsub, "alter", "grow a topic to more partitions (only up, as Kafka's --alter --partitions)")
     al_.add_argument("name", help="topic name")
     al_.add_argument("--partitions", type=_partitions, default=None,
                      help=f"the new number of partitions, more than now (at most {MAX_PARTITIONS:,} per topic and "
                           f"{MAX_SLOTS:,} in all topics together)")
     al_.add_argument("--config", type=_config, action="append", default=[], metavar="NAME=VALUE",
-                     help="set a topic setting, repeatable (NAME= resets it to the broker's default): retention.ms, retention.bytes")
+                     help="set a topic setting, repeatable (NAME= resets it to the broker's default): retention.ms, retention.bytes, "
+                          "compression.type, message.timestamp.type, message.timestamp.before.max.ms, "
+                          "message.timestamp.after.max.ms")
     dl = command(tsub, "delete", "delete a topic and all its records (its producers and consumers get UNKNOWN_TOPIC)")
     dl.add_argument("name", help="topic name")
     ls = command(tsub, "list", "list topics (a table; --json for scripts)")
