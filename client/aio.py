@@ -94,6 +94,8 @@ class AsyncProducer(ProducerCore):
         """Queue one record now (headers and create time as ``Producer.send``'s); the returned
         future resolves with its ``Ack`` (or raises the error that stopped it). ``await
         p.send(...)`` waits for the acknowledgement."""
+        if isinstance(headers, int) and not isinstance(headers, bool):  # send(topic, value, key, partition): a
+            partition, headers = headers, None  # call written before headers took the fourth place
         fut = self.loop.create_future()
         if self.closed:
             fut.set_exception(RuntimeError("the producer is closed"))

@@ -97,6 +97,8 @@ def _check_v2(buf, pos: int, h: tuple, avail: int, max_batch_bytes: int, deep: b
     body = length - R.HEADER_V2_BYTES
     if records_bytes < 0 or (not codec and records_bytes != body):
         raise R.BatchError("malformed", f"records_bytes={records_bytes} does not fit a body of {body} bytes (codec {codec})")
+    if 4 * (n + 1) > records_bytes:  # the value offsets alone would not fit: a lying count
+        raise R.BatchError("malformed", f"batch length lies: count={n} needs more than records_bytes={records_bytes}")
     if R.batch_crc(buf, pos, length, R.VERSION_2) != h[R._CRC]:
         raise R.BatchError("crc", f"CRC-32C mismatch in batch of {n} records at byte {pos}")
     at = pos + R.HEADER_V2_BYTES

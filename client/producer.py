@@ -357,6 +357,8 @@ class Producer(ProducerCore):
         repeats allowed, or a dict) and its create time (ms since the epoch; default: now).
         Raises ``BatchTooLargeError`` at once for a record over the broker's batch limit; blocks
         while ``buffer_memory`` is full, ``TimeoutError_`` after ``max_block_ms``."""
+        if isinstance(headers, int) and not isinstance(headers, bool):  # send(topic, value, key, partition): a
+            partition, headers = headers, None  # call written before headers took the fourth place
         if partition is None:
             partition = self._choose(topic, key, None, self.partitions_for(topic))
         extra = header_bytes(headers) + (8 if timestamp_ms is not None else 0)

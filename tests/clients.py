@@ -63,11 +63,11 @@ class SyncProducer(_OnLoop):
             except ValueError:
                 pass
 
-    def send(self, topic, value, key=None, partition=None) -> None:
-        self._queue(self.inner.send, topic, value, key, partition)
+    def send(self, topic, value, key=None, headers=None, timestamp_ms=None, partition=None) -> None:
+        self._queue(self.inner.send, topic, value, key, headers=headers, timestamp_ms=timestamp_ms, partition=partition)
 
-    def send_batch(self, topic, values, keys=None, partition=None) -> None:
-        self._queue(self.inner.send_batch, topic, values, keys, partition)
+    def send_batch(self, topic, values, keys=None, partition=None, headers=None, timestamps_ms=None) -> None:
+        self._queue(self.inner.send_batch, topic, values, keys, partition, headers=headers, timestamps_ms=timestamps_ms)
 
     def send_buffers(self, topic, values, value_offsets, partition=None, keys=None, key_offsets=None) -> None:
         if partition is None and topic not in self.inner.routes.partitions_of:

@@ -211,3 +211,26 @@ def test_a_protocol_version_1_client_reads_v1_batches_and_is_refused_v2_ones(bro
         assert code == E.UNSUPPORTED_VERSION
     finally:
         wire.close()
+
+
+def test_a_send_written_before_headers_keeps_its_positional_partition(broker):
+    """``send(topic, value, key, partition)`` from before headers took the fourth place still
+    goes to that partition (blocking and asyncio producers alike)."""
+    import asyncio
+
+    from tailrace.aio import AsyncProducer
+    with Admin(broker.bootstrap) as a:
+        a.create_topic("pos", 3)
+    with Producer(broker.bootstrap) as p:
+        p.send("pos", b"blocking", None, 2)
+        p.flush()
+
+    async def aio():
+        async with AsyncProducer(broker.bootstrap) as p:
+            await p.send("pos", b"async", None, 1)
+
+    asyncio.run(aio())
+    with Consumer(broker.bootstrap, max_wait_ms=100) as c:
+        c.assign("pos", start="earliest")
+        got = _drain(c, 2)
+    assert sorted((r.partition, r.value, r.headers) for r in got) == [(1, b"async", ()), (2, b"blocking", ())]
