@@ -19,14 +19,13 @@ from collections import Counter
 
 import numpy as np
 import zmq
-from crc32c import crc32c
 
 from tailrace.client import protocol as P
 from tailrace.client.connection import Connection, Pool
 from tailrace.client.consumer import Consumer
 from tailrace.client.errors import TailraceError
 from tailrace.client.producer import Producer
-from tailrace.client.records import (CRC, CRC_AT, CRC_START, HEADER_BYTES, HEADER_DTYPE, LENGTH, LENGTH_AT, OFFSETS_DTYPE,
+from tailrace.client.records import (CRC, CRC_AT, VERSION_AT, HEADER_BYTES, HEADER_DTYPE, batch_crc, LENGTH, LENGTH_AT, OFFSETS_DTYPE,
                                      batches_to_columns, encode_batch, iter_batches)
 
 from .payload import STAMP, batch_buffers, value_stamps
@@ -197,7 +196,8 @@ def consume(spec: dict, ctx) -> dict:
 class OneRecordFrame:
     """A one-record batch re-stamped in place for each send: the value's first 8 bytes get
     CLOCK_MONOTONIC ns, the header's create_time_us the wall clock, and the CRC is recomputed
-    over its ~100 bytes (about 1 us in all, against ~50 us for encode_batch_buffers)."""
+    over its ~100 bytes, in its two ranges (about 1 us in all, against ~50 us for
+    encode_batch_buffers)."""
 
     def __init__(self, size: int):
         self.buf = bytearray(encode_batch([bytes(max(size, STAMP.size))]))
@@ -208,7 +208,7 @@ class OneRecordFrame:
         buf = self.buf
         STAMP.pack_into(buf, self.value_at, time.monotonic_ns())
         STAMP.pack_into(buf, _CREATE_TIME_AT, time.time_ns() // 1000)
-        CRC.pack_into(buf, CRC_AT, crc32c(memoryview(buf)[CRC_START : self.length]))
+        CRC.pack_into(buf, CRC_AT, batch_crc(buf, 0, self.length, buf[VERSION_AT]))
         return bytes(buf)
 
 

@@ -21,7 +21,8 @@ keys), which is why a v1 batch converts to v2 by writing a new header in front o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, repeat
+from operator import length_hint
 from typing import Sequence
 
 import numpy as np
@@ -80,12 +81,13 @@ def headers_from_lists(headers: Sequence, n: int) -> HeaderArrays | None:
     None when no record has any. The loops here are C's (map, chain, join), not Python's."""
     if len(headers) != n:
         raise ValueError(f"headers and values differ in length: headers={len(headers)} values={n}")
-    per = [() if h is None else (h.items() if isinstance(h, dict) else h) for h in headers]
-    counts = np.fromiter(map(len, per), dtype=np.int64, count=n)
+    if any(map(isinstance, headers, repeat(dict))):  # dicts: their pairs (the one path with a step per record)
+        headers = [h.items() if isinstance(h, dict) else h for h in headers]
+    counts = np.fromiter(map(length_hint, headers), dtype=np.int64, count=n)  # None: 0
     total = int(counts.sum())
     if total == 0:
         return None
-    flat = list(chain.from_iterable(per))
+    flat = list(chain.from_iterable(filter(None, headers)))
     try:
         keys, values = zip(*flat)
     except (TypeError, ValueError):
@@ -104,12 +106,11 @@ def headers_from_lists(headers: Sequence, n: int) -> HeaderArrays | None:
         obj = np.empty(total, dtype=object)
         obj[:] = values
         valid = obj != None  # noqa: E711 (elementwise, in C)
-        values = [b"" if v is None else v for v in values]
     try:
-        vbytes = b"".join(values)
+        vbytes = b"".join(filter(None, values))  # the nulls (and empty values) add no bytes
     except TypeError:
         raise ValueError("header values are bytes or None") from None
-    vlens = np.fromiter(map(len, values), dtype=np.int64, count=total)
+    vlens = np.fromiter(map(length_hint, values), dtype=np.int64, count=total)  # a null's: 0
     return HeaderArrays(_offsets(counts), _offsets(klens), np.frombuffer(kbytes, np.uint8), _offsets(vlens),
                         np.frombuffer(vbytes, np.uint8), np.asarray(valid, dtype=bool))
 

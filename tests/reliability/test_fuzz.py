@@ -24,14 +24,13 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import pytest
-from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tailrace import Admin, Consumer, Producer
 from tailrace.client import protocol as P
 from tailrace.broker.catalog import Catalog
-from tailrace.client.records import (COUNT_AT, CRC_AT, CRC_START, HEADER_BYTES, BatchError, encode_batch, iter_batches, read_header,
+from tailrace.client.records import (COUNT_AT, CRC_AT, HEADER_BYTES, BatchError, batch_crc, encode_batch, iter_batches, read_header,
                                      validate_frame)
 from tailrace.persistence.index import ENTRY_DTYPE, index_path
 from tailrace.broker.datadir import JOURNAL_DIR, segment_name
@@ -107,8 +106,9 @@ def batch_frames(draw) -> bytes:
             _put(b, "<I", CRC_AT, draw(st.integers(0, 2**32 - 1)))
         elif kind == "voffset":
             _put(b, "<i", HEADER_BYTES + 4 * draw(st.integers(0, n)), draw(i32))
-        elif kind == "attributes" and len(b) > 7:
-            b[7] ^= 1
+        elif kind == "attributes" and len(b) > 55:
+            b[7] ^= 1  # v2: the broker's flags byte (not checked); v1: HAS_KEYS
+            b[54 + draw(st.integers(0, 1))] ^= 1 << draw(st.integers(0, 7))  # v2: codec, parts, reserved bits
         elif kind == "magic":
             _put(b, "<H", 4, draw(st.integers(0, 0xFFFF)))
         elif kind == "version" and len(b) > 6:
@@ -119,8 +119,8 @@ def batch_frames(draw) -> bytes:
         elif kind in ("flip", "cut", "grow"):
             b = bytearray(draw(mutated(bytes(b))))
     if draw(st.booleans()) and len(b) >= HEADER_BYTES:  # make the CRC tell the truth about the lies
-        end = max(CRC_START, min(len(b), struct.unpack_from("<i", b, 0)[0]))
-        struct.pack_into("<I", b, 32, crc32c(bytes(b[CRC_START:end])))
+        end = max(HEADER_BYTES, min(len(b), struct.unpack_from("<i", b, 0)[0]))
+        struct.pack_into("<I", b, 32, batch_crc(b, 0, end, 1 if b[6] == 1 else 2))
     return bytes(b)
 
 

@@ -78,6 +78,30 @@ def test_keyed_send_batch_partitions_by_key_hash_with_the_same_python_lines_for_
         values = [b"v" * 50] * n
         out = []
         counts.setdefault(n, []).append(_lines(lambda: out.extend(core._split_batch("t", values, keys, 8))))
-        placed = {k: p for p, _vs, ks in out for k in ks}
+        placed = {k: p for p, _vs, ks, _hs, _ts in out for k in ks}
         assert all(placed[k] == zlib.crc32(k) % 8 for k in keys)
+    assert max(counts[5000]) <= min(counts[10]) + 3, f"{counts}: a per-record loop?"
+
+
+def test_a_v2_batch_with_headers_times_and_a_codec_is_built_and_read_with_the_same_python_lines_for_10_or_5000():
+    """Format v2's promise (docs/FORMAT.md 1.2): headers, per-record times and compression add
+    no Python step per record, building (from per-record header lists) or reading (to columns)."""
+    from tailrace.client import codecs
+    from tailrace.client.records import STAMP, STAMP_AT, batches_to_columns, encode_batch, iter_batches
+
+    counts: dict[int, list[int]] = {}
+    for _ in range(3):
+        for n in (10, 5000):
+            values = [b"v%d" % i for i in range(n)]
+            headers = [[("trace", b"%d" % i), ("kind", None)] if i % 3 else None for i in range(n)]
+            times = list(range(n))
+            built = []
+            lines = _lines(lambda: built.append(encode_batch(values, headers=headers, timestamps_us=times,
+                                                            compression=codecs.ZSTD)))
+            frame = bytearray(built[0])
+            STAMP.pack_into(frame, STAMP_AT, 0, 1, 0, 1)
+            cols = []
+            lines += _lines(lambda: cols.append(batches_to_columns(iter_batches(bytes(frame)), 0)))
+            assert len(cols[0]) == n and cols[0].headers is not None
+            counts.setdefault(n, []).append(lines)
     assert max(counts[5000]) <= min(counts[10]) + 3, f"{counts}: a per-record loop?"
