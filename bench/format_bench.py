@@ -34,6 +34,7 @@ PARTITIONS = 8
 BATCH = 1000
 SIZE = 100
 VARIANTS = ("none", "zstd", "lz4", "headers3")
+EXTRA = ("zstd1", "zstd3", "snappy", "gzip")  # --variants: zstd at levels 1 and 3, the other two codecs
 
 
 def log_lines(count: int, size: int = SIZE, seed: int = 7) -> tuple[np.ndarray, np.ndarray]:
@@ -71,11 +72,13 @@ def three_headers(n: int) -> HeaderArrays:
 
 
 def produce(bootstrap: str, topic: str, values, offsets, n: int, variant: str) -> float:
-    compression = variant if variant in ("zstd", "lz4") else None
+    compression = variant.rstrip("13") if variant not in ("none", "headers3") else None
+    level = int(variant[-1]) if variant in ("zstd1", "zstd3") else None
     headers = three_headers(BATCH) if variant == "headers3" else None
     step = BATCH * SIZE
     batches = n // BATCH
-    with Producer(bootstrap, acks="memory", compression=compression, linger_ms=0, max_in_flight_per_partition=4) as p:
+    with Producer(bootstrap, acks="memory", compression=compression, compression_level=level, linger_ms=0,
+                  max_in_flight_per_partition=4) as p:
         t0 = time.perf_counter()
         for i in range(batches):
             a = (i * step) % (len(values) - step + 1)
@@ -99,21 +102,25 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"comma-separated, 'none' first: of {', '.join(VARIANTS + EXTRA)}")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    variants = tuple(args.variants.split(","))
+    assert variants[0] == "none" and set(variants) <= set(VARIANTS + EXTRA), variants
     n = args.messages // BATCH * BATCH
     values, offsets = log_lines(min(n, 200_000))
-    runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as tmp:
         b = Broker(Path(tmp) / "data", workers=2, segment_bytes=64 << 20)
         b.start()
         try:
             with Admin(b.bootstrap) as a:
                 for r in range(args.rounds):
-                    for v in VARIANTS:
+                    for v in variants:
                         a.create_topic(f"fmt-{v}-{r}", PARTITIONS)
             for r in range(args.rounds):
-                for v in VARIANTS:
+                for v in variants:
                     topic = f"fmt-{v}-{r}"
                     rate = produce(b.bootstrap, topic, values, offsets, n, v)
                     with Admin(b.bootstrap) as a:
@@ -126,7 +133,7 @@ def main(argv=None) -> dict:
             b.stop()
             b.cleanup_shm()
     out = {"messages": n, "rounds": args.rounds, "variants": {}}
-    for v in VARIANTS:
+    for v in variants:
         med = {k: statistics.median(x[k] for x in runs[v]) for k in ("produce", "bytes_per_record", "consume")}
         ratio = {k: statistics.median(x[k] / y[k] for x, y in zip(runs[v], runs["none"]))
                  for k in ("produce", "bytes_per_record", "consume")}
@@ -136,7 +143,7 @@ def main(argv=None) -> dict:
     else:
         print(f"{n:,} records of {SIZE} B log-like text, {PARTITIONS} partitions, {args.rounds} rounds (medians)")
         print(f"{'variant':<10} {'produce msg/s':>14} {'x none':>7} {'journal B/rec':>14} {'x none':>7} {'consume msg/s':>14} {'x none':>7}")
-        for v in VARIANTS:
+        for v in variants:
             m, q = out["variants"][v]["median"], out["variants"][v]["ratio_to_none"]
             print(f"{v:<10} {m['produce']:>14,.0f} {q['produce']:>7.2f} {m['bytes_per_record']:>14.1f} "
                   f"{q['bytes_per_record']:>7.3f} {m['consume']:>14,.0f} {q['consume']:>7.2f}")

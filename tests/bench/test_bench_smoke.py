@@ -89,3 +89,15 @@ def test_bench_against_a_running_broker_deletes_the_topics_it_made(make_broker):
     with Admin(b.bootstrap) as admin:
         assert [t.name for t in admin.list_topics()] == ["mine"]
         assert admin.status()["shm_used_bytes"] == before
+
+
+def test_the_format_bench_runs_every_variant_and_reports_ratios():
+    """bench/format_bench.py (docs/BENCHMARKS.md "Record format v2") end to end, tiny: every
+    variant produces and consumes every record; zstd's journal bytes are below uncompressed."""
+    from tailrace.bench import format_bench
+    out = format_bench.main(["--messages", "8000", "--rounds", "1", "--json",
+                             "--variants", "none,zstd,lz4,headers3,snappy,gzip,zstd1"])
+    v = out["variants"]
+    assert set(v) == {"none", "zstd", "lz4", "headers3", "snappy", "gzip", "zstd1"}
+    assert all(x["median"]["produce"] > 0 and x["median"]["consume"] > 0 for x in v.values())
+    assert v["zstd"]["ratio_to_none"]["bytes_per_record"] < 0.5 < v["headers3"]["ratio_to_none"]["bytes_per_record"]
