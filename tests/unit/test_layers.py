@@ -54,7 +54,7 @@ def test_every_import_follows_the_layers_in_the_checkout_and_in_the_wheels_shape
     for tree in (ROOT, assemble(tmp_path)):
         r = lint(tree)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert "Contracts: 3 kept, 0 broken" in r.stdout, r.stdout
+        assert "Contracts: 4 kept, 0 broken" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("where, planted", [
@@ -64,6 +64,9 @@ def test_every_import_follows_the_layers_in_the_checkout_and_in_the_wheels_shape
     ("actors/worker.py", "from tailrace.router import server"),  # workers and router are independent
     ("router/server.py", "import tests.conftest"),  # shipped code never imports the tests
     ("client/consumer.py", "import pyspark"),  # only the Spark bridge and the benchmarks do
+    ("router/server.py", "import etcd3gw"),  # only cluster/etcd.py imports the etcd client
+    ("cluster/controller.py", "import etcd3gw"),  # not even the rest of the cluster package
+    ("cluster/membership.py", "from tailrace.router import placement"),  # the control plane is below the router
 ])
 def test_a_planted_wrong_import_breaks_a_contract(tmp_path, where, planted):
     tree = assemble(tmp_path)

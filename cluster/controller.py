@@ -1,0 +1,247 @@
+"""The controller: one broker of the cluster, elected in etcd, writes topics and assignments.
+
+Election. A broker becomes controller by a create-if-absent transaction on
+``/tailrace/<c>/controller`` under its own registration lease (never etcd's lock recipe, which
+Jepsen found unsafe under pauses). The key's create revision is the *controller epoch*: a later
+controller's key is created at a later revision, so epochs only grow. When the controller's lease
+ends (it died, paused past its TTL, or was revoked) the key is deleted and the others race again.
+
+Fencing. Every controller write is one transaction whose first compare is "the controller key's
+create revision is my epoch", with a read of that key as the failure branch: a deposed
+controller's late write changes nothing, and it learns it was deposed (``NotController``) from the
+same round trip. A controller that only *thinks* it still leads (paused, partitioned) can
+therefore never overwrite its successor's decisions, whatever the clocks say.
+
+What it decides (``Controller``, one thread): a new topic's partitions, one replica each for now,
+placed on live brokers by partition count (cluster/assign.py), leader epoch 0; and, when a
+broker's registration disappears, what becomes of the partitions it led, by ``lost_policy``:
+
+- ``"offline"`` (the default): the partition keeps its replica and loses its leader
+  (``NO_LEADER``, leader epoch + 1): unavailable, as Kafka does with one replica, since its
+  records are on the lost broker's disk. When that broker registers again it leads them again
+  (leader epoch + 1).
+- ``"reassign"``: the partition moves to the least loaded live broker (leader epoch + 1). With one
+  replica the new leader starts from an empty log: only right for partitions whose data does not
+  matter, or once replicas exist (the replication issue picks from the ISR).
+
+``reconcile()`` is idempotent, computed from what etcd holds now (live brokers, assignments), so
+a new controller finishes whatever its predecessor left half done. ``ControllerLoop`` runs
+campaign and reconcile on a thread, woken by a watch of the brokers and the controller key.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterable
+
+from .assign import partition_counts, place
+from .errors import ClusterError, MetadataConflict, NoLiveBrokers, NotController
+from .etcd import Etcd, TxnResult, absent, create_revision_is, delete_op, get_op, mod_revision_is, put_op
+from .membership import Membership
+from .metadata import (NO_LEADER, ControllerInfo, Keys, PartitionAssignment, TopicMeta, encode, read_assignments,
+                       read_brokers, read_controller)
+
+LOST_POLICIES = ("offline", "reassign")
+MAX_KEYS_PER_TXN = 100  # etcd refuses a transaction of more than --max-txn-ops (128 by default) ops
+
+
+class Controller:
+    def __init__(self, etcd: Etcd, membership: Membership, lost_policy: str = "offline"):
+        if lost_policy not in LOST_POLICIES:
+            raise ValueError(f"lost_policy={lost_policy!r} is not one of {LOST_POLICIES}")
+        self.etcd = etcd
+        self.membership = membership
+        self.keys = membership.keys
+        self.broker_id = membership.info.id
+        self.lost_policy = lost_policy
+        self.epoch = 0  # our controller epoch while we believe we are controller, else 0
+
+    @property
+    def is_controller(self) -> bool:
+        return self.epoch > 0
+
+    def campaign(self) -> bool:
+        """Try to become controller (create-if-absent under our lease); True if we are."""
+        if self.membership.fenced:
+            self.epoch = 0
+            return False
+        me = encode(ControllerInfo(broker=self.broker_id))
+        r = self.etcd.txn([absent(self.keys.controller)], [put_op(self.keys.controller, me, self.membership.lease)],
+                          [get_op(self.keys.controller)])
+        if r.succeeded:
+            self.epoch = r.revision  # the transaction's revision is the key's create revision
+            return True
+        held = r.kvs(0)
+        # our own key from an earlier campaign (a controller that lost track of its epoch)
+        if held and held[0].lease == self.membership.lease and held[0].value == me:
+            self.epoch = held[0].create_revision
+            return True
+        self.epoch = 0
+        return False
+
+    def resign(self) -> None:
+        """Give the role up (the key deleted only if it is still ours)."""
+        if self.epoch:
+            self.etcd.txn([create_revision_is(self.keys.controller, self.epoch)], [delete_op(self.keys.controller)])
+        self.epoch = 0
+
+    def write(self, compares: list[dict], ops: list[dict]) -> TxnResult:
+        """One fenced controller write: ``ops`` if our epoch holds and every one of ``compares``
+        does. Raises NotController (deposed, and now knows it) or MetadataConflict."""
+        if not self.epoch:
+            raise NotController(f"broker={self.broker_id} is not the controller")
+        r = self.etcd.txn([create_revision_is(self.keys.controller, self.epoch), *compares], ops,
+                          [get_op(self.keys.controller)])
+        if r.succeeded:
+            return r
+        held = r.kvs(0)
+        if not held or held[0].create_revision != self.epoch:
+            now = held[0].create_revision if held else 0
+            refused, self.epoch = self.epoch, 0
+            raise NotController(f"broker={self.broker_id}'s controller epoch={refused} is over (controller key "
+                                f"create_revision={now}): its write was refused")
+        raise MetadataConflict("a compare of the controller write failed (the metadata changed since it was read)")
+
+    def create_topic(self, name: str, partitions: int, config: dict | None = None) -> list[PartitionAssignment]:
+        """Place a new topic's partitions on live brokers by partition count and write the topic
+        and its assignments. Raises MetadataConflict if the topic exists."""
+        if partitions < 1:
+            raise ValueError(f"partitions={partitions} must be >= 1")
+        topic_key = self.keys.topic(name)  # checks the name
+        live = read_brokers(self.etcd, self.keys)
+        if not live:
+            raise NoLiveBrokers(f"no broker is registered: topic={name!r} cannot be placed")
+        current, _ = read_assignments(self.etcd, self.keys)
+        counts = partition_counts(live, (a.replicas for a, _ in current.values()))
+        leaders = place(counts, partitions)
+        assignments = [PartitionAssignment(topic=name, partition=p, replicas=[b], leader=b, leader_epoch=0, isr=[b],
+                                           controller_epoch=self.epoch) for p, b in enumerate(leaders)]
+        meta = TopicMeta(name=name, partitions=partitions, config=dict(config or {}), controller_epoch=self.epoch)
+        ops = [put_op(self.keys.partition(name, a.partition), encode(a)) for a in assignments]
+        ops.append(put_op(topic_key, encode(meta)))  # last: a topic key means all its partitions are written
+        for i in range(0, len(ops), MAX_KEYS_PER_TXN):
+            try:
+                self.write([absent(topic_key)], ops[i:i + MAX_KEYS_PER_TXN])
+            except MetadataConflict:
+                raise MetadataConflict(f"topic={name!r} exists already") from None
+        return assignments
+
+    def reconcile(self) -> list[PartitionAssignment]:
+        """Bring every assignment in line with the live brokers (see the module docstring); the
+        assignments written. Raises NotController if deposed meanwhile."""
+        live = read_brokers(self.etcd, self.keys)
+        current, _ = read_assignments(self.etcd, self.keys)
+        counts = partition_counts(live, (a.replicas for a, _ in current.values()))
+        changed: list[tuple[PartitionAssignment, int]] = []
+        for (_topic, _p), (a, mod_revision) in sorted(current.items()):
+            new = self._decide(a, live, counts)
+            if new is not None:
+                changed.append((new, mod_revision))
+        for i in range(0, len(changed), MAX_KEYS_PER_TXN):
+            chunk = changed[i:i + MAX_KEYS_PER_TXN]
+            self.write([mod_revision_is(self.keys.partition(a.topic, a.partition), rev) for a, rev in chunk],
+                       [put_op(self.keys.partition(a.topic, a.partition), encode(a)) for a, _ in chunk])
+        return [a for a, _ in changed]
+
+    def _decide(self, a: PartitionAssignment, live: dict, counts: dict[int, int]) -> PartitionAssignment | None:
+        """The partition's next assignment, or None if it stays as it is."""
+        if a.leader in live:
+            return None
+        bump = dict(leader_epoch=a.leader_epoch + 1, controller_epoch=self.epoch)
+        if self.lost_policy == "reassign":
+            if not counts:
+                return None  # no live broker: nothing to move to
+            (b,) = place(counts, 1)
+            counts[b] += 1
+            return PartitionAssignment(topic=a.topic, partition=a.partition, replicas=[b], leader=b, isr=[b], **bump)
+        back = [b for b in (a.isr or a.replicas) if b in live]
+        if back:  # a replica that was in sync is registered again: it leads
+            return PartitionAssignment(topic=a.topic, partition=a.partition, replicas=a.replicas, leader=back[0],
+                                       isr=a.isr, **bump)
+        if a.leader == NO_LEADER:
+            return None  # offline already
+        return PartitionAssignment(topic=a.topic, partition=a.partition, replicas=a.replicas, leader=NO_LEADER,
+                                   isr=a.isr, **bump)
+
+
+class ControllerLoop:
+    """A broker's controller duties on a thread: campaign while there is no controller, reconcile
+    while we are it, woken by changes to the brokers or the controller key (and every
+    ``resync_s`` regardless). ``epochs`` lists each epoch this loop won, in order (for tests and
+    status)."""
+
+    def __init__(self, controller: Controller, resync_s: float = 1.0, retry_s: float = 0.2):
+        self.controller = controller
+        self.resync_s = resync_s
+        self.retry_s = retry_s
+        self.epochs: list[int] = []
+        self.errors: list[str] = []  # the last few unexpected errors, newest last
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"controller {controller.broker_id}", daemon=True)
+
+    def start(self) -> "ControllerLoop":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        c = self.controller
+        watch = None
+        try:
+            while not self._stop.is_set():
+                try:
+                    if watch is None:
+                        _, revision = c.etcd.get_prefix(c.keys.controller)
+                        watch = c.etcd.watch_prefix(c.keys.root, revision + 1, retry_s=self.retry_s)
+                    self._step(c)
+                except ClusterError as e:
+                    self._note(e)
+                    self._stop.wait(self.retry_s)
+                    continue
+                if self._woken(watch):
+                    watch.stop()
+                    watch = None
+        finally:
+            if watch is not None:
+                watch.stop()
+
+    def _step(self, c: Controller) -> None:
+        if c.membership.fenced:
+            c.epoch = 0
+            return
+        if not c.is_controller and read_controller(c.etcd, c.keys) is None and c.campaign():
+            self.epochs.append(c.epoch)
+        if c.is_controller:
+            try:
+                c.reconcile()
+            except NotController:
+                pass  # deposed: campaign again when the key is free
+            except MetadataConflict:
+                pass  # something changed under us: the next round reads again
+
+    def _woken(self, watch) -> bool:
+        """Wait for a change that matters (or ``resync_s``); True if the watch was compacted and
+        must be made again."""
+        keys = self.controller.keys
+        batch = watch.get(self.resync_s)
+        while batch is not None and not self._stop.is_set():
+            if batch.compacted:
+                return True
+            if any(e.kv.key == keys.controller or e.kv.key.startswith(keys.brokers) for e in batch.events):
+                return False
+            batch = watch.get(self.resync_s)
+        return False
+
+    def _note(self, e: Exception) -> None:
+        self.errors = [*self.errors[-9:], f"{type(e).__name__}: {e}"]
+
+
+def leaders_by_broker(assignments: Iterable[PartitionAssignment]) -> dict[int, list[tuple[str, int]]]:
+    """broker id -> the (topic, partition)s it leads (NO_LEADER for the unavailable ones)."""
+    out: dict[int, list[tuple[str, int]]] = {}
+    for a in assignments:
+        out.setdefault(a.leader, []).append((a.topic, a.partition))
+    return out

@@ -1,0 +1,46 @@
+"""The cluster control plane's errors: a shallow hierarchy, each class says when it is raised.
+
+Retriable ones say so: a caller that gets ``EtcdUnavailable`` or ``NotController`` may try again
+later (after etcd comes back; against the new controller). Misuse raises the usual ``ValueError``.
+"""
+
+from __future__ import annotations
+
+
+class ClusterError(Exception):
+    """Base of the cluster control plane's errors."""
+
+    retriable = False
+
+
+class EtcdUnavailable(ClusterError):
+    """Raised when no etcd endpoint answered a request in time (retriable: the data path keeps
+    its last known assignment; metadata changes wait for etcd)."""
+
+    retriable = True
+
+
+class EtcdError(ClusterError):
+    """Raised when etcd answered with an error (a request it refused, not one it never got)."""
+
+
+class BrokerIdInUse(ClusterError):
+    """Raised when a broker registers an id another live registration holds (its lease has not
+    expired): two brokers must never share an id."""
+
+
+class NotController(ClusterError):
+    """Raised when a controller write is refused because the controller key's create revision is
+    no longer this controller's epoch (it was deposed: its lease expired or was revoked), or when
+    a caller that is not the controller asks for a controller write (retriable elsewhere)."""
+
+    retriable = True
+
+
+class MetadataConflict(ClusterError):
+    """Raised when a controller write's other compare failed: the topic already exists, or a
+    partition's assignment changed since it was read (read again and decide again)."""
+
+
+class NoLiveBrokers(ClusterError):
+    """Raised when partitions must be placed and no broker is registered."""

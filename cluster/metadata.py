@@ -1,0 +1,138 @@
+"""The cluster's metadata in etcd: every key name and every value's schema, declared once.
+
+All keys of cluster ``<c>`` sit under ``/tailrace/<c>/``::
+
+    /tailrace/<c>/brokers/<id>            BrokerInfo (JSON), under the broker's lease
+    /tailrace/<c>/controller              ControllerInfo (JSON), under the controller broker's lease;
+                                          its create revision is the controller epoch
+    /tailrace/<c>/topics/<name>           TopicMeta (JSON); its create revision is the topic id
+    /tailrace/<c>/partitions/<name>/<p>   PartitionAssignment (JSON), one key per partition
+
+Values are JSON text (readable with ``etcdctl get --prefix /tailrace/``). Only the controller
+writes topics and partitions, each write a transaction that compares the controller epoch
+(cluster/controller.py); each broker writes its own registration; nobody writes the controller
+key but by a create-if-absent transaction. Records and committed offsets never go into etcd.
+
+Vocabulary: *controller epoch* = create revision of the controller key (grows with every new
+controller: revisions only grow); *leader epoch* = a partition's count of leader changes, from 0,
+bumped by every change of its leader (the number a broker will stamp in the batches it leads and
+check in requests); *topic id* = create revision of the topic key (a name deleted and made again
+gets a new one).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from tailrace.broker.catalog import valid_topic_name
+
+from .etcd import Etcd, KeyValue
+
+ROOT = "/tailrace"
+NO_LEADER = -1  # Kafka's: a partition whose only replicas are gone has no leader (unavailable)
+
+
+class BrokerInfo(msgspec.Struct):
+    id: int
+    endpoints: list[str]  # the router's client endpoints (its --bind), as clients reach them
+    rack: str | None = None
+    started: float = 0.0  # unix time in seconds the broker registered
+
+
+class ControllerInfo(msgspec.Struct):
+    broker: int  # the controller broker's id
+
+
+class TopicMeta(msgspec.Struct):
+    name: str
+    partitions: int
+    replication_factor: int = 1
+    config: dict[str, int | str] = {}
+    controller_epoch: int = 0  # the controller epoch that created it
+
+
+class PartitionAssignment(msgspec.Struct):
+    topic: str
+    partition: int
+    replicas: list[int]  # broker ids; replicas[0] is the preferred leader
+    leader: int  # a broker id, or NO_LEADER
+    leader_epoch: int = 0
+    isr: list[int] = []  # in-sync replicas (the leader alone until replication exists)
+    controller_epoch: int = 0  # the controller epoch that wrote this version
+
+
+_ENCODER = msgspec.json.Encoder()
+
+
+def encode(value: msgspec.Struct) -> bytes:
+    return _ENCODER.encode(value)
+
+
+def decode(kv: KeyValue, type_):
+    return msgspec.json.decode(kv.value, type=type_)
+
+
+def valid_cluster_name(name: str) -> bool:
+    return 0 < len(name) <= 64 and all(c.isalnum() or c in "._-" for c in name)
+
+
+class Keys:
+    """The key names of one cluster."""
+
+    def __init__(self, cluster: str):
+        if not valid_cluster_name(cluster):
+            raise ValueError(f"cluster={cluster!r}: 1-64 letters, digits, '.', '_' or '-'")
+        self.cluster = cluster
+        self.root = f"{ROOT}/{cluster}/"
+        self.brokers = self.root + "brokers/"
+        self.controller = self.root + "controller"
+        self.topics = self.root + "topics/"
+        self.partitions = self.root + "partitions/"
+
+    def broker(self, broker_id: int) -> str:
+        return f"{self.brokers}{int(broker_id)}"
+
+    def topic(self, name: str) -> str:
+        if not valid_topic_name(name):
+            raise ValueError(f"topic={name!r} is not a valid topic name")
+        return self.topics + name
+
+    def partitions_of(self, name: str) -> str:
+        self.topic(name)  # checks the name
+        return f"{self.partitions}{name}/"
+
+    def partition(self, name: str, partition: int) -> str:
+        return f"{self.partitions_of(name)}{int(partition)}"
+
+
+# --- reads anyone may do (brokers, clients through a broker, `tailrace cluster status`) ---
+
+def read_brokers(etcd: Etcd, keys: Keys) -> dict[int, BrokerInfo]:
+    """The registered (live: their leases hold) brokers by id."""
+    kvs, _ = etcd.get_prefix(keys.brokers)
+    brokers = (decode(kv, BrokerInfo) for kv in kvs)
+    return {b.id: b for b in brokers}
+
+
+def read_controller(etcd: Etcd, keys: Keys) -> tuple[int, int] | None:
+    """(controller broker id, controller epoch), or None while there is none."""
+    kv = etcd.get(keys.controller)
+    return None if kv is None else (decode(kv, ControllerInfo).broker, kv.create_revision)
+
+
+def read_topics(etcd: Etcd, keys: Keys) -> dict[str, tuple[TopicMeta, int]]:
+    """name -> (TopicMeta, topic id)."""
+    kvs, _ = etcd.get_prefix(keys.topics)
+    return {t.name: (t, kv.create_revision) for kv in kvs for t in (decode(kv, TopicMeta),)}
+
+
+def read_assignments(etcd: Etcd, keys: Keys, topic: str | None = None
+                     ) -> tuple[dict[tuple[str, int], tuple[PartitionAssignment, int]], int]:
+    """(topic, partition) -> (PartitionAssignment, its mod revision), of one topic or all, and the
+    revision they were read at (watch from the next one)."""
+    kvs, revision = etcd.get_prefix(keys.partitions_of(topic) if topic else keys.partitions)
+    out = {}
+    for kv in kvs:
+        a = decode(kv, PartitionAssignment)
+        out[(a.topic, a.partition)] = (a, kv.mod_revision)
+    return out, revision
