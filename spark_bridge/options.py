@@ -68,6 +68,7 @@ class ReadOptions:
     min_records_per_partition: int = 0  # a Spark task reads at least this many records: smaller ranges share a task
     min_offsets_per_trigger: int | None = None  # streams: wait for this many new records (up to max_trigger_delay_ms)
     max_trigger_delay_ms: int = 15 * 60_000  # streams: the longest a micro-batch waits for min_offsets_per_trigger
+    include_headers: bool = False  # includeHeaders: the schema has Kafka's headers column
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,12 @@ def _duration_ms(opts: dict, name: str, default: int) -> int:
     if not digits.isdigit() or unit not in _DURATION_MS:
         raise OptionError(f"option {name} must be a duration such as 500ms, 30s, 15m or 1h: {name}={raw!r}")
     return int(digits) * _DURATION_MS[unit]
+
+
+def parse_include_headers(options: Mapping[str, str]) -> bool:
+    """``includeHeaders`` (Kafka's option): whether the source's schema has a ``headers`` column.
+    The schema is asked for before the readers are made, so this is parsed on its own too."""
+    return _bool(_lower(options), "includeHeaders", False)
 
 
 def parse_topics(raw: str | None) -> tuple[str, ...]:
@@ -271,6 +278,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         ending_time=ending_time,
         by_time_strategy=strategy,
         group_id=opts.get("groupid") or None,
+        include_headers=_bool(opts, "includeHeaders", False),
     )
 
 

@@ -6,11 +6,15 @@ Input columns (Kafka's sink shape; other columns are ignored):
     key        binary or string, optional; a null key is written as an empty key
     topic      string, required unless option ``topic`` is set (the option wins, as with Kafka)
     partition  integer, optional; rows with none go round-robin, one produce batch at a time
+    headers    array<struct<key: string, value: binary>>, optional (Kafka's type); a null list
+               is no headers, a null value a null header value; a null key or entry is refused
 
 No Python object per row: a batch's rows are grouped by (topic, partition) with one stable
 numpy argsort and one Arrow ``take``, each group's offsets and data buffers are cut into chunks
 under ``maxBatchBytes`` with ``searchsorted`` over cumulative sizes, and each chunk goes to the
-client's ``Producer.send_buffers`` as one batch, straight from those buffers, keys included. Keys are hashed by
+client's ``Producer.send_buffers`` as one batch, straight from those buffers, keys and headers
+included (the headers column's list offsets and its struct's two children are the record
+format's header columns already, client/sections.py). Keys are hashed by
 nobody: to place rows by key, compute the column in Spark, e.g. ``pmod(crc32(key), 8)``, which
 is what the Python producer's ``key_hash`` partitioner computes (zlib's CRC-32).
 
@@ -31,11 +35,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import (
-    BinaryType, ByteType, IntegerType, LongType, ShortType, StringType, StructType,
+    ArrayType, BinaryType, ByteType, DataType, IntegerType, LongType, ShortType, StringType, StructType,
 )
 
 from tailrace.client.producer import Producer
 from tailrace.client.records import HEADER_BYTES
+from tailrace.client.sections import HeaderArrays
 
 from .errors import SchemaError
 from .options import WriteOptions
@@ -63,6 +68,18 @@ def check_input_schema(schema: StructType, options: WriteOptions) -> None:
             raise SchemaError(f"column {name} must be {'/'.join(k.__name__ for k in kinds)}: {name}={fields[name].simpleString()}")
     if options.topic is None and "topic" not in fields:
         raise SchemaError("writing to tailrace needs option topic or a topic column")
+    if "headers" in fields and not _is_headers_type(fields["headers"]):
+        raise SchemaError(f"column headers must be array<struct<key:string,value:binary>> (Kafka's headers): "
+                          f"headers={fields['headers'].simpleString()}")
+
+
+def _is_headers_type(t: DataType) -> bool:
+    """Kafka's headers type, whatever the nullability of its parts."""
+    if not isinstance(t, ArrayType) or not isinstance(t.elementType, StructType):
+        return False
+    entry = t.elementType.fields
+    return ([f.name for f in entry] == ["key", "value"] and isinstance(entry[0].dataType, StringType)
+            and isinstance(entry[1].dataType, BinaryType))
 
 
 def _binary_buffers(arr: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -113,13 +130,82 @@ class Chunk(NamedTuple):
     value_offsets: np.ndarray  # int32[n + 1], from 0
     keys: np.ndarray | None  # uint8, or None for a batch without keys
     key_offsets: np.ndarray | None  # int32[n + 1], from 0
+    headers: HeaderArrays | None = None  # every array from 0; None when no row of the chunk has headers
 
     def __len__(self) -> int:
         return len(self.value_offsets) - 1
 
+    def payload_bytes(self) -> int:
+        """Bytes this chunk holds for the producer: values, keys, header keys and values."""
+        n = len(self.values) + (0 if self.keys is None else len(self.keys))
+        return n if self.headers is None else n + len(self.headers.keys) + len(self.headers.values)
+
+
+# What a record's headers add to a batch's section (client/sections.py section_size): a header
+# start per record, then per header two offsets (4 bytes each), a null flag byte, key and value.
+_HEADER_START_BYTES = 4
+_HEADER_ENTRY_BYTES = 4 + 4 + 1
+_HEADERS_FIXED_BYTES = 4 + 4 + 4  # the extra last entry of header_starts, hkey_offsets, hvalue_offsets
+
+
+class _RowHeaders(NamedTuple):
+    """A group's headers column as the record format's arrays, over the Arrow buffers: offsets
+    are not rebased (``keys[key_offsets[0]:]`` is the first key), chunks cut and rebase them."""
+
+    starts: np.ndarray  # int32[n + 1], from 0: row i's headers are entries starts[i] .. starts[i + 1]
+    key_offsets: np.ndarray  # int32[H + 1] into keys
+    keys: np.ndarray  # uint8, UTF-8
+    value_offsets: np.ndarray  # int32[H + 1] into values
+    values: np.ndarray  # uint8
+    valid: np.ndarray  # bool[H]: False where the value is null
+    row_bytes: np.ndarray  # int64[n]: what each row's headers add to a section
+
+    def cut(self, a: int, b: int) -> HeaderArrays | None:
+        """Rows [a, b) as HeaderArrays from 0, or None when they have no headers."""
+        st = self.starts[a : b + 1]
+        ha, hb = int(st[0]), int(st[-1])
+        if ha == hb:
+            return None
+        ko, vo = self.key_offsets[ha : hb + 1], self.value_offsets[ha : hb + 1]
+        return HeaderArrays(st - ha, ko - ko[0], self.keys[ko[0] : ko[-1]], vo - vo[0], self.values[vo[0] : vo[-1]],
+                            self.valid[ha:hb])
+
+
+def _row_headers(column: pa.Array) -> _RowHeaders | None:
+    """The ``headers`` column, list<struct<key, value>>, as arrays with numpy and Arrow kernels:
+    no Python step per row or per header. None when no row has a header. A null list is a row
+    without headers (as with Kafka's sink); a null entry or key cannot be written."""
+    if pa.types.is_large_list(column.type):
+        column = column.cast(pa.list_(column.type.value_field))
+    if not pa.types.is_list(column.type) or not pa.types.is_struct(column.type.value_type):
+        raise SchemaError(f"column headers must be a list of struct<key, value>, got {column.type}")
+    n = len(column)
+    counts = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False)
+    starts = np.zeros(n + 1, dtype="<i4")
+    np.cumsum(counts, out=starts[1:])
+    if int(starts[-1]) == 0:
+        return None
+    entries = column.flatten()  # the rows' entries in order: follows slicing, skips null lists' slots
+    if entries.null_count:
+        raise SchemaError(f"column headers has {entries.null_count} null entries; each header is a (key, value) struct")
+    key, value = entries.field("key"), entries.field("value")
+    if key.null_count:
+        raise SchemaError(f"column headers has {key.null_count} null keys; a header key is a string, never null")
+    valid = np.ones(len(value), dtype=bool) if not value.null_count else value.is_valid().to_numpy(zero_copy_only=False)
+    if value.null_count:  # the record format wants a null value's range empty, which Arrow does not promise
+        value = pc.fill_null(value, pa.scalar(b"", value.type))
+    koffs, kdata = _binary_buffers(key, "headers.key")
+    voffs, vdata = _binary_buffers(value, "headers.value")
+    entry_bytes = np.diff(koffs).astype(np.int64) + np.diff(voffs) + _HEADER_ENTRY_BYTES
+    cum = np.zeros(len(entry_bytes) + 1, dtype=np.int64)
+    np.cumsum(entry_bytes, out=cum[1:])
+    row_bytes = cum[starts[1:]] - cum[starts[:-1]] + _HEADER_START_BYTES
+    return _RowHeaders(starts, koffs, kdata, voffs, vdata, valid, row_bytes)
+
 
 def chunk_rows(batch: pa.RecordBatch, max_batch_bytes: int) -> Iterator[Chunk]:
-    """One group's rows cut into chunks whose encoded batch stays under ``max_batch_bytes``."""
+    """One group's rows cut into chunks whose encoded batch stays under ``max_batch_bytes``
+    (values, keys and headers counted as client/sections.py lays them out)."""
     value = batch.column("value")
     if value.null_count:
         raise SchemaError(f"column value has {value.null_count} nulls; a record's value cannot be null")
@@ -133,11 +219,16 @@ def chunk_rows(batch: pa.RecordBatch, max_batch_bytes: int) -> Iterator[Chunk]:
         koffs, kdata = _binary_buffers(key, "key")
         sizes += np.diff(koffs).astype(np.int64) + 4
     budget = max_batch_bytes - HEADER_BYTES - 8 - 8  # header, the two offset arrays' extra entries, padding
+    headers = _row_headers(batch.column("headers")) if "headers" in batch.schema.names else None
+    if headers is not None:
+        sizes += headers.row_bytes
+        budget -= _HEADERS_FIXED_BYTES
     for a, b in _chunks(sizes, budget):
         vo = voffs[a : b + 1]
         ko = None if koffs is None else koffs[a : b + 1]
         yield Chunk(vdata[vo[0] : vo[-1]], vo - vo[0],
-                    None if ko is None else kdata[ko[0] : ko[-1]], None if ko is None else ko - ko[0])
+                    None if ko is None else kdata[ko[0] : ko[-1]], None if ko is None else ko - ko[0],
+                    None if headers is None else headers.cut(a, b))
 
 
 def chunks_of(batch: pa.RecordBatch, options: WriteOptions, partitions_for: Callable[[str], int],
@@ -170,9 +261,9 @@ def chunks_of(batch: pa.RecordBatch, options: WriteOptions, partitions_for: Call
 
 
 def send(producer: Producer, topic: str, partition: int, chunk: Chunk) -> None:
-    """One chunk as one batch, straight from its buffers (keys too): no object per record."""
+    """One chunk as one batch, straight from its buffers (keys and headers too): no object per record."""
     producer.send_buffers(topic, chunk.values, chunk.value_offsets, partition=partition,
-                          keys=chunk.keys, key_offsets=chunk.key_offsets)
+                          keys=chunk.keys, key_offsets=chunk.key_offsets, headers=chunk.headers)
 
 
 class Producers:
@@ -217,7 +308,7 @@ def produce(batches: Iterator[pa.RecordBatch], options: WriteOptions) -> Produce
             for topic, partition, chunk in chunks_of(batch, options, producers.partitions_for, round_robin):
                 producers.send(topic, partition, chunk)
                 n = len(chunk)
-                records, chunks, unflushed = records + n, chunks + 1, unflushed + len(chunk.values) + 4 * n
+                records, chunks, unflushed = records + n, chunks + 1, unflushed + chunk.payload_bytes() + 4 * n
                 if unflushed >= FLUSH_BYTES:
                     producers.flush()
                     unflushed = 0

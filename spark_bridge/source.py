@@ -33,14 +33,14 @@ from tailrace.client.admin import Admin
 from tailrace.client.errors import TailraceError
 from tailrace.client.protocol import PartitionOffsets
 
-from .arrow import SCHEMA, to_record_batch
+from .arrow import schema as source_schema, to_record_batch
 from .errors import OptionError
 from .fetch import RangeFetcher, place
 from .offsets import (
     EARLIEST, LATEST, Logs, admit, OffsetRange, Positions, TopicPartition, check_ranges, from_json, rate_limit, resolve,
     resolve_times, coalesce_ranges, split_ranges, to_json, watermark,
 )
-from .options import SPECIAL, ReadOptions, parse_read_options, parse_write_options
+from .options import SPECIAL, ReadOptions, parse_include_headers, parse_read_options, parse_write_options
 from .sink import TailraceArrowWriter, TailraceStreamArrowWriter, check_input_schema
 
 NAME = "tailrace"
@@ -116,15 +116,18 @@ def read_partition(options: ReadOptions, partition: InputPartition) -> Iterator[
             f.start()
         for f in fetchers:
             for cols in f:
-                yield to_record_batch(f.range.topic, f.range.partition, cols)
+                yield to_record_batch(f.range.topic, f.range.partition, cols, options.include_headers)
     finally:
         for f in fetchers:
             f.close()
 
 
-def _check_schema(schema: StructType) -> None:
-    if schema != SCHEMA:
-        raise OptionError(f"the tailrace source has a fixed schema (Kafka's); do not pass .schema(): got {schema.simpleString()}")
+def _check_schema(schema: StructType, options: ReadOptions) -> ReadOptions:
+    expected = source_schema(options.include_headers)
+    if schema != expected:
+        raise OptionError(f"the tailrace source has a fixed schema (Kafka's, with headers when includeHeaders is true); "
+                          f"do not pass .schema(): expected {expected.simpleString()}, got {schema.simpleString()}")
+    return options
 
 
 class TailraceBatchReader(DataSourceReader):
@@ -284,15 +287,13 @@ class TailraceDataSource(DataSource):
         return NAME
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return source_schema(parse_include_headers(self.options))
 
     def reader(self, schema: StructType) -> TailraceBatchReader:
-        _check_schema(schema)
-        return TailraceBatchReader(parse_read_options(self.options, streaming=False))
+        return TailraceBatchReader(_check_schema(schema, parse_read_options(self.options, streaming=False)))
 
     def streamReader(self, schema: StructType) -> TailraceStreamReader:
-        _check_schema(schema)
-        return TailraceStreamReader(parse_read_options(self.options, streaming=True))
+        return TailraceStreamReader(_check_schema(schema, parse_read_options(self.options, streaming=True)))
 
     def writer(self, schema: StructType, overwrite: bool) -> TailraceArrowWriter:
         _reject_overwrite(overwrite)

@@ -107,3 +107,44 @@ def test_a_fresh_topic_is_produced_to_straight_from_its_workers(spark_broker, to
     assert forwarded <= 2, f"{forwarded} produce requests went through the router"
     got = consume(spark_broker.bootstrap, topic_name, 1500)
     assert sorted(v for _k, v in got.values()) == sorted([b"r%d" % i for i in range(1000)] + [b"r%d" % i for i in range(500, 1000)])
+
+
+def test_a_headers_column_is_written_with_each_record_and_copies_through_a_read_and_a_write(spark, spark_broker, topic_name):
+    """A DataFrame's headers (repeated keys, null values, null and empty lists) reach the broker
+    with their records; read back with includeHeaders and written on, they arrive unchanged."""
+    src, dst = topic_name + "-in", topic_name + "-out"
+    with Admin(spark_broker.bootstrap) as a:  # small rings: the tests share the broker's shared-memory budget
+        a.create_topic(src, 2, ring_bytes=2 << 20)
+        a.create_topic(dst, 2, ring_bytes=2 << 20)
+    n = 900
+
+    def headers(i: int) -> list | None:
+        return [None, [], [("trace", b"t%d" % i), ("trace", None), ("size", b"x" * (i % 300))],
+                [("ключ", b"")]][i % 4]
+
+    rows = [(b"m%04d" % i, i % 2, headers(i)) for i in range(n)]
+    df = spark.createDataFrame(rows, "value binary, partition int, headers array<struct<key:string,value:binary>>")
+    writer(df.repartition(3), spark_broker, topic=src, maxBatchBytes="8192").mode("append").save()
+    want = {b"m%04d" % i: tuple(headers(i) or ()) for i in range(n)}
+
+    def headers_by_value(topic: str) -> dict:
+        got = {}
+        deadline = time.monotonic() + 60
+        with Consumer(spark_broker.bootstrap, max_wait_ms=100, isolation="durable") as cons:
+            cons.assign(topic, start="earliest")
+            while len(got) < n and time.monotonic() < deadline:
+                for r in cons.poll(200):
+                    got[r.value] = tuple(r.headers)
+        return got
+
+    assert headers_by_value(src) == want
+    copied = (spark.read.format("tailrace").option("bootstrap", spark_broker.bootstrap).option("topic", src)
+              .option("includeHeaders", "true").load().select("key", "value", "partition", "headers"))
+    writer(copied, spark_broker, topic=dst).mode("append").save()
+    assert headers_by_value(dst) == want
+
+
+def test_a_headers_column_of_another_type_is_refused_before_any_task_runs(spark, spark_broker, topic_name):
+    df = spark.createDataFrame([(b"x", {"k": b"v"})], "value binary, headers map<string,binary>")
+    with pytest.raises(Exception, match="column headers must be array<struct<key:string,value:binary>>"):
+        writer(df, spark_broker, topic=topic_name).mode("append").save()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from pyspark.sql import functions as F
@@ -192,3 +193,85 @@ def test_fail_on_data_loss_both_ways_when_retention_took_what_a_query_asks_for(s
     rows = df.select("offset", "value").collect()
     assert sorted(r.offset for r in rows) == list(range(1000, 1500))
     assert {bytes(r.value) for r in rows} == {b"p0-v%07d" % i for i in range(1000, 1500)}
+
+
+# The tests share one broker and its shared-memory budget (conftest.py): these topics hold a few
+# hundred small records, so their partitions take the smallest ring the broker allows (2 x its
+# 1 MiB max batch) instead of the 8 MiB default.
+SMALL_RING_BYTES = 2 << 20
+
+
+def header_pattern(i: int) -> list | None:
+    """Record i's headers: a repeated key with a null value, a non-ASCII key with an empty value,
+    none at all, an empty list (the same as none)."""
+    return [[("trace", b"t%d" % i), ("trace", b"t%d-again" % i), ("gone", None)],
+            None, [("schlüssel", b"")], []][i % 4]
+
+
+def headers_of(row) -> list:
+    """A collected ``headers`` value as (key, value) pairs."""
+    return [(h.key, None if h.value is None else bytes(h.value)) for h in row.headers]
+
+
+def produce_with_headers(bootstrap: str, topic: str, partitions: int, count: int, base_ms: int) -> dict:
+    """``count`` records (record i to partition i % partitions, create time base_ms + i), zstd
+    batches, headers by ``header_pattern``; {(partition, offset): (value, headers, time_ms)}."""
+    expected = {}
+    with Producer(bootstrap, acks="durable", compression="zstd") as prod:
+        for i in range(count):
+            p, headers = i % partitions, header_pattern(i)
+            prod.send(topic, b"v%05d" % i, key=b"k%d" % i if i % 3 else None, headers=headers,
+                      timestamp_ms=base_ms + i, partition=p)
+            expected[(p, i // partitions)] = (b"v%05d" % i, headers or [], base_ms + i)
+        prod.flush()
+    return expected
+
+
+def test_include_headers_reads_each_records_headers_and_timestamp_type_from_zstd_batches(spark, spark_broker, topic_name, tmp_path):
+    with Admin(spark_broker.bootstrap) as a:
+        a.create_topic(topic_name, 2, ring_bytes=SMALL_RING_BYTES)
+    base_ms = int(time.time() * 1000) - 60_000
+    expected = produce_with_headers(spark_broker.bootstrap, topic_name, 2, 600, base_ms)
+    df = reader(spark, spark_broker, topic_name, includeHeaders="true")
+    assert df.columns == ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers"]
+    assert df.schema["headers"].dataType.simpleString() == "array<struct<key:string,value:binary>>"
+    rows = df.select("partition", "offset", "value", "headers", "timestampType",
+                     F.unix_micros("timestamp").alias("ts_us")).collect()
+    got = {(r.partition, r.offset): (bytes(r.value), headers_of(r), r.ts_us // 1000) for r in rows}
+    assert got == expected
+    assert {r.timestampType for r in rows} == {0}
+    assert all(r.headers is not None for r in rows), "a record without headers has an empty list, not null"
+
+    for plain in (reader(spark, spark_broker, topic_name), reader(spark, spark_broker, topic_name, includeHeaders="false")):
+        assert "headers" not in plain.columns and plain.count() == 600
+
+    # the stream reader has the same schema and column
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    stream = (spark.readStream.format("tailrace").option("bootstrap", spark_broker.bootstrap).option("topic", topic_name)
+              .option("startingOffsets", "earliest").option("includeHeaders", "true").load())
+    query = (stream.select("partition", "offset", "value", "headers").writeStream.format("parquet").option("path", str(out))
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    assert query.awaitTermination(180) and query.exception() is None
+    streamed = {(r.partition, r.offset): (bytes(r.value), headers_of(r)) for r in spark.read.parquet(str(out)).collect()}
+    assert streamed == {k: (v, h) for k, (v, h, _t) in expected.items()}
+
+
+def test_a_log_append_time_topic_reads_timestamp_type_1_and_the_brokers_time(spark, spark_broker, topic_name):
+    appended, created = topic_name + "-lat", topic_name + "-ct"
+    with Admin(spark_broker.bootstrap) as a:
+        a.create_topic(appended, 1, ring_bytes=SMALL_RING_BYTES, config={"message.timestamp.type": "LogAppendTime"})
+        a.create_topic(created, 1, ring_bytes=SMALL_RING_BYTES)
+    old_ms = 1_000_000_000_000  # 2001: the create time a LogAppendTime topic does not keep
+    before_us = int(time.time() * 1_000_000)
+    for t in (appended, created):
+        produce_with_headers(spark_broker.bootstrap, t, 1, 50, old_ms)
+    after_us = int(time.time() * 1_000_000)
+    df = reader(spark, spark_broker, f"{appended},{created}", includeHeaders="true")
+    rows = df.select("topic", "offset", "timestampType", "headers", F.unix_micros("timestamp").alias("ts_us")).collect()
+    assert len(rows) == 100
+    lat = [r for r in rows if r.topic == appended]
+    ct = sorted((r for r in rows if r.topic == created), key=lambda r: r.offset)
+    assert {r.timestampType for r in lat} == {1} and {r.timestampType for r in ct} == {0}
+    assert all(before_us <= r.ts_us <= after_us for r in lat), "LogAppendTime: the broker's clock at append"
+    assert [r.ts_us for r in ct] == [(old_ms + i) * 1000 for i in range(50)]
+    assert [headers_of(r) for r in sorted(lat, key=lambda r: r.offset)] == [header_pattern(i) or [] for i in range(50)]
