@@ -38,7 +38,7 @@ from .assign import partition_counts, place
 from .errors import ClusterError, MetadataConflict, NoLiveBrokers, NotController
 from .etcd import Etcd, TxnResult, absent, create_revision_is, delete_op, get_op, mod_revision_is, put_op
 from .membership import Membership
-from .metadata import (NO_LEADER, ControllerInfo, Keys, PartitionAssignment, TopicMeta, encode, read_assignments,
+from .metadata import (NO_LEADER, ControllerInfo, PartitionAssignment, TopicMeta, encode, read_assignments,
                        read_brokers, read_controller)
 
 LOST_POLICIES = ("offline", "reassign")

@@ -60,9 +60,10 @@ class Membership:
         self.info.started = time.time()
         sent = time.monotonic()
         lease = self.etcd.grant(self.ttl_s)
-        deadline = time.monotonic() + wait_s
+        deadline = sent + wait_s
         while True:
-            r = self.etcd.txn([absent(self.key)], [put_op(self.key, encode(self.info), lease=lease)], [get_op(self.key)])
+            r = self.etcd.txn([absent(self.key)], [put_op(self.key, encode(self.info), lease=lease)],
+                              [get_op(self.key)])
             if r.succeeded:
                 break
             if time.monotonic() >= deadline:
@@ -71,6 +72,9 @@ class Membership:
                 raise BrokerIdInUse(f"broker id={self.info.id} is registered under another live lease={holder} "
                                     f"(key={self.key}); waited {wait_s} s")
             time.sleep(0.2)
+            sent = time.monotonic()  # our lease must outlive the wait for the other one
+            if self.etcd.keepalive(lease) <= 0:
+                lease = self.etcd.grant(self.ttl_s)
         self.lease = lease
         self.fence_reason = None
         self._deadline = sent + self.ttl_s

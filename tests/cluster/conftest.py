@@ -53,6 +53,12 @@ def etcd(etcd_server):
 
 
 @pytest.fixture
+def new_client(etcd_server):
+    """Factory: a client of its own (what another broker process would have)."""
+    return lambda: Etcd(etcd_server.endpoint, timeout_s=2.0)
+
+
+@pytest.fixture
 def cluster_name():
     return f"t{next(_names)}-{time.monotonic_ns()}"
 

@@ -120,14 +120,16 @@ def test_a_watch_resumes_across_an_etcd_restart(own_etcd_server):
     root = "/test/restart/"
     etcd.put(root + "a", "1")
     _, revision = etcd.get_prefix(root)
-    watch = etcd.watch_prefix(root, revision + 1, retry_s=1.0)
+    # the watch opens its next stream retry_s after the last one ended: after the restart and the puts
+    watch = etcd.watch_prefix(root, revision + 1, retry_s=2.0)
     try:
         assert watch.connected.wait(5)
         own_etcd_server.kill()
         with pytest.raises(EtcdUnavailable):
             etcd.put(root + "b", "down")
         own_etcd_server.start()
-        written = [etcd.put(root + k, k) for k in "cde"]  # before the watch is back (retry_s)
+        written = [etcd.put(root + k, k) for k in "cde"]
+        assert not watch.connected.is_set()  # written while the watch was away
         events = drain(watch, 3, timeout_s=8.0)
         assert [(e.kv.key, e.kv.mod_revision) for e in events] == list(zip([root + k for k in "cde"], written))
         assert watch.reconnects >= 1

@@ -1,0 +1,232 @@
+"""cluster/controller.py against a real etcd: election, failover, the controller-epoch fence,
+placement balance and what happens to a lost broker's partitions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from tailrace.broker.lifetime import pdeathsig_preexec
+from tailrace.cluster.controller import Controller, ControllerLoop
+from tailrace.cluster.errors import MetadataConflict, NoLiveBrokers, NotController
+from tailrace.cluster.metadata import NO_LEADER, Keys, read_assignments, read_controller, read_topics
+
+from .conftest import TTL_S, wait_until
+
+
+def leaders(etcd, cluster_name, topic=None) -> dict[tuple[str, int], tuple[int, int]]:
+    """(topic, partition) -> (leader, leader_epoch)."""
+    found, _ = read_assignments(etcd, Keys(cluster_name), topic)
+    return {tp: (a.leader, a.leader_epoch) for tp, (a, _) in found.items()}
+
+
+@pytest.fixture
+def loops():
+    started: list[ControllerLoop] = []
+    yield started
+    for loop in started:
+        loop.stop()
+
+
+def test_of_three_candidates_racing_exactly_one_wins_and_its_epoch_is_the_keys_create_revision(
+        etcd, new_client, cluster_name, make_member):
+    controllers = [Controller(new_client(), make_member(i))
+                   for i in (1, 2, 3)]
+    start = threading.Barrier(3)
+    won = {}
+
+    def race(c):
+        start.wait()
+        won[c.broker_id] = c.campaign()
+
+    threads = [threading.Thread(target=race, args=(c,)) for c in controllers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(won.values()) == [False, False, True]
+    (winner,) = [c for c in controllers if won[c.broker_id]]
+    assert read_controller(etcd, Keys(cluster_name)) == (winner.broker_id, winner.epoch)
+    assert etcd.get(Keys(cluster_name).controller).create_revision == winner.epoch
+    assert all(c.epoch == 0 for c in controllers if c is not winner)
+
+
+def test_a_deposed_controllers_late_write_is_refused_once_its_lease_is_revoked(etcd, cluster_name, make_member):
+    a = Controller(etcd, make_member(1))
+    b = Controller(etcd, make_member(2))
+    assert a.campaign() and not b.campaign()
+    a.create_topic("before", 2)
+    etcd.revoke(a.membership.lease)  # a is paused, say: its lease is gone, and it has not noticed
+    assert b.campaign() and b.epoch > a.epoch
+    assert a.is_controller  # a still believes it leads...
+    with pytest.raises(NotController, match=f"epoch={a.epoch}"):
+        a.create_topic("late", 1)  # ...but etcd refuses its write
+    assert not a.is_controller
+    assert "late" not in read_topics(etcd, Keys(cluster_name))
+    b.create_topic("after", 1)
+    assert set(read_topics(etcd, Keys(cluster_name))) == {"before", "after"}
+
+
+def test_a_deposed_controllers_reassignment_is_refused_once_its_lease_expired(etcd, cluster_name, make_member):
+    a = Controller(etcd, make_member(1), lost_policy="reassign")
+    b = Controller(etcd, make_member(2), lost_policy="reassign")
+    assert a.campaign()
+    a.create_topic("t", 4)
+    before = leaders(etcd, cluster_name)
+    a.membership.close(revoke=False)  # a stops renewing (a long GC pause, a SIGSTOP)...
+    a.epoch = read_controller(etcd, Keys(cluster_name))[1]  # ...and wakes up believing it still leads
+    assert wait_until(lambda: read_controller(etcd, Keys(cluster_name)) is None, TTL_S + 4)
+    assert b.campaign() and b.epoch > a.epoch
+    with pytest.raises(NotController):
+        a.reconcile()  # would move broker 1's partitions (broker 1 is gone) under the old epoch
+    assert leaders(etcd, cluster_name) == before
+    moved = b.reconcile()
+    assert {m.leader for m in moved} == {2} and all(m.controller_epoch == b.epoch for m in moved)
+
+
+def test_placement_balances_partitions_over_three_brokers_by_count(etcd, cluster_name, make_member):
+    members = [make_member(i) for i in (1, 2, 3)]
+    c = Controller(etcd, members[0])
+    assert c.campaign()
+    c.create_topic("a", 12, config={"retention.ms": 1000})
+    assert Counter(leader for leader, _ in leaders(etcd, cluster_name).values()) == {1: 4, 2: 4, 3: 4}
+    c.create_topic("b", 2)  # to brokers 1 and 2, so the next one fills 3 first
+    c.create_topic("c", 4)
+    counts = Counter(leader for leader, _ in leaders(etcd, cluster_name).values())
+    assert counts == {1: 6, 2: 6, 3: 6}
+    assert [leaders(etcd, cluster_name, "c")[("c", p)][0] for p in range(4)] == [3, 1, 2, 3]
+    found, _ = read_assignments(etcd, Keys(cluster_name), "a")
+    a0 = found[("a", 0)][0]
+    assert (a0.replicas, a0.isr, a0.leader_epoch, a0.controller_epoch) == ([a0.leader], [a0.leader], 0, c.epoch)
+    meta, topic_id = read_topics(etcd, Keys(cluster_name))["a"]
+    assert (meta.partitions, meta.replication_factor, meta.config) == (12, 1, {"retention.ms": 1000})
+    assert topic_id == etcd.get(Keys(cluster_name).topic("a")).create_revision
+    raw = json.loads(etcd.get(Keys(cluster_name).partition("a", 0)).value)
+    assert set(raw) == {"topic", "partition", "replicas", "leader", "leader_epoch", "isr", "controller_epoch"}
+
+
+def test_a_topic_is_created_once_and_only_with_a_live_broker(etcd, cluster_name, make_member):
+    c = Controller(etcd, make_member(1))
+    assert c.campaign()
+    c.create_topic("t", 3)
+    with pytest.raises(MetadataConflict, match="exists"):
+        c.create_topic("t", 5)
+    assert len(leaders(etcd, cluster_name, "t")) == 3
+    with pytest.raises(ValueError):
+        c.create_topic("no/slash", 1)
+    etcd.delete(Keys(cluster_name).brokers, prefix=True)  # no broker registered (an odd moment)
+    with pytest.raises(NoLiveBrokers):
+        c.create_topic("u", 1)
+
+
+def test_a_topic_of_more_partitions_than_one_transaction_takes_is_written_whole(etcd, cluster_name, make_member):
+    c = Controller(etcd, make_member(1))
+    assert c.campaign()
+    c.create_topic("wide", 250)  # etcd takes at most 128 ops in one transaction
+    assert len(leaders(etcd, cluster_name, "wide")) == 250
+    assert read_topics(etcd, Keys(cluster_name))["wide"][0].partitions == 250
+
+
+def test_a_lost_brokers_partitions_move_to_live_brokers_with_a_bumped_leader_epoch(
+        etcd, new_client, cluster_name, make_member, loops):
+    members = [make_member(i) for i in (1, 2, 3)]
+    for m in members:
+        loops.append(ControllerLoop(Controller(new_client(), m,
+                                               lost_policy="reassign"), resync_s=0.5).start())
+    assert wait_until(lambda: read_controller(etcd, Keys(cluster_name)), 5.0)
+    controller_id, epoch = read_controller(etcd, Keys(cluster_name))
+    c = next(loop.controller for loop in loops if loop.controller.broker_id == controller_id)
+    c.create_topic("t", 9)
+    lost = next(b for b in (1, 2, 3) if b != controller_id)
+    had = sorted(tp for tp, (leader, _) in leaders(etcd, cluster_name).items() if leader == lost)
+    assert len(had) == 3
+    members[lost - 1].close(revoke=True)  # the broker leaves (its registration is deleted at once)
+
+    def moved():
+        now = leaders(etcd, cluster_name)
+        return all(now[tp][0] not in (lost, NO_LEADER) for tp in had) and now
+
+    now = wait_until(moved, 5.0)
+    assert now, leaders(etcd, cluster_name)
+    assert all(now[tp][1] == 1 for tp in had)  # leader epoch 0 -> 1
+    assert all(epoch_ == 0 for tp, (_, epoch_) in now.items() if tp not in had)  # the others untouched
+    assert sorted(Counter(leader for leader, _ in now.values()).values()) == [4, 5]
+    found, _ = read_assignments(etcd, Keys(cluster_name))
+    assert all(found[tp][0].controller_epoch == epoch and found[tp][0].isr == [now[tp][0]] for tp in had)
+
+
+def test_with_the_offline_policy_a_lost_brokers_partitions_have_no_leader_until_it_returns(
+        etcd, new_client, cluster_name, make_member, loops):
+    members = [make_member(i) for i in (1, 2)]
+    for m in members:
+        loops.append(ControllerLoop(Controller(new_client(), m),
+                                    resync_s=0.5).start())
+    assert wait_until(lambda: read_controller(etcd, Keys(cluster_name)), 5.0)
+    controller_id, _ = read_controller(etcd, Keys(cluster_name))
+    c = next(loop.controller for loop in loops if loop.controller.broker_id == controller_id)
+    c.create_topic("t", 4)
+    lost = 3 - controller_id
+    had = sorted(tp for tp, (leader, _) in leaders(etcd, cluster_name).items() if leader == lost)
+    members[lost - 1].close(revoke=True)
+    assert wait_until(lambda: all(leaders(etcd, cluster_name)[tp] == (NO_LEADER, 1) for tp in had), 5.0), \
+        leaders(etcd, cluster_name)
+    members[lost - 1].register()  # it comes back (same id, its data directory with it)
+    assert wait_until(lambda: all(leaders(etcd, cluster_name)[tp] == (lost, 2) for tp in had), 5.0), \
+        leaders(etcd, cluster_name)
+
+
+CANDIDATE = textwrap.dedent("""
+    import sys, time
+    from tailrace.cluster.controller import Controller, ControllerLoop
+        from tailrace.cluster.membership import Membership
+    from tailrace.cluster.metadata import BrokerInfo
+    endpoint, cluster, broker_id, ttl = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    m = Membership(Etcd(endpoint), cluster, BrokerInfo(id=broker_id, endpoints=[]), ttl_s=ttl)
+    m.register()
+    loop = ControllerLoop(Controller(Etcd(endpoint), m), resync_s=0.5).start()
+    while not loop.epochs:
+        time.sleep(0.02)
+    print("EPOCH", loop.epochs[0], flush=True)
+    time.sleep(600)
+""")
+
+
+def test_when_the_controller_process_is_killed_another_broker_takes_over_within_the_ttl_plus_2_s(
+        etcd, etcd_server, new_client, cluster_name, make_member, loops):
+    proc = subprocess.Popen([sys.executable, "-c", CANDIDATE, etcd_server.endpoint, cluster_name, "1", str(TTL_S)],
+                            stdout=subprocess.PIPE, text=True,
+                            preexec_fn=pdeathsig_preexec(os.getpid(), signal.SIGKILL))
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("EPOCH"), line
+        old_epoch = int(line.split()[1])
+        assert read_controller(etcd, Keys(cluster_name)) == (1, old_epoch)
+        for i in (2, 3):  # two standbys, started after the first won
+            loops.append(ControllerLoop(Controller(new_client(), make_member(i)),
+                                        resync_s=0.5).start())
+        time.sleep(0.5)
+        assert read_controller(etcd, Keys(cluster_name)) == (1, old_epoch)  # nobody takes a held role
+        proc.kill()
+        killed = time.monotonic()
+        now = wait_until(lambda: (read_controller(etcd, Keys(cluster_name)) or (1, 0))[0] != 1 and
+                         read_controller(etcd, Keys(cluster_name)), TTL_S + 4)
+        assert now, "no new controller"
+        took_s = time.monotonic() - killed
+        new_id, new_epoch = now
+        assert new_id in (2, 3) and new_epoch > old_epoch and took_s <= TTL_S + 2, (now, took_s)
+        new = next(loop for loop in loops if loop.controller.broker_id == new_id)
+        assert new.epochs == [new_epoch]
+        new.controller.create_topic("after", 2)  # placement works under the new controller
+        assert {leader for leader, _ in leaders(etcd, cluster_name, "after").values()} == {2, 3}
+    finally:
+        proc.kill()
+        proc.wait()
