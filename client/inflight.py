@@ -45,6 +45,7 @@ class _InFlight:
     header: bytes | None = None  # its own produce header (None: the producer's)
     barrier: bool = False  # acks="none"'s closing round trip: a copy of a batch already counted
     alone: bool = False  # answered NOT_OWNER: resent on its own (its group's owner is stale)
+    gaps: int = 0  # its partition's retry count when it was sent (``Replies._gaps``)
 
 
 _produce_reply = P.decoder(P.ProduceReply)
@@ -103,13 +104,16 @@ class Replies:
                 if b.waiters:
                     self._resolve(b, rep)
         elif code in P.RETRIABLE and time.monotonic() - b.first_sent < self.delivery_timeout_s:
+            self._gaps[tp] = self._gaps.get(tp, 0) + 1  # later batches sent before this may come back out of order
             b.alone = b.alone or code == P.ErrorCode.NOT_OWNER
             b.not_before = time.monotonic() + self.retry_backoff_s
             self._retry.setdefault(tp, deque()).appendleft(b)
-        elif (code == P.ErrorCode.OUT_OF_ORDER_SEQUENCE and (self._inflight_per[tp] or self._retry.get(tp))
+        elif (code == P.ErrorCode.OUT_OF_ORDER_SEQUENCE
+              and (self._inflight_per[tp] or self._retry.get(tp) or b.gaps != self._gaps.get(tp, 0))
               and time.monotonic() - b.first_sent < self.delivery_timeout_s):
-            # a batch before it is still in flight or waiting to be resent (more than one in flight
-            # per partition): it goes again after that one, in sequence order, as Kafka's does
+            # a batch before it is still in flight or waiting to be resent, or was put back for a
+            # retry after this one went out (more than one in flight per partition; its reply may
+            # be read after that retry was stored): it goes again, in sequence order, as Kafka's does
             b.not_before = time.monotonic() + self.retry_backoff_s
             q = self._retry.setdefault(tp, deque())
             seq = IDEMPOTENCE.unpack_from(b.frame, IDEMPOTENCE_AT)[1]

@@ -160,6 +160,7 @@ class ProducerCore(Accumulator, Replies):
         self._multi_timeout_ms = request_timeout_ms
         self._inflight_per: dict[tuple[str, int], int] = {}
         self._retry: dict[tuple[str, int], deque] = {}  # (topic, p) -> batches to resend first
+        self._gaps: dict[tuple[str, int], int] = {}  # (topic, p) -> batches put back for a retry so far
         # Only partitions with something to do are visited per call (not every partition ever
         # used: with 1,000 partitions that was ~1 ms of Python per send): _ready and _retry keep
         # non-empty queues only, _lingering the partitions whose _pending holds records.
@@ -218,9 +219,10 @@ class ProducerCore(Accumulator, Replies):
                 b = retry.popleft()
                 b.sent = now
                 b.attempts += 1
+                b.gaps = self._gaps.get(tp, 0)
             elif ready:
                 frame, count, waiters = ready.popleft()
-                b = _InFlight(tp[0], tp[1], frame, count, now, now, waiters=waiters)
+                b = _InFlight(tp[0], tp[1], frame, count, now, now, waiters=waiters, gaps=self._gaps.get(tp, 0))
             else:
                 break
             if len(b.frame) > self.max_batch_bytes:  # the broker would drop the connection, unread
