@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -187,7 +188,8 @@ def test_with_the_offline_policy_a_lost_brokers_partitions_have_no_leader_until_
 CANDIDATE = textwrap.dedent("""
     import sys, time
     from tailrace.cluster.controller import Controller, ControllerLoop
-        from tailrace.cluster.membership import Membership
+    from tailrace.cluster.etcd import Etcd
+    from tailrace.cluster.membership import Membership
     from tailrace.cluster.metadata import BrokerInfo
     endpoint, cluster, broker_id, ttl = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     m = Membership(Etcd(endpoint), cluster, BrokerInfo(id=broker_id, endpoints=[]), ttl_s=ttl)
@@ -206,7 +208,8 @@ def test_when_the_controller_process_is_killed_another_broker_takes_over_within_
                             stdout=subprocess.PIPE, text=True,
                             preexec_fn=pdeathsig_preexec(os.getpid(), signal.SIGKILL))
     try:
-        line = proc.stdout.readline()
+        ready, _, _ = select.select([proc.stdout], [], [], 20.0)
+        line = proc.stdout.readline() if ready else "(nothing within 20 s)"
         assert line.startswith("EPOCH"), line
         old_epoch = int(line.split()[1])
         assert read_controller(etcd, Keys(cluster_name)) == (1, old_epoch)
