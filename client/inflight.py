@@ -45,7 +45,7 @@ class _InFlight:
     header: bytes | None = None  # its own produce header (None: the producer's)
     barrier: bool = False  # acks="none"'s closing round trip: a copy of a batch already counted
     alone: bool = False  # answered NOT_OWNER: resent on its own (its group's owner is stale)
-    gaps: int = 0  # its partition's retry count when it was sent (``Replies._gaps``)
+    gaps: int = 0  # its partition's answers so far (stored or put back for a retry) when it was sent (``_gaps``)
 
 
 _produce_reply = P.decoder(P.ProduceReply)
@@ -94,6 +94,7 @@ class Replies:
         self._inflight_per[tp] -= 1
         self.routes.answered(b.topic, b.partition, via, code)
         if code == P.ErrorCode.OK:
+            self._gaps[tp] = self._gaps.get(tp, 0) + 1
             self.acked_records += b.count
             if b.barrier:
                 return  # its records were counted when they went one-way
@@ -104,16 +105,18 @@ class Replies:
                 if b.waiters:
                     self._resolve(b, rep)
         elif code in P.RETRIABLE and time.monotonic() - b.first_sent < self.delivery_timeout_s:
-            self._gaps[tp] = self._gaps.get(tp, 0) + 1  # later batches sent before this may come back out of order
+            self._gaps[tp] = self._gaps.get(tp, 0) + 1
             b.alone = b.alone or code == P.ErrorCode.NOT_OWNER
             b.not_before = time.monotonic() + self.retry_backoff_s
             self._retry.setdefault(tp, deque()).appendleft(b)
         elif (code == P.ErrorCode.OUT_OF_ORDER_SEQUENCE
               and (self._inflight_per[tp] or self._retry.get(tp) or b.gaps != self._gaps.get(tp, 0))
               and time.monotonic() - b.first_sent < self.delivery_timeout_s):
-            # a batch before it is still in flight or waiting to be resent, or was put back for a
-            # retry after this one went out (more than one in flight per partition; its reply may
-            # be read after that retry was stored): it goes again, in sequence order, as Kafka's does
+            # a batch before it is still in flight or waiting to be resent, or was stored or put
+            # back for a retry after this one went out (more than one in flight per partition:
+            # the broker saw this one first, e.g. the one before it went through the router while
+            # the partition was being adopted, or was refused and resent): it goes again, in
+            # sequence order, as Kafka's does. Nothing answered since it went out: a real gap.
             b.not_before = time.monotonic() + self.retry_backoff_s
             q = self._retry.setdefault(tp, deque())
             seq = IDEMPOTENCE.unpack_from(b.frame, IDEMPOTENCE_AT)[1]

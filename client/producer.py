@@ -160,7 +160,7 @@ class ProducerCore(Accumulator, Replies):
         self._multi_timeout_ms = request_timeout_ms
         self._inflight_per: dict[tuple[str, int], int] = {}
         self._retry: dict[tuple[str, int], deque] = {}  # (topic, p) -> batches to resend first
-        self._gaps: dict[tuple[str, int], int] = {}  # (topic, p) -> batches put back for a retry so far
+        self._gaps: dict[tuple[str, int], int] = {}  # (topic, p) -> its batches answered so far (stored or to retry)
         # Only partitions with something to do are visited per call (not every partition ever
         # used: with 1,000 partitions that was ~1 ms of Python per send): _ready and _retry keep
         # non-empty queues only, _lingering the partitions whose _pending holds records.
