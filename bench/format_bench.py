@@ -104,6 +104,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help=f"comma-separated, 'none' first: of {', '.join(VARIANTS + EXTRA)}")
+    ap.add_argument("--data-root", default=None, help="where the broker's temporary data directory goes "
+                    "(default: the system's temporary folder; /dev/shm takes the disk out of the measurement)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     variants = tuple(args.variants.split(","))
@@ -111,7 +113,7 @@ def main(argv=None) -> dict:
     n = args.messages // BATCH * BATCH
     values, offsets = log_lines(min(n, 200_000))
     runs: dict[str, list[dict]] = {v: [] for v in variants}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=args.data_root) as tmp:
         b = Broker(Path(tmp) / "data", workers=2, segment_bytes=64 << 20)
         b.start()
         try:

@@ -180,18 +180,24 @@ class Accumulator:
         enc = self._encoding()
         for i in range(0, len(values), step):
             chunk = values[i : i + step]
-            frame = encode_batch(chunk, None if keys is None else keys[i : i + step],
+            frame = self._encode(encode_batch, chunk, None if keys is None else keys[i : i + step],
                                  headers=None if headers is None else headers[i : i + step],
                                  timestamps_us=None if times is None else times[i : i + step],
                                  **enc, **self._ids(tp, len(chunk)))
-            self._buffered_bytes += len(frame)
             q.append((frame, len(chunk), None))
 
     def _queue_buffers(self, tp, values, value_offsets, keys, key_offsets, headers=None, times=None) -> None:
-        frame = encode_batch_buffers(values, value_offsets, keys, key_offsets, headers=headers, timestamps_us=times,
-                                     **self._encoding(), **self._ids(tp, len(value_offsets) - 1))
-        self._buffered_bytes += len(frame)
+        frame = self._encode(encode_batch_buffers, values, value_offsets, keys, key_offsets, headers=headers,
+                             timestamps_us=times, **self._encoding(), **self._ids(tp, len(value_offsets) - 1))
         self._ready.setdefault(tp, deque()).append((frame, len(value_offsets) - 1, None))
+
+    def _encode(self, fn, *args, **kwargs) -> bytes:
+        """A batch's frame (``fn``: encode_batch or encode_batch_buffers), counted against
+        buffer_memory. (Compressing on a second thread, the codecs releasing the GIL, was tried
+        and measured no faster on two cores: docs/BENCHMARKS.md "Record format v2".)"""
+        frame = fn(*args, **kwargs)
+        self._buffered_bytes += len(frame)
+        return frame
 
     def _ids(self, tp, count: int) -> dict:
         """Producer id and base sequence for the next batch of ``count`` records to ``tp``."""
@@ -236,10 +242,9 @@ class Accumulator:
                 pend.times = [pend.times[i] for i in keep]
         self._buffered_bytes -= pend.charged  # the records' bytes become the frame's
         if pend.values:
-            frame = encode_batch(pend.values, pend.keys if pend.keyed else None, headers=pend.headers,
-                                 timestamps_us=pend.times, create_time_us=pend.t0_us or None, **self._encoding(),
-                                 **self._ids(tp, len(pend.values)))
-            self._buffered_bytes += len(frame)
+            frame = self._encode(encode_batch, pend.values, pend.keys if pend.keyed else None,
+                                 headers=pend.headers, timestamps_us=pend.times, create_time_us=pend.t0_us or None,
+                                 **self._encoding(), **self._ids(tp, len(pend.values)))
             self._ready.setdefault(tp, deque()).append((frame, len(pend.values), waiters))
         pend.values, pend.keys, pend.keyed, pend.nbytes, pend.charged, pend.waiters = [], [], False, 0, 0, None
         pend.headers = pend.times = None
