@@ -275,3 +275,38 @@ def test_a_log_append_time_topic_reads_timestamp_type_1_and_the_brokers_time(spa
     assert all(before_us <= r.ts_us <= after_us for r in lat), "LogAppendTime: the broker's clock at append"
     assert [r.ts_us for r in ct] == [(old_ms + i) * 1000 for i in range(50)]
     assert [headers_of(r) for r in sorted(lat, key=lambda r: r.offset)] == [header_pattern(i) or [] for i in range(50)]
+
+
+def test_every_codec_and_version_1_batches_read_alike(spark, spark_broker, topic_name):
+    """One partition per codec (none, gzip, snappy, lz4, zstd), and version 1 batches (what a
+    data directory of the release before format v2 holds) in front of the uncompressed one: the
+    source reads every record, headers and times of each."""
+    from tailrace.client import protocol as P
+    from tailrace.client.connection import Connection
+    from tailrace.client.records import encode_batch
+
+    codecs = [None, "gzip", "snappy", "lz4", "zstd"]
+    with Admin(spark_broker.bootstrap) as a:
+        a.create_topic(topic_name, len(codecs), ring_bytes=SMALL_RING_BYTES)
+    conn = Connection(spark_broker.bootstrap)
+    try:
+        for j in range(2):
+            conn.request(P.Op.PRODUCE, topic_name, 0, P.encode(P.ProduceRequest(acks=P.Acks.DURABLE)),
+                         encode_batch([b"v1-%d-%d" % (j, i) for i in range(3)], create_time_us=1_000_000_000_000_000,
+                                      version=1))
+    finally:
+        conn.close()
+    base_ms = int(time.time() * 1000) - 60_000
+    expected = {(0, k): (b"v1-%d-%d" % divmod(k, 3), [], 1_000_000_000_000) for k in range(6)}
+    for p, codec in enumerate(codecs):
+        with Producer(spark_broker.bootstrap, acks="durable", compression=codec, linger_ms=5) as prod:
+            for i in range(40):
+                prod.send(topic_name, b"%s-%d" % ((codec or "none").encode(), i), headers=header_pattern(i),
+                          timestamp_ms=base_ms + i, partition=p)
+            prod.flush()
+        first = 6 if p == 0 else 0
+        for i in range(40):
+            expected[(p, first + i)] = (b"%s-%d" % ((codec or "none").encode(), i), header_pattern(i) or [], base_ms + i)
+    rows = (reader(spark, spark_broker, topic_name, includeHeaders="true")
+            .select("partition", "offset", "value", "headers", F.unix_micros("timestamp").alias("ts_us")).collect())
+    assert {(r.partition, r.offset): (bytes(r.value), headers_of(r), r.ts_us // 1000) for r in rows} == expected
