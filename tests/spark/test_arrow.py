@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import gc
 import itertools
-import sys
 
 import pyarrow as pa
 import pytest
@@ -22,6 +20,7 @@ from tailrace.spark_bridge.errors import OptionError, SchemaError
 from tailrace.spark_bridge.options import parse_write_options
 from tailrace.spark_bridge.sink import check_input_schema, chunk_rows, chunks_of
 from tailrace.spark_bridge.source import TailraceDataSource
+from tests.unit.test_hot_path import _lines  # Python lines a call runs, the cycle collector held off
 
 
 def stamped(frame: bytes, base_offset: int, log_append_time_us: int | None = None) -> bytes:
@@ -146,27 +145,6 @@ def test_include_headers_option_picks_the_schema_and_a_schema_passed_to_the_read
         plain.streamReader(SCHEMA_WITH_HEADERS)
     with pytest.raises(OptionError, match="includeHeaders must be true or false"):
         TailraceDataSource({"topic": "t", "includeHeaders": "sometimes"}).schema()
-
-
-def _lines(fn) -> int:
-    """Python lines ``fn`` runs (as tests/unit/test_hot_path.py counts them)."""
-    n = 0
-
-    def tracer(frame, event, arg):
-        nonlocal n
-        if event == "line":
-            n += 1
-        return tracer
-
-    gc.collect()
-    gc.disable()
-    sys.settrace(tracer)
-    try:
-        fn()
-    finally:
-        sys.settrace(None)
-        gc.enable()
-    return n
 
 
 def test_headers_to_arrow_and_arrow_to_produce_chunks_run_the_same_python_lines_for_10_or_5000_records():
