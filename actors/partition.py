@@ -184,9 +184,6 @@ class PartitionActor:
         why = record_policy.timestamp_refusal(policy, chk.min_time_us, chk.max_time_us, t)
         if why is not None:
             return ErrorCode.INVALID_TIMESTAMP, why, -1, 0, 0
-        if policy.codec is not None and (chk.codec != policy.codec or chk.version != VERSION_2):
-            body = rewrite_batch(body, chk, policy.codec)  # the topic's compression.type (Kafka's)
-            size = len(body)
         if size > self.ring.ring_bytes // 2:
             return ErrorCode.BATCH_TOO_LARGE, f"batch of {size} bytes over half the ring ({self.ring.ring_bytes})", -1, 0, 0
         pid, seq = IDEMPOTENCE.unpack_from(body, IDEMPOTENCE_AT)
@@ -199,6 +196,11 @@ class PartitionActor:
                 return (ErrorCode.OUT_OF_ORDER_SEQUENCE, f"producer_id={pid} base_sequence={seq}: this partition "
                         f"expects {expected} (the last batch's base sequence + its count) or a retry of one of "
                         f"its last {KEEP} batches; nothing stored", -1, 0, 0)
+        if policy.codec is not None and (chk.codec != policy.codec or chk.version != VERSION_2):
+            body = rewrite_batch(body, chk, policy.codec)  # the topic's compression.type (Kafka's), not for a retry
+            size = len(body)
+            if size > self.ring.ring_bytes // 2:
+                return ErrorCode.BATCH_TOO_LARGE, f"batch of {size} bytes (recompressed) over half the ring", -1, 0, 0
         base = row.next_offset
         w = self.writer
         try:
