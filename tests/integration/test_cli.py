@@ -255,7 +255,7 @@ def test_bad_header_and_compression_options_are_usage_errors_before_anything_is_
 def test_the_help_shows_the_header_and_compression_options():
     produce = " ".join(run("produce", "--help").stdout.decode().split())
     for words in ("--header KEY=VALUE", "KEY alone for a null value", "--compression {none,gzip,snappy,lz4,zstd}",
-                  "(default: none)", "--compression-level N", "zstd -7..22 (default 3)"):
+                  "(default: none)", "--compression-level N", "zstd -7..22 (default 1)"):
         assert words in produce, (words, produce)
     consume = " ".join(run("consume", "--help").stdout.decode().split())
     for words in ("--print-headers", "a null value as KEY alone", "%h headers", "%y its type", "timestamp_type",
