@@ -101,7 +101,9 @@ def test_records_expire_segments_go_readers_reset_and_a_crash_keeps_it_all(make_
     b = make_broker(**BROKER)
     with Admin(b.bootstrap) as a:
         info = a.create_topic("r", 2, config={"retention.ms": 1500})
-        assert info.config == {"retention.ms": "1500", "retention.bytes": "-1", "ring.bytes": str(8 << 20)}
+        assert info.config == {"retention.ms": "1500", "retention.bytes": "-1", "ring.bytes": str(8 << 20),
+                               "message.timestamp.type": "CreateTime", "compression.type": "producer",
+                               "message.timestamp.before.max.ms": "-1", "message.timestamp.after.max.ms": "3600000"}
     _produce(b, b"old", OLD)
     _expire_old(b)
     assert _offsets(b) == [(EXPIRED, EXPIRED + NEW // 2)] * 2
