@@ -194,8 +194,8 @@ def _row_headers(column: pa.Array) -> _RowHeaders | None:
     valid = np.ones(len(value), dtype=bool) if not value.null_count else value.is_valid().to_numpy(zero_copy_only=False)
     if value.null_count:  # the record format wants a null value's range empty, which Arrow does not promise
         value = pc.fill_null(value, pa.scalar(b"", value.type))
-    koffs, kdata = _binary_buffers(key, "headers.key")
-    voffs, vdata = _binary_buffers(value, "headers.value")
+    koffs, kdata = _binary_buffers(key, "header keys")
+    voffs, vdata = _binary_buffers(value, "header values")
     entry_bytes = np.diff(koffs).astype(np.int64) + np.diff(voffs) + _HEADER_ENTRY_BYTES
     cum = np.zeros(len(entry_bytes) + 1, dtype=np.int64)
     np.cumsum(entry_bytes, out=cum[1:])

@@ -84,7 +84,8 @@ def test_the_envelope_refuses_internal_ops_to_clients_at_both_endpoints():
     assert worker.check(1, P.Op.CREATE_TOPIC, b"t", 2)[0] == E.UNKNOWN_OP
     assert router.check(1, P.Op.STATUS, b"", 1) is None and worker.check(1, P.Op.LIST_OFFSETS, b"t", 1)[0] == E.MALFORMED
     assert router.check(1, P.Op.PRODUCE, b"x" * (P.MAX_TOPIC_BYTES + 1), 3)[0] == E.INVALID_REQUEST
-    assert router.check(2, P.Op.PRODUCE, b"t", 3)[0] == E.UNSUPPORTED_VERSION
+    assert router.check(3, P.Op.PRODUCE, b"t", 3)[0] == E.UNSUPPORTED_VERSION
+    assert router.check(2, P.Op.PRODUCE, b"t", 3) is None and router.check(0, P.Op.PRODUCE, b"t", 3)[0] == E.UNSUPPORTED_VERSION
     assert router.check(1, 99, b"t", 2)[0] == E.UNKNOWN_OP
 
 
