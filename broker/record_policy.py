@@ -28,12 +28,6 @@ TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
 COMPRESSION_TYPES = ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")
 DEFAULTS: dict[str, str | int] = {TIMESTAMP_TYPE: "CreateTime", COMPRESSION_TYPE: "producer", BEFORE_MAX_MS: -1,
                                   AFTER_MAX_MS: 3_600_000}
-SETTINGS = {
-    TIMESTAMP_TYPE: "CreateTime (the producer's time per record) or LogAppendTime (the broker's)",
-    COMPRESSION_TYPE: "producer (keep what came), uncompressed, gzip, snappy, lz4 or zstd (recompressed on the broker)",
-    BEFORE_MAX_MS: "a CreateTime record at most this many ms older than the broker's clock, -1 no limit (default)",
-    AFTER_MAX_MS: "a CreateTime record at most this many ms ahead of the broker's clock, -1 no limit (default 3600000)",
-}
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from . import codecs
 from . import records as R
 from .sections import A_KEYS, A_TIMES, SectionError, parse_section
@@ -166,11 +164,3 @@ def rewrite_batch(frame, checked: Checked, codec: int, level: int | None = None)
     buf[R.HEADER_V2_BYTES : out_len] = packed
     R._pack_v2(buf, out_len, attrs | codec, checked.count, size, base_time, pid, seq, pepoch)
     return bytes(buf)
-
-
-def section_of(frame, checked: Checked) -> np.ndarray | memoryview:
-    """The uncompressed section of a checked batch (v1: its body)."""
-    if checked.section is not None:
-        return checked.section
-    length = R.LENGTH.unpack_from(frame, 0)[0]
-    return memoryview(frame)[(R.HEADER_V1_BYTES if checked.version == R.VERSION_1 else R.HEADER_V2_BYTES) : length]

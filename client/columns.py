@@ -19,7 +19,7 @@ from .sections import HeaderArrays
 
 OFFSETS_DTYPE = np.dtype("<i4")
 CREATE_TIME, LOG_APPEND_TIME = 0, 1  # Record.timestamp_type (Kafka's TimestampType ids)
-TIMESTAMP_TYPES = {CREATE_TIME: "CreateTime", LOG_APPEND_TIME: "LogAppendTime"}
+TIMESTAMP_TYPES = {CREATE_TIME: "CreateTime", LOG_APPEND_TIME: "LogAppendTime"}  # their names (the CLI prints them)
 _INT32_MAX = int(np.iinfo(np.int32).max)
 
 

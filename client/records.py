@@ -75,19 +75,10 @@ HEADER_DTYPE = np.dtype(
     ]
 )
 HEADER_V2_DTYPE = np.dtype(
-    [
-        ("length", "<i4"),
-        ("magic", "<u2"),
-        ("version", "u1"),
-        ("flags", "u1"),
-        ("base_offset", "<i8"),
-        ("append_time_us", "<i8"),
-        ("partition", "<i4"),
-        ("topic_id", "<u4"),
-        ("crc", "<u4"),
-        ("record_count", "<i4"),
-        ("producer_id", "<i8"),
-        ("base_sequence", "<i4"),
+    HEADER_DTYPE.descr[:3]  # length, magic, version: every version's
+    + [("flags", "u1")]  # v1's attributes byte, the broker's in v2
+    + HEADER_DTYPE.descr[4:12]  # base_offset .. base_sequence: every version's
+    + [
         ("producer_epoch", "<i2"),
         ("attributes", "<u2"),
         ("base_time_us", "<i8"),

@@ -50,11 +50,6 @@ class HeaderArrays:
     values: np.ndarray | memoryview  # uint8
     valid: np.ndarray  # bool[H]
 
-    def of(self, i: int) -> list[tuple[str, bytes | None]]:
-        """Record i's headers as Python pairs."""
-        a, b = int(self.starts[i]), int(self.starts[i + 1])
-        return self.pairs(a, b)
-
     def pairs(self, a: int = 0, b: int | None = None) -> list[tuple[str, bytes | None]]:
         """Header entries a..b as Python pairs (the record path: one step per header)."""
         b = len(self.valid) if b is None else b
