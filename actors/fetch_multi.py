@@ -162,6 +162,8 @@ def fetch_multi(ctx: FetchContext, ident, assign, topic, partition, rest, who, r
 
 
 def _not_routed(code: int) -> str:
+    if code == P.ErrorCode.NOT_LEADER_OR_FOLLOWER:
+        return "this broker does not lead this partition: describe the topic for its leader"
     return "another worker owns this partition: fetch it from that worker" if code == P.ErrorCode.NOT_OWNER else "unknown partition"
 
 

@@ -174,7 +174,8 @@ def produce_multi(ctx: ProduceContext, ident, assign, topic, partition, rest, wh
 
 
 _NOT_ROUTED = {P.ErrorCode.UNKNOWN_PARTITION: "unknown partition",
-               P.ErrorCode.NOT_OWNER: "another worker owns this partition: send its batch in a request to that worker"}
+               P.ErrorCode.NOT_OWNER: "another worker owns this partition: send its batch in a request to that worker",
+               P.ErrorCode.NOT_LEADER_OR_FOLLOWER: "this broker does not lead this partition: describe the topic for its leader"}
 
 
 class MultiAck:

@@ -59,6 +59,13 @@ class Settings(msgspec.Struct, kw_only=True):
     allow_dir: str = ""  # with auth: the allow-list of client public keys (default <data_dir>/auth/clients)
     insecure: int = 0  # 1: a non-loopback bind without auth is accepted (with a warning at every start)
     local_uids: str = ""  # user ids the same-host Unix sockets accept, comma-separated (default: the broker's own)
+    # cluster (docs/DESIGN.md "Cluster"): empty = a single host, nothing of etcd imported
+    cluster: str = ""  # etcd endpoints, etcd://h1:2379,h2:2379 (or h1:2379,h2:2379)
+    broker_id: int = -1  # this broker's id in the cluster, >= 0, unique among live brokers
+    advertise: str = ""  # the client endpoint other brokers and clients reach this one at (default: bind)
+    cluster_name: str = "tailrace"  # several clusters may share one etcd: each under /tailrace/<name>/
+    cluster_ttl_s: int = 10  # the broker's registration lease: dead brokers are noticed within this long
+    rack: str = ""  # optional: the broker's rack (placement may spread over racks)
     debug_read_delay_ms: int = 0  # fault injection for tests: each journal read on a worker waits this long
     debug_stop_delay_ms: int = 0  # fault injection for tests: a stopping worker lingers this long before it exits
     debug_crash_at: str = ""  # fault injection for tests: the flusher dies (once) at this step of retention
@@ -112,6 +119,11 @@ class Settings(msgspec.Struct, kw_only=True):
         host, _, port = endpoint[len("tcp://"):].rpartition(":")
         return host.strip("[]"), int(port)
 
+    @property
+    def advertised(self) -> str:
+        """The client endpoint this broker is known by in a cluster: ``advertise``, else ``bind``."""
+        return parse_bootstrap(self.advertise) if self.advertise else self.bind
+
     def validate(self) -> None:
         self.metrics_address()
         if self.max_batch_bytes * 4 > self.segment_bytes:
@@ -122,6 +134,13 @@ class Settings(msgspec.Struct, kw_only=True):
             raise ValueError("write_buffer_bytes must be >= 2 x max_batch_bytes")
         if self.workers < 1:
             raise ValueError(f"workers={self.workers} must be >= 1")
+        if self.cluster:
+            if self.broker_id < 0:
+                raise ValueError("a cluster broker needs --broker-id N (N >= 0, unique in the cluster)")
+            if self.auth != "none":
+                raise ValueError("--cluster with --auth curve is not supported yet: brokers ask each other unauthenticated")
+            if self.cluster_ttl_s < 2:
+                raise ValueError(f"cluster_ttl_s={self.cluster_ttl_s} must be >= 2 (etcd's smallest lease)")
         datadir.parse_mode(self.data_mode)
         if not 0.0 < self.disk_max_used_ratio <= 1.0:
             raise ValueError(f"disk_max_used_ratio={self.disk_max_used_ratio} must be in (0, 1] (1: never full)")

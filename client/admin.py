@@ -12,6 +12,7 @@ import msgspec
 
 from . import protocol as P
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Connection, Reply
+from .errors import NotControllerError
 from .security import curve_keys
 
 
@@ -104,9 +105,21 @@ class Admin:
                  connect_timeout_ms: int = CONNECT_TIMEOUT_MS, *, key_file=None, server_key=None):
         self.conn = Connection(bootstrap, connect_timeout_ms, curve_keys(key_file, server_key))
         self.timeout_ms = timeout_ms
+        self._connect = (connect_timeout_ms, curve_keys(key_file, server_key))
+        self._controller: Connection | None = None  # a cluster's controller, once a broker named it
 
     def _call(self, c: Call):
-        return c.parse(self.conn.request(c.op, c.topic, c.partition, c.header, timeout_ms=self.timeout_ms))
+        try:
+            return c.parse(self.conn.request(c.op, c.topic, c.partition, c.header, timeout_ms=self.timeout_ms))
+        except NotControllerError as exc:  # a cluster: topic admin goes to the controller it names
+            endpoint = exc.details.get("endpoint")
+            if not endpoint:
+                raise
+            if self._controller is None or self._controller.endpoint != endpoint:
+                if self._controller is not None:
+                    self._controller.close()
+                self._controller = Connection(endpoint, *self._connect)
+            return c.parse(self._controller.request(c.op, c.topic, c.partition, c.header, timeout_ms=self.timeout_ms))
 
     def create_topic(self, name: str, partitions: int, ring_bytes: int = 0, config: dict | None = None) -> P.TopicInfo:
         """``config``: the topic's own settings, Kafka's names (``{"retention.ms": 3600000}``;
@@ -176,6 +189,8 @@ class Admin:
 
     def close(self) -> None:
         self.conn.close()
+        if self._controller is not None:
+            self._controller.close()
 
     def __enter__(self):
         return self

@@ -131,7 +131,8 @@ class Reply:
             details = {}
             try:
                 err = P.decoder(P.ErrorReply).decode(self.header)
-                message, details = err.message, {"log_start_offset": err.log_start_offset, "high_watermark": err.high_watermark}
+                message, details = err.message, {"log_start_offset": err.log_start_offset, "high_watermark": err.high_watermark,
+                                                 "endpoint": err.endpoint}
             except Exception:
                 message = "(undecodable error reply)"
             raise error_for(self.code, f"{P.ErrorCode(self.code).name}: {message}", **details)

@@ -53,6 +53,12 @@ StorageFullError = _make(ErrorCode.STORAGE_FULL, "Raised when the broker refuses
 InternalTopicError = _make(ErrorCode.INTERNAL_TOPIC, "Raised when topic admin names one of the broker's own topics (__consumer_offsets).")
 InvalidTimestampError = _make(ErrorCode.INVALID_TIMESTAMP, "Raised when a record's create time is further from the broker's clock than "
                               "the topic's message.timestamp.{before,after}.max.ms allow (nothing stored).")
+NotLeaderOrFollowerError = _make(ErrorCode.NOT_LEADER_OR_FOLLOWER, "Raised when a cluster broker does not lead the partition "
+                                 "(it moved, or its broker is down: unavailable). Retriable: refresh the leaders and resend.")
+NotControllerError = _make(ErrorCode.NOT_CONTROLLER, "Raised when topic admin reached a broker that is not the cluster's "
+                           "controller; the reply names the controller's endpoint.")
+MetadataUnavailableError = _make(ErrorCode.METADATA_UNAVAILABLE, "Raised when a cluster's metadata cannot be changed now "
+                                 "(etcd unreachable, or no controller yet); nothing changed. Retriable.")
 
 
 
@@ -86,7 +92,8 @@ BY_CODE: dict[int, type[TailraceError]] = {
         StorageUnavailableError, TopicExistsError, ShmBudgetExceededError, InvalidRequestError, TimeoutError_,
         NotReadyError, InternalError, NotAuthorizedError, AuthenticationFailedError, UnknownMemberIdError,
         FencedMemberEpochError, GroupNotEmptyError, UnknownGroupError, OutOfOrderSequenceError, InternalTopicError,
-        StorageFullError, InvalidTimestampError,
+        StorageFullError, InvalidTimestampError, NotLeaderOrFollowerError, NotControllerError,
+        MetadataUnavailableError,
     )
 }
 

@@ -65,7 +65,7 @@ class Fetches:
                 self._drop_sessions(a.via)
             via = self._route(a.topic, a.partition)
             if self.multi_partition and not a.alone:
-                owner = via if via is not None else self.routes.endpoints.get((a.topic, a.partition))
+                owner = self.routes.group_of(a.topic, a.partition, via)
                 if owner is not None:
                     groups.setdefault((a.topic, via, owner), []).append(a)
                     continue
@@ -215,6 +215,8 @@ class Fetches:
         a.alone = code == P.ErrorCode.NOT_OWNER
         if a.alone:
             return  # asked again on its own through the router on the next turn (its group's owner is stale)
+        if code == P.ErrorCode.NOT_LEADER_OR_FOLLOWER:
+            return  # a cluster's leader moved or is down: fetched again from its leader once described again
         if code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
             log_start, hw = bounds
             to = {"earliest": log_start, "latest": hw}.get(self.auto_offset_reset, -1)

@@ -73,7 +73,7 @@ SPEC: tuple[OpSpec, ...] = (
     R(Op.FETCH_MULTI,       2, False, TOPIC,   OWNER,       "consume",  P.FetchMultiRequest,       P.FetchMultiReply,   True),
     R(Op.CREATE_TOPIC,      2, False, TOPIC,   ROUTER,      "create",   P.CreateTopicRequest,      P.TopicInfo),
     R(Op.LIST_TOPICS,       2, True,  NOTHING, ROUTER,      "describe", P.ListTopicsRequest,       P.ListTopicsReply),
-    R(Op.DESCRIBE_TOPIC,    2, True,  TOPIC,   ROUTER,      "describe", None,                      P.DescribeReply),
+    R(Op.DESCRIBE_TOPIC,    2, True,  TOPIC,   ROUTER,      "describe", P.DescribeRequest,         P.DescribeReply),
     R(Op.STATUS,            2, True,  NOTHING, ROUTER,      "admin",    None,                      P.StatusReply),
     R(Op.SET_WORKERS,       2, False, NOTHING, ROUTER,      "admin",    P.SetWorkersRequest,       P.StatusReply),
     R(Op.CREATE_PARTITIONS, 2, False, TOPIC,   ROUTER,      "alter",    P.CreatePartitionsRequest, P.TopicInfo),

@@ -263,10 +263,10 @@ class ProducerCore(Accumulator, Replies):
         """What groups ``b`` with other partitions' batches in one PRODUCE_MULTI: the topic and
         the worker it goes to (straight, or through the router to the owner DESCRIBE named);
         None where no owner is known (sent on its own)."""
-        if b.via is not None:
-            return b.topic, b.via
-        owner = self.routes.endpoints.get((b.topic, b.partition)) if self.routes is not None else None
-        return None if owner is None else (b.topic, None, owner)
+        if self.routes is None:
+            return (b.topic, b.via) if b.via is not None else None
+        owner = self.routes.group_of(b.topic, b.partition, b.via)
+        return None if owner is None else (b.topic, b.via, owner)
 
     def _send_staged(self, staged: dict) -> None:
         """One request per group of ``_owner_of``: a lone batch as PRODUCE, several as PRODUCE_MULTI."""

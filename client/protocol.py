@@ -181,10 +181,14 @@ class ErrorCode(enum.IntEnum):
     STORAGE_FULL = 26  # the journal's filesystem is fuller than disk_max_used_ratio: produce refused, nothing stored (retriable)
     FETCH_SESSION_NOT_FOUND = 27  # FETCH_MULTI: the worker holds no such session (expired, or the worker restarted): send every position again
     INVALID_TIMESTAMP = 28  # a CreateTime record's timestamp is further from the broker's clock than the topic allows: nothing stored
+    NOT_LEADER_OR_FOLLOWER = 29  # cluster: this broker does not lead the partition (ErrorReply.endpoint: the leader's, if it has one)
+    NOT_CONTROLLER = 30  # cluster: topic admin goes to the controller broker (ErrorReply.endpoint: its endpoint)
+    METADATA_UNAVAILABLE = 31  # cluster: etcd cannot be reached or has no controller now: the metadata change was not made (retriable)
 
 
 RETRIABLE = frozenset({ErrorCode.NOT_OWNER, ErrorCode.BACKPRESSURE, ErrorCode.NOT_READY, ErrorCode.TIMEOUT,
-                       ErrorCode.STORAGE_FULL, ErrorCode.FETCH_SESSION_NOT_FOUND})
+                       ErrorCode.STORAGE_FULL, ErrorCode.FETCH_SESSION_NOT_FOUND, ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                       ErrorCode.NOT_CONTROLLER, ErrorCode.METADATA_UNAVAILABLE})
 
 
 def pack_routing(op: int, partition: int, request_id: int, topic: bytes, code: int = 0) -> bytes:
@@ -299,6 +303,11 @@ class FetchReply(msgspec.Struct):
 
 class ListOffsetsRequest(msgspec.Struct, omit_defaults=True):
     timestamp_ms: int = -1  # >= 0: also find each partition's first offset appended at or after it
+    local: bool = False  # cluster: this broker's own log only (what one broker asks another); default: every leader's
+
+
+class DescribeRequest(msgspec.Struct, omit_defaults=True):
+    local: bool = False  # cluster: this broker's partitions as it holds them (what one broker asks another)
 
 
 WATCH_BELL_PREFIX = "tailrace-bell-"  # a WATCH's doorbell: an abstract Unix datagram socket named so
@@ -375,6 +384,11 @@ class PartitionInfo(msgspec.Struct):
     local_endpoint: str = ""  # the owner's same-host endpoint, unix://... (client/unixwire.py)
     ring_unflushed_bytes: int = 0  # as PartitionOffsets
     appended_bytes: int = 0
+    # cluster (else -1 / ""): the broker leading the partition (-1: none, it is unavailable), its
+    # leader epoch, and that broker's client endpoint when it is not the broker that answered
+    leader: int = -1
+    leader_epoch: int = -1
+    leader_endpoint: str = ""
 
 
 class DescribeReply(msgspec.Struct):
@@ -383,6 +397,7 @@ class DescribeReply(msgspec.Struct):
     instance: str = ""  # shared-memory instance name of the broker (same-host ring reads)
     data_id: int = 0  # the data directory's identity, as the control table carries it
     max_batch_bytes: int = 0  # the largest batch the broker takes (its max_batch_bytes; 0: not said)
+    broker_id: int = -1  # cluster: the answering broker's id (-1: a single host)
 
 
 class ListTopicsRequest(msgspec.Struct, omit_defaults=True):
@@ -400,6 +415,7 @@ class ErrorReply(msgspec.Struct, omit_defaults=True):
     message: str
     log_start_offset: int = -1
     high_watermark: int = -1
+    endpoint: str = ""  # NOT_LEADER_OR_FOLLOWER / NOT_CONTROLLER: the client endpoint of the broker to ask instead
 
     def __post_init__(self):
         if len(self.message) > ERROR_TEXT_MAX:
@@ -471,6 +487,7 @@ class StatusReply(msgspec.Struct):
     disk_used_ratio: float = -1.0  # the journal's filesystem, as the flusher last saw it (-1: not known)
     disk_max_used_ratio: float = 0.0  # the limit (the broker's setting)
     records_force_deleted: int = 0  # records disk_full_policy=delete_oldest deleted inside retention, since boot
+    cluster: dict | None = None  # --cluster: broker id, controller, live brokers' endpoints, partitions led per broker
 
 
 class Empty(msgspec.Struct):

@@ -36,13 +36,23 @@ class Routes:
         self.refresh_at: dict[str, float] = {}  # topic -> when to DESCRIBE again
         self.learned_at: dict[str, float] = {}  # topic -> when its DESCRIBE was last taken in
         self.max_batch_bytes = 0  # the broker's batch limit, from DESCRIBE (0: not heard yet)
+        # a cluster (DESCRIBE said broker_id, or a reply said NOT_LEADER_OR_FOLLOWER): partitions
+        # another broker leads go through that broker's endpoint, not the bootstrap router
+        self.cluster = False
+        self.leaders: dict[tuple[str, int], str] = {}  # (topic, p) -> its leader's client endpoint
 
     def learn(self, topic: str, d: P.DescribeReply) -> int:
         """Take in a DESCRIBE_TOPIC answer; returns the topic's partition count."""
         self.partitions_of[topic] = d.topic.partitions
         if d.max_batch_bytes > 0:
             self.max_batch_bytes = d.max_batch_bytes
+        if d.broker_id >= 0:
+            self.cluster = True
         for pi in d.partitions:
+            if pi.leader_endpoint:
+                self.leaders[(topic, pi.partition)] = pi.leader_endpoint
+            else:
+                self.leaders.pop((topic, pi.partition), None)
             old = self.endpoints.get((topic, pi.partition))
             if old is not None and old not in (pi.endpoint, pi.local_endpoint):
                 self.confirmed.discard((topic, pi.partition))
@@ -63,10 +73,10 @@ class Routes:
         """Whether a DESCRIBE of ``topic`` is wanted before addressing it (never unknown to a
         client that goes through the router only: it does not need one)."""
         if topic not in self.partitions_of:
-            return self.direct
+            return self.direct or self.cluster
         if self.stale(topic):
             return True  # any client: the partition count may have grown
-        if not self.direct:
+        if not self.direct and not self.cluster:
             return False
         t = self.refresh_at.get(topic)
         return t is not None and time.monotonic() >= t
@@ -81,7 +91,15 @@ class Routes:
         """Where to send a request for this partition now, from what is known (None: through
         the router)."""
         if not self.direct or (topic, partition) not in self.confirmed:
-            return None
+            return self.leaders.get((topic, partition))  # None: the bootstrap router
+        return self.endpoints.get((topic, partition))
+
+    def group_of(self, topic: str, partition: int, via: str | None) -> str | None:
+        """The worker a request for this partition reaches over ``via`` (what a many-partition
+        request groups by): ``via`` itself when it is a worker, else the owner the router path
+        leads to, as DESCRIBE named it (None: not known)."""
+        if via is not None and via != self.leaders.get((topic, partition)):
+            return via
         return self.endpoints.get((topic, partition))
 
     def answered(self, topic: str, partition: int, via: str, code: int) -> None:
@@ -90,6 +108,11 @@ class Routes:
             self.confirmed.add(tp)
         elif code == P.ErrorCode.NOT_OWNER:
             self.demote(topic, partition)
+        elif code == P.ErrorCode.NOT_LEADER_OR_FOLLOWER:  # the leader moved or is gone: ask again now
+            self.cluster = True
+            self.confirmed.discard(tp)
+            self.leaders.pop(tp, None)
+            self.refresh_at[topic] = min(self.refresh_at.get(topic, float("inf")), time.monotonic() + REFRESH_S / 10)
 
     def demote(self, topic: str, partition: int) -> None:
         self.confirmed.discard((topic, partition))

@@ -35,6 +35,22 @@ ASK_RETRY_S = 1.0  # an offsets question unanswered this long goes again, to ano
 ASK_TRIES = 5  # then the client hears NOT_READY (retriable) instead of waiting out its own timeout
 
 _list_offsets_dec = P.decoder(P.ListOffsetsReply)
+_describe_dec = P.decoder(P.DescribeReply)
+_list_offsets_req = P.decoder(P.ListOffsetsRequest)
+_describe_req = P.decoder(P.DescribeRequest)
+PEER_TIMEOUT_S = 2.0  # cluster: another broker's answer waited for this long at most
+
+
+class Merge:
+    """Cluster: one client question answered from this broker's worker and other leaders."""
+
+    __slots__ = ("waiting", "remote", "local", "started")
+
+    def __init__(self):
+        self.waiting: dict[str, list[int]] = {}  # endpoint of a broker asked -> the partitions it leads, until it answers
+        self.remote: list[tuple[list[int], bytes]] = []  # (the partitions of a broker that answered, its reply's body)
+        self.local: tuple[int, bytes] | None = None  # this broker's worker: (code, body)
+        self.started = time.monotonic()
 
 
 @dataclass
@@ -54,6 +70,12 @@ class OffsetAsks:
         # internal request id -> [client id, routing, topic name, worker asked, when, tries, header]
         self.pending: dict[int, list] = {}
         self.data_id = 0  # the data directory's identity (for DESCRIBE), once the flusher made it
+        self.cluster = None  # --cluster: the ClusterAgent, and PeerLinks to the other brokers
+        self.peers = None
+        self.merges: dict[int, Merge] = {}  # internal request id -> a question other brokers help answer
+
+    def attach_cluster(self, agent, peers) -> None:
+        self.cluster, self.peers = agent, peers
 
     def ask(self, req: Request) -> None:
         """The handler of DESCRIBE_TOPIC and LIST_OFFSETS."""
@@ -66,7 +88,64 @@ class OffsetAsks:
         rid = self.ctx.next_id()
         worker = self._worker(req.topic, None)
         self.pending[rid] = [req.ident, req.routing, name, worker, time.monotonic(), 1, header]
+        if self.cluster is not None and self.cluster.managed(req.topic) and not self._local_only(req):
+            self._ask_peers(rid, req, header, catalog.get(name).partitions)
         self._send(rid, worker, req.topic, header)
+
+    @staticmethod
+    def _local_only(req: Request) -> bool:
+        if req.header is None or req.header == P.EMPTY_MAP:
+            return False
+        dec = _list_offsets_req if req.op == P.Op.LIST_OFFSETS else _describe_req
+        return dec.decode(req.header).local
+
+    def _ask_peers(self, rid: int, req: Request, header: bytes, partitions: int) -> None:
+        """Cluster: ask every other live leader of the topic the same question, about its own
+        log only; the client is answered once all have (``on_peer_reply``) or PEER_TIMEOUT_S."""
+        remote = self.cluster.remote_leaders(req.topic, partitions)
+        if not remote:
+            return
+        if req.op == P.Op.LIST_OFFSETS:
+            ask = P.ListOffsetsRequest(_list_offsets_req.decode(header).timestamp_ms if header != P.EMPTY_MAP else -1,
+                                       local=True)
+        else:
+            ask = P.DescribeRequest(local=True)
+        routing, body = P.pack_routing(req.op, -1, rid, req.topic), P.encode(ask)
+        self.merges[rid] = merge = Merge()
+        for broker, parts in remote.items():
+            ep = self.cluster.endpoint_of(broker)
+            if ep and self.peers.send(ep, [routing, body]):
+                merge.waiting[ep] = parts  # else unreachable now: its partitions are answered without it
+
+    def on_peer_reply(self, endpoint: str, frames: list[bytes]) -> None:
+        """The answer of the broker at ``endpoint`` to a question ``_ask_peers`` asked."""
+        if len(frames) < 2:
+            return
+        _v, _op, code, _p, rid, _t = P.unpack_routing(frames[0])
+        merge = self.merges.get(rid)
+        if merge is None or endpoint not in merge.waiting:
+            return
+        parts = merge.waiting.pop(endpoint)
+        if code == P.ErrorCode.OK:
+            merge.remote.append((parts, frames[1]))
+        self._finish(rid)
+
+    def _finish(self, rid: int, timed_out: bool = False) -> None:
+        """Answer a merged question once this broker's worker and every broker asked have
+        answered (or PEER_TIMEOUT_S passed): each partition as its leader said it."""
+        merge = self.merges.get(rid)
+        if merge is None or merge.local is None or (merge.waiting and not timed_out):
+            return
+        del self.merges[rid]
+        code, body = merge.local
+        ask = self.pending.pop(rid, None)
+        if ask is None:
+            return
+        if code == P.ErrorCode.OK and merge.waiting:
+            missing = sorted(p for parts in merge.waiting.values() for p in parts)
+            code, body = P.ErrorCode.NOT_READY, P.encode(P.ErrorReply(
+                f"brokers {sorted(merge.waiting)} did not answer for partitions {missing[:16]} within {PEER_TIMEOUT_S} s"))
+        self._answer(ask, code, body, merge.remote)
 
     def _worker(self, topic: bytes, avoid: int | None) -> int:
         """Any worker reads offsets from shared memory: the owner of partition 0 if it answers
@@ -92,7 +171,14 @@ class OffsetAsks:
         """Questions a worker did not answer: ask again, elsewhere if possible; after ASK_TRIES
         tell the client NOT_READY."""
         now = time.monotonic()
+        for rid, merge in list(self.merges.items()):
+            if rid not in self.pending:
+                del self.merges[rid]  # answered NOT_READY already
+            elif now - merge.started >= PEER_TIMEOUT_S and merge.local is not None:
+                self._finish(rid, timed_out=True)
         for rid, ask in list(self.pending.items()):
+            if rid in self.merges and self.merges[rid].local is not None:
+                continue  # the worker answered; other brokers are waited for above
             ident, routing, name, worker, sent, tries, header = ask
             if now - sent < ASK_RETRY_S:
                 continue
@@ -109,13 +195,33 @@ class OffsetAsks:
 
     def on_reply(self, rid: int, code: int, topic: bytes, body: bytes) -> None:
         """A worker's answer to question ``rid`` (a late second answer finds nothing: dropped)."""
-        pending = self.pending.pop(rid, None)
-        if pending is None:
+        merge = self.merges.get(rid)
+        if merge is not None:
+            if rid in self.pending and merge.local is None:
+                merge.local = (code, body)
+                self._finish(rid)
             return
+        pending = self.pending.pop(rid, None)
+        if pending is not None:
+            self._answer(pending, code, body, ())
+
+    def _answer(self, pending: list, code: int, body: bytes, remote) -> None:
+        """Answer the client: the worker's offsets as they are (LIST_OFFSETS) or as a
+        DESCRIBE; in a cluster each partition another broker leads as that broker said."""
         ident, routing, name = pending[:3]
-        _v, client_op, _c, partition, request_id, _t = P.unpack_routing(routing)
-        head = P.pack_routing(client_op, partition, request_id, topic, code)
-        if code != P.ErrorCode.OK or client_op == P.Op.LIST_OFFSETS:
+        _v, client_op, _c, partition, request_id, topic = P.unpack_routing(routing)
+        head = P.pack_routing(client_op, partition, request_id, P.echo_topic(topic), code)
+        if code != P.ErrorCode.OK:
+            return self.ctx.send([ident, head, body])
+        if client_op == P.Op.LIST_OFFSETS:
+            if remote:
+                offsets = _list_offsets_dec.decode(body)
+                by_p = {po.partition: po for po in offsets.partitions}
+                for parts, rbody in remote:
+                    theirs = {po.partition: po for po in _list_offsets_dec.decode(rbody).partitions}
+                    by_p.update({p: theirs[p] for p in parts if p in theirs})
+                offsets.partitions = [by_p[p] for p in sorted(by_p)]
+                body = P.encode(offsets)
             return self.ctx.send([ident, head, body])
         s, placement = self.ctx.s, self.ctx.placement
         offsets = _list_offsets_dec.decode(body)
@@ -129,4 +235,30 @@ class OffsetAsks:
                                          ring_unflushed_bytes=po.ring_unflushed_bytes, appended_bytes=po.appended_bytes))
         if not self.data_id:
             self.data_id = data_dir_id(s.data_dir) or 0
-        self.ctx.send([ident, head, P.encode(P.DescribeReply(info(s, t), parts, s.instance, self.data_id, s.max_batch_bytes))])
+        reply = P.DescribeReply(info(s, t), parts, s.instance, self.data_id, s.max_batch_bytes)
+        if self.cluster is not None and self.cluster.managed(topic):
+            self._with_leaders(topic, reply, remote)
+        self.ctx.send([ident, head, P.encode(reply)])
+
+    def _with_leaders(self, topic: bytes, reply: P.DescribeReply, remote) -> None:
+        """Cluster: each partition's leader and epoch; a partition another broker leads as that
+        broker described it, addressed through its endpoint (never this broker's rings)."""
+        agent = self.cluster
+        reply.broker_id = agent.me
+        theirs = {}
+        for parts, rbody in remote:
+            described = {pi.partition: pi for pi in _describe_dec.decode(rbody).partitions}
+            theirs.update({p: described[p] for p in parts if p in described})
+        out = []
+        for pi in reply.partitions:
+            a = agent.assignment(topic, pi.partition)
+            if a is None:
+                out.append(pi)
+                continue
+            if a.leader != agent.me:
+                pi = theirs.get(pi.partition, pi)
+                pi.adopted, pi.slot, pi.local_endpoint = False, -1, ""
+                pi.leader_endpoint = agent.endpoint_of(a.leader)
+            pi.leader, pi.leader_epoch = a.leader, a.leader_epoch
+            out.append(pi)
+        reply.partitions = out

@@ -43,6 +43,7 @@ from .groups import Coordinator, GroupContext
 from .links import WorkerLinks
 from .liveness import HEARTBEAT_S, WorkerLiveness
 from .offsets import AskContext, OffsetAsks
+from .peers import PeerLinks
 from .placement import Placement, next_generation
 from .request import Request
 from .scheduler import StickyScheduler
@@ -99,6 +100,7 @@ class Router:
         self.traffic = Traffic()  # router/traffic.py: totals and rates from the heartbeats
         self.liveness = WorkerLiveness(s, count, self.placement, self.links, self.traffic)
         self.acls = acls  # with --auth curve: who may do what (broker/acl.py)
+        self.cluster = None  # with --cluster: router/cluster_agent.py's ClusterAgent (set by main before serving)
         self.port: ReplyPort | None = None
         self.monitor: zmq.Socket | None = None
         self.clients = 0  # client connections to the front socket (its monitor's accepted - disconnected)
@@ -162,6 +164,10 @@ class Router:
         many-partition op (its row's ``many``) by ``forward_many``."""
         if req.op in _MANY:
             return self.forward_many(req)
+        if self.cluster is not None:
+            refused = self.cluster.refusal(req.topic, req.partition)
+            if refused is not None:
+                return req.reply(P.ErrorCode.NOT_LEADER_OR_FOLLOWER, P.ErrorReply(refused[0], endpoint=refused[1]))
         route = self.placement.route(req.topic, req.partition)
         if route is None:
             code = P.ErrorCode.UNKNOWN_TOPIC if self.catalog.get(req.name) is None else P.ErrorCode.UNKNOWN_PARTITION
@@ -189,17 +195,26 @@ class Router:
             return req.reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
                 f"header lists {len(parts)} partitions for {len(req.frames) - 3} batch frames: one batch frame per partition"))
         routes = [self.placement.route(req.topic, p) for p in parts]
+        led = None
+        if self.cluster is not None and self.cluster.managed(req.topic):
+            led = [self.cluster.leads(req.topic, p) for p in parts]
+            routes = [r if ok else None for r, ok in zip(routes, led)]
         # the owner of the routing header's partition (a fetch session may list none), else of the first known one
         first = self.placement.route(req.topic, req.partition) if req.partition >= 0 else None
         first = first or next((r for r in routes if r is not None), None)
+        if first is None and led is not None:
+            return req.reply(P.ErrorCode.NOT_LEADER_OR_FOLLOWER, P.ErrorReply(
+                f"broker {self.cluster.me} leads none of partitions {parts[:8]} of topic {req.name!r}"))
         if first is None:
             code = P.ErrorCode.UNKNOWN_TOPIC if self.catalog.get(req.name) is None else P.ErrorCode.UNKNOWN_PARTITION
             return req.reply(code, P.ErrorReply(f"unknown topic or partitions: topic={req.name!r} partitions={parts[:8]}"))
         worker = first[0]
         entries = []
         told = self.placement.told
-        for p, r in zip(parts, routes):
-            if r is None:
+        for i, (p, r) in enumerate(zip(parts, routes)):
+            if r is None and led is not None and not led[i] and self.cluster.assignment(req.topic, p) is not None:
+                entries.append(P.ASSIGN.pack(P.NO_SLOT, P.ErrorCode.NOT_LEADER_OR_FOLLOWER))
+            elif r is None:
                 entries.append(P.ASSIGN.pack(P.NO_SLOT, P.ErrorCode.UNKNOWN_PARTITION))
             elif r[0] != worker:
                 entries.append(P.ASSIGN.pack(P.NO_SLOT, P.ErrorCode.NOT_OWNER))
@@ -211,6 +226,18 @@ class Router:
         if req.principal is not None:
             said += req.principal.encode()
         self.links.send(worker, [req.ident, said, *req.frames[1:]])
+
+    # --- the cluster (--cluster): router/cluster_agent.py ----------------------------------
+    def attach_cluster(self, agent) -> None:
+        self.cluster = agent
+        self.topic_ctx.cluster = agent
+        self.status_ctx.cluster = agent
+        self.asks.attach_cluster(agent, PeerLinks(self.links.ctx, self.links.poller))
+
+    def mirror(self) -> None:
+        """Take the cluster topics whose metadata changed into the catalog (router/topics.py)."""
+        for name in sorted(self.cluster.take_changes()):
+            topics.mirror_topic(self.topic_ctx, name)
 
     # --- the router's own requests (the group coordinator's, offsets questions) -----------
     def next_internal_id(self) -> int:
@@ -310,6 +337,16 @@ def main() -> int:
         if not auth.is_loopback(s.bind):
             log.warning("INSECURE: %s listens beyond this host without authentication (--insecure); anyone who "
                         "reaches it can read, write and administer everything", s.bind)
+    if s.cluster:
+        from .cluster_agent import ClusterAgent, wait_synced  # a single host never imports etcd's client
+        try:
+            router.attach_cluster(ClusterAgent(s).start())
+        except Exception as exc:  # noqa: BLE001 - etcd unreachable, the id taken: said, and supervisord tries again
+            log.error("cluster %s at %s: cannot join: %s: %s", s.cluster_name, s.cluster, type(exc).__name__, exc)
+            return datadir.EXIT_REFUSED if type(exc).__name__ == "BrokerIdInUse" else 1
+        if not wait_synced(router.cluster, 10.0):
+            log.warning("cluster: the metadata was not read within 10 s; serving what the catalog holds")
+        router.mirror()
     front = open_front(ctx, s, guard is not None)
     router.monitor = front.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
     front.bind(s.bind)
@@ -334,14 +371,23 @@ def main() -> int:
         for d in list(router.links.dealers.values()):
             if d in events:
                 P.drain(d, router.on_worker_reply, DRAIN_MAX)
+        if router.asks.peers is not None:
+            for ep, sock in list(router.asks.peers.socks.items()):
+                if sock in events:
+                    P.drain(sock, partial(router.asks.on_peer_reply, ep), DRAIN_MAX)
         if router.port.backlog:
             router.port.flush()
+        if router.cluster is not None:
+            router.mirror()
         now = time.monotonic()
         if now - last_tick > HEARTBEAT_S:
             if guard is not None:
                 guard.allow.refresh()
             router.tick(now)
             last_tick = now
+    if router.cluster is not None:
+        router.cluster.stop()
+        router.asks.peers.close()
     front.disable_monitor()
     router.monitor.close(0)
     front.close(0)

@@ -39,6 +39,7 @@ class StatusContext:
     started: float  # time.time() at the router's start
     forwarded: Callable[[], int]  # produce and fetch requests forwarded to workers so far
     clients: Callable[[], int]  # client connections to the front socket now
+    cluster: object | None = None  # --cluster: the ClusterAgent (router/cluster_agent.py)
 
 
 def status(ctx: StatusContext, req: Request) -> None:
@@ -83,6 +84,7 @@ def status_reply(ctx: StatusContext) -> P.StatusReply:
         shm_budget_bytes=s.shm_budget_bytes,
         disk_max_used_ratio=s.disk_max_used_ratio,
         **flusher_disk(s.ipc_path()),  # storage full, as the flusher's disk guard last said
+        cluster=ctx.cluster.status() if ctx.cluster is not None else None,
     )
 
 

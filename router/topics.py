@@ -44,6 +44,7 @@ class TopicContext:
     catalog: Catalog
     placement: Placement
     acls: acl.Acls | None = None  # with --auth curve: LIST_TOPICS shows what the principal may describe
+    cluster: object | None = None  # with --cluster: the router's ClusterAgent (router/cluster_agent.py)
 
 
 def info(s: settings_mod.Settings, t) -> P.TopicInfo:
@@ -85,10 +86,70 @@ def create_topic(ctx: TopicContext, req: Request) -> None:
     if ring < MIN_RING_BYTES or ring % 4096 or ring < 2 * s.max_batch_bytes:
         return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
             f"ring_bytes={ring} must be a multiple of 4096, >= {MIN_RING_BYTES} and >= 2 x max_batch_bytes ({s.max_batch_bytes})"))
+    if ctx.cluster is not None:
+        return create_in_cluster(ctx, req, body.partitions, ring, config)
     entry, why = add_topic(ctx, name, body.partitions, ring, config)
     if entry is None:
         return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(why))
     reply(P.ErrorCode.OK, info(s, entry))
+
+
+def create_in_cluster(ctx: TopicContext, req: Request, partitions: int, ring: int, config: dict) -> None:
+    """CREATE_TOPIC in a cluster: only the controller places a topic (its write fenced by the
+    controller epoch, cluster/controller.py); any other broker answers NOT_CONTROLLER with the
+    controller's endpoint. The topic is in etcd before the reply, and in this broker's catalog
+    (each broker mirrors every cluster topic, router/server.py ``mirror``)."""
+    from tailrace.cluster.errors import ClusterError, MetadataConflict, NotController  # only ever in a cluster
+
+    agent, name = ctx.cluster, req.name
+    if not agent.controller.is_controller:
+        ep = agent.endpoint_of(agent.controller_id)
+        if not ep:
+            return req.reply(P.ErrorCode.METADATA_UNAVAILABLE, P.ErrorReply("the cluster has no controller now: try again"))
+        return req.reply(P.ErrorCode.NOT_CONTROLLER, P.ErrorReply(
+            f"broker {agent.me} is not the controller: broker {agent.controller_id} is, at {ep}", endpoint=ep))
+    stored = {**{k: v for k, v in config.items() if v is not None}, "ring.bytes": ring}
+    try:
+        agent.create_topic(name, partitions, stored)
+    except MetadataConflict:
+        return req.reply(P.ErrorCode.TOPIC_EXISTS, P.ErrorReply(f"topic {name!r} exists"))
+    except NotController as exc:
+        return req.reply(P.ErrorCode.METADATA_UNAVAILABLE, P.ErrorReply(f"{exc}: try again"))
+    except ClusterError as exc:
+        return req.reply(P.ErrorCode.METADATA_UNAVAILABLE, P.ErrorReply(
+            f"the cluster's metadata cannot be changed now ({type(exc).__name__}: {exc}): nothing changed, try again"))
+    entry = mirror_topic(ctx, name)
+    if entry is None:
+        return req.reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(
+            f"topic {name!r} was placed in the cluster but does not fit this broker's shared-memory budget"))
+    req.reply(P.ErrorCode.OK, info(ctx.s, entry))
+
+
+def mirror_topic(ctx: TopicContext, name: str):
+    """Make this broker's catalog hold cluster topic ``name`` as etcd has it: added with all
+    its partitions (rings are made only for those this broker leads and is asked for), or grown.
+    Returns the catalog entry, or None if the topic is gone from the cluster or does not fit."""
+    meta = ctx.cluster.topics.get(name)
+    if meta is None:
+        return None
+    entry = ctx.catalog.get(name)
+    if entry is None:
+        config = {k: v for k, v in meta.config.items() if k != "ring.bytes"}
+        entry, why = add_topic(ctx, name, meta.partitions, int(meta.config.get("ring.bytes", ctx.s.ring_bytes)), config)
+        if entry is None:
+            log.error("cluster topic %r not taken into this broker's catalog: %s", name, why)
+        else:
+            log.info("cluster topic %r (%d partitions) taken into the catalog", name, meta.partitions)
+    return entry
+
+
+def refused_in_cluster(ctx: TopicContext, req: Request, does: str) -> bool:
+    """Topic admin a cluster does not do yet: refused with a clear error, nothing changed."""
+    if ctx.cluster is None:
+        return False
+    req.reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
+        f"a cluster topic cannot be {does} yet (only created): nothing changed"))
+    return True
 
 
 def add_topic(ctx: TopicContext, name: str, partitions: int, ring: int, config: dict[str, int]):
@@ -120,7 +181,7 @@ def list_topics(ctx: TopicContext, req: Request) -> None:
 def create_partitions(ctx: TopicContext, req: Request) -> None:
     """Grow a topic (Kafka's CreatePartitions: to a new total, never down). The catalog is
     written before the reply; the new partitions are placed like a new topic's."""
-    if _refused_internal(req, "altered"):
+    if _refused_internal(req, "altered") or refused_in_cluster(ctx, req, "grown"):
         return
     total = _create_partitions_dec.decode(req.header).partitions
     name, reply, s, catalog = req.name, req.reply, ctx.s, ctx.catalog
@@ -150,7 +211,7 @@ def create_partitions(ctx: TopicContext, req: Request) -> None:
 def alter_configs(ctx: TopicContext, req: Request) -> None:
     """Set or reset a topic's settings, durably before the reply; the flusher applies
     retention.ms at its next pass."""
-    if _refused_internal(req, "altered"):
+    if _refused_internal(req, "altered") or refused_in_cluster(ctx, req, "altered"):
         return
     body = _alter_configs_dec.decode(req.header)
     name, reply = req.name, req.reply
@@ -169,7 +230,7 @@ def delete_topic(ctx: TopicContext, req: Request) -> None:
     written durably before the reply: that is the deletion. From then on the router answers
     its requests UNKNOWN_TOPIC, the workers drop its actors at their next catalog check, and
     the flusher clears its slots (persistence/retire.py); recovery skips its journal batches."""
-    if _refused_internal(req, "deleted"):
+    if _refused_internal(req, "deleted") or refused_in_cluster(ctx, req, "deleted"):
         return
     name = req.name
     ctx.catalog.reload()

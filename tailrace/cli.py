@@ -69,7 +69,19 @@ def cmd_serve(args) -> int:
             allow_dir=args.allow_dir,
             insecure=1 if args.insecure else None,
             local_uids=args.local_uids,
+            cluster=args.cluster,
+            broker_id=args.broker_id,
+            advertise=args.advertise,
+            cluster_name=args.cluster_name,
+            rack=args.rack,
         )
+        if s.cluster:
+            from tailrace.cluster.etcd import parse_endpoints  # the cluster extra: etcd's client
+
+            parse_endpoints(s.cluster)
+    except ImportError as exc:
+        print(f"tailrace serve: --cluster needs the cluster extra (pip install 'tailrace[cluster]'): {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except ValueError as exc:
         print(f"tailrace serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -287,6 +299,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="accept a non-loopback --bind without --auth (logged as a warning at every start)")
     sv.add_argument("--local-uids", default=None, metavar="UID[,UID...]",
                     help="user ids the same-host Unix sockets serve (default: the broker's own)")
+    sv.add_argument("--cluster", default=None, metavar="etcd://H:P[,H:P...]",
+                    help="join the cluster whose metadata lives in this etcd (docs/DESIGN.md \"Cluster\"); "
+                         "needs --broker-id. Without it: a single host, nothing of etcd used")
+    sv.add_argument("--broker-id", type=_natural, default=None, metavar="N",
+                    help="this broker's id in the cluster (unique among live brokers)")
+    sv.add_argument("--advertise", default=None, metavar="HOST:PORT",
+                    help="the client endpoint other brokers and clients reach this broker at (default: --bind)")
+    sv.add_argument("--cluster-name", default=None, metavar="NAME",
+                    help="the cluster's name: several clusters may share one etcd (default tailrace)")
+    sv.add_argument("--rack", default=None, metavar="RACK", help="this broker's rack (cluster placement)")
     sv.add_argument("--print-env", action="store_true",
                     help="make the data, log and run directories, print the environment supervisord.conf needs and "
                          "the supervisord command line, and exit")

@@ -1,0 +1,257 @@
+"""The router's part in a cluster (``--cluster``): registration, the controller role, and the view.
+
+Made only when ``settings.cluster`` is set (router/server.py imports this module then and only
+then, so a single host never imports etcd's client). One ``ClusterAgent`` per router process:
+
+- **Registration**: ``/tailrace/<c>/brokers/<id>`` under a lease (cluster/membership.py), with the
+  advertised client endpoint. A restarted router waits for its previous lease to run out.
+- **Controller**: ``ControllerLoop`` (cluster/controller.py) on a thread campaigns and reconciles.
+  The router calls ``create_topic`` itself when it is the controller (a CREATE_TOPIC request).
+- **The view**: a watch of the cluster's keys keeps ``brokers``, ``topics``, ``assignments`` and
+  ``controller`` current. The watch thread builds new dicts and swaps them in whole: the router's
+  thread reads them without a lock (a reference read is atomic) and never sees a half-made one.
+  While etcd is unreachable the view stays as last read: the data path keeps serving by it.
+- **The fence**: ``leads(topic, p)`` is true only while the registration's lease is known alive
+  (cluster/membership.py's own-clock deadline): a broker cut off from etcd longer than its TTL
+  stops taking requests for the partitions it led until it has registered again and read its
+  assignments afresh (REPLICATION.md 2.2.8).
+
+The router thread learns of topics to mirror into its catalog through ``take_changes()`` (the
+names whose metadata changed since the last call).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from tailrace.broker import settings as settings_mod
+from tailrace.cluster.controller import Controller, ControllerLoop
+from tailrace.cluster.errors import ClusterError
+from tailrace.cluster.etcd import Etcd
+from tailrace.cluster.membership import Membership
+from tailrace.cluster.metadata import (NO_LEADER, BrokerInfo, ControllerInfo, PartitionAssignment, TopicMeta, decode,
+                                       read_assignments, read_brokers, read_controller, read_topics)
+
+log = logging.getLogger("tailrace.router")
+
+ETCD_TIMEOUT_S = 1.0  # an etcd call the router thread makes (topic creation) waits at most this long
+
+
+class ClusterAgent:
+    def __init__(self, s: settings_mod.Settings):
+        self.s = s
+        self.me = s.broker_id
+        self.endpoint = s.advertised
+        self.etcd = Etcd(s.cluster, timeout_s=ETCD_TIMEOUT_S)
+        info = BrokerInfo(id=s.broker_id, endpoints=[self.endpoint], rack=s.rack or None)
+        self.membership = Membership(self.etcd, s.cluster_name, info, ttl_s=s.cluster_ttl_s, on_fenced=self._fenced)
+        self.keys = self.membership.keys
+        self.controller = Controller(self.etcd, self.membership)
+        self.loop = ControllerLoop(self.controller)
+        # the view: replaced whole by the watch thread (see the module docstring)
+        self.brokers: dict[int, BrokerInfo] = {}
+        self.topics: dict[str, TopicMeta] = {}
+        self.assignments: dict[tuple[bytes, int], PartitionAssignment] = {}
+        self.controller_id = -1
+        self.controller_epoch = 0
+        self.revision = 0  # the etcd revision the view is complete up to
+        self.synced = threading.Event()  # set once the view was read after the last registration
+        self._changed: set[str] = set()
+        self._lock = threading.Lock()  # guards _changed only
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="cluster view", daemon=True)
+
+    # --- life ------------------------------------------------------------------------------
+    def start(self) -> "ClusterAgent":
+        self.membership.register(wait_s=self.s.cluster_ttl_s + 2)  # a restarted router's old lease runs out
+        log.info("cluster %s: registered broker %d at %s (lease %x, ttl %d s)", self.s.cluster_name, self.me,
+                 self.endpoint, self.membership.lease, self.s.cluster_ttl_s)
+        self._thread.start()
+        self.loop.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.loop.stop()
+        if self.controller.is_controller:
+            try:
+                self.controller.resign()
+            except ClusterError:
+                pass
+        self.membership.close(revoke=True)
+        self._thread.join(timeout=5)
+
+    def _fenced(self, reason: str) -> None:
+        log.error("cluster: broker %d fenced (%s): refusing its partitions until registered again", self.me, reason)
+        self.synced.clear()
+
+    # --- questions the router asks (its own thread) ----------------------------------------
+    @property
+    def fenced(self) -> bool:
+        return self.membership.fenced
+
+    def assignment(self, topic: bytes, partition: int) -> PartitionAssignment | None:
+        return self.assignments.get((topic, partition))
+
+    def leads(self, topic: bytes, partition: int) -> bool:
+        a = self.assignments.get((topic, partition))
+        return a is not None and a.leader == self.me and not self.membership.fenced and self.synced.is_set()
+
+    def managed(self, topic: bytes) -> bool:
+        """Whether the topic is the cluster's (its partitions placed by the controller); the
+        broker's own topics (``__consumer_offsets``) are not."""
+        return (topic, 0) in self.assignments
+
+    def endpoint_of(self, broker: int) -> str:
+        b = self.brokers.get(broker)
+        return b.endpoints[0] if b is not None and b.endpoints else ""
+
+    def refusal(self, topic: bytes, partition: int) -> tuple[str, str] | None:
+        """Why this broker does not serve ``topic``/``partition`` now, and the endpoint to ask
+        instead (``""``: none); None when it does (or the topic is not the cluster's)."""
+        a = self.assignments.get((topic, partition))
+        if a is None:
+            return None
+        if a.leader == self.me:
+            if self.membership.fenced or not self.synced.is_set():
+                return (f"broker {self.me} is fenced (its registration lapsed): partition {topic.decode(errors='replace')}/"
+                        f"{partition} is refused until it has registered again", "")
+            return None
+        name = f"{topic.decode(errors='replace')}/{partition}"
+        if a.leader == NO_LEADER:
+            return (f"partition {name} has no leader (its broker {a.replicas} is down): unavailable", "")
+        ep = self.endpoint_of(a.leader)
+        return (f"partition {name} is led by broker {a.leader} ({ep or 'not registered'}), not broker {self.me}", ep)
+
+    def remote_leaders(self, topic: bytes, partitions: int) -> dict[int, list[int]]:
+        """Broker id -> the partitions of ``topic`` it leads, for live brokers other than this one."""
+        out: dict[int, list[int]] = {}
+        for p in range(partitions):
+            a = self.assignments.get((topic, p))
+            if a is not None and a.leader != self.me and a.leader in self.brokers:
+                out.setdefault(a.leader, []).append(p)
+        return out
+
+    def take_changes(self) -> set[str]:
+        """Topic names whose metadata changed since the last call (the router mirrors them)."""
+        if not self._changed:
+            return set()
+        with self._lock:
+            changed, self._changed = self._changed, set()
+        return changed
+
+    def create_topic(self, name: str, partitions: int, config: dict) -> list[PartitionAssignment]:
+        """As the controller: place and write a new topic (raises ClusterError subclasses), then
+        take it into the view at once (the watch brings the same a moment later)."""
+        placed = self.controller.create_topic(name, partitions, config)
+        topic = name.encode()
+        assignments = dict(self.assignments)
+        assignments.update({(topic, a.partition): a for a in placed})
+        topics = dict(self.topics)
+        topics[name] = TopicMeta(name=name, partitions=partitions, config=dict(config),
+                                 controller_epoch=self.controller.epoch)
+        self.assignments, self.topics = assignments, topics
+        return placed
+
+    def status(self) -> dict:
+        """The cluster as this broker sees it (STATUS's ``cluster``)."""
+        led: dict[int, int] = {}
+        for a in self.assignments.values():
+            led[a.leader] = led.get(a.leader, 0) + 1
+        return {"broker_id": self.me, "cluster": self.s.cluster_name, "endpoint": self.endpoint,
+                "controller": self.controller_id, "controller_epoch": self.controller_epoch,
+                "fenced": self.membership.fenced, "brokers": {str(b.id): b.endpoints[0] if b.endpoints else ""
+                                                             for b in self.brokers.values()},
+                "partitions_led": {str(k): v for k, v in sorted(led.items())}}
+
+    # --- the watch thread --------------------------------------------------------------------
+    def _read_all(self) -> None:
+        brokers = read_brokers(self.etcd, self.keys)
+        topics = {name: meta for name, (meta, _id) in read_topics(self.etcd, self.keys).items()}
+        current, revision = read_assignments(self.etcd, self.keys)
+        ctl = read_controller(self.etcd, self.keys)
+        self.brokers, self.topics = brokers, topics
+        self.assignments = {(t.encode(), p): a for (t, p), (a, _rev) in current.items()}
+        self.controller_id, self.controller_epoch = ctl if ctl is not None else (-1, 0)
+        self.revision = revision
+        with self._lock:
+            self._changed |= set(topics)
+
+    def _apply(self, events) -> None:
+        brokers, topics, assignments = dict(self.brokers), dict(self.topics), dict(self.assignments)
+        changed: set[str] = set()
+        for e in events:
+            key, put = e.kv.key, e.type != "DELETE"
+            if key == self.keys.controller:
+                if put:
+                    self.controller_id, self.controller_epoch = decode(e.kv, ControllerInfo).broker, e.kv.create_revision
+                else:
+                    self.controller_id, self.controller_epoch = -1, 0
+            elif key.startswith(self.keys.brokers):
+                bid = int(key[len(self.keys.brokers):])
+                if put:
+                    brokers[bid] = decode(e.kv, BrokerInfo)
+                else:
+                    brokers.pop(bid, None)
+            elif key.startswith(self.keys.topics):
+                name = key[len(self.keys.topics):]
+                if put:
+                    topics[name] = decode(e.kv, TopicMeta)
+                else:
+                    topics.pop(name, None)
+                changed.add(name)
+            elif key.startswith(self.keys.partitions):
+                name, _, p = key[len(self.keys.partitions):].rpartition("/")
+                if put:
+                    a = decode(e.kv, PartitionAssignment)
+                    assignments[(name.encode(), a.partition)] = a
+                else:
+                    assignments.pop((name.encode(), int(p)), None)
+                changed.add(name)
+            self.revision = max(self.revision, e.kv.mod_revision)
+        self.brokers, self.topics, self.assignments = brokers, topics, assignments
+        if changed:
+            with self._lock:
+                self._changed |= changed
+
+    def _watch(self) -> None:
+        watch = None
+        while not self._stop.is_set():
+            try:
+                if self.membership.fenced and self.membership.fence_reason != "closed":
+                    if watch is not None:
+                        watch.stop()
+                        watch = None
+                    self.membership.reregister(wait_s=self.s.cluster_ttl_s + 2)
+                    log.info("cluster: broker %d registered again (lease %x)", self.me, self.membership.lease)
+                if watch is None:
+                    self._read_all()
+                    watch = self.etcd.watch_prefix(self.keys.root, self.revision + 1)
+                    self.synced.set()
+                batch = watch.get(0.5)
+                if batch is None:
+                    continue
+                if batch.compacted:
+                    watch.stop()
+                    watch = None
+                    continue
+                self._apply(batch.events)
+            except ClusterError as exc:
+                log.warning("cluster: %s: %s (the view stays as last read)", type(exc).__name__, exc)
+                self._stop.wait(0.5)
+            except Exception:  # noqa: BLE001 - the view thread must outlive any one bad value
+                log.exception("cluster view: unexpected error")
+                self._stop.wait(1.0)
+        if watch is not None:
+            watch.stop()
+
+
+def wait_synced(agent: ClusterAgent, timeout_s: float) -> bool:
+    """Wait until the agent has read the view once (router start)."""
+    deadline = time.monotonic() + timeout_s
+    while not agent.synced.wait(0.1):
+        if time.monotonic() >= deadline:
+            return False
+    return True
