@@ -29,10 +29,9 @@ import time
 from tailrace.broker import settings as settings_mod
 from tailrace.cluster.controller import Controller, ControllerLoop
 from tailrace.cluster.errors import ClusterError
-from tailrace.cluster.etcd import Etcd
+from tailrace.cluster.etcd import Etcd, Event
 from tailrace.cluster.membership import Membership
-from tailrace.cluster.metadata import (NO_LEADER, BrokerInfo, ControllerInfo, PartitionAssignment, TopicMeta, decode,
-                                       read_assignments, read_brokers, read_controller, read_topics)
+from tailrace.cluster.metadata import NO_LEADER, BrokerInfo, ControllerInfo, PartitionAssignment, TopicMeta, decode
 
 log = logging.getLogger("tailrace.router")
 
@@ -84,8 +83,8 @@ class ClusterAgent:
         self._thread.join(timeout=5)
 
     def _fenced(self, reason: str) -> None:
-        log.error("cluster: broker %d fenced (%s): refusing its partitions until registered again", self.me, reason)
-        self.synced.clear()
+        log.error("cluster: broker %d fenced (%s): partitions that may move are refused until it has registered "
+                  "again", self.me, reason)
 
     # --- questions the router asks (its own thread) ----------------------------------------
     @property
@@ -95,9 +94,21 @@ class ClusterAgent:
     def assignment(self, topic: bytes, partition: int) -> PartitionAssignment | None:
         return self.assignments.get((topic, partition))
 
+    def movable(self, a: PartitionAssignment) -> bool:
+        """Whether the controller could give this partition to another broker while this one is
+        cut off: it has other replicas, or lost partitions are reassigned. One whose only replica
+        is here under the ``offline`` policy can have no other leader: serving it while fenced
+        cannot split it, so the data path keeps serving it whatever etcd's state."""
+        return len(a.replicas) > 1 or self.controller.lost_policy != "offline"
+
+    def _serves(self, a: PartitionAssignment) -> bool:
+        if a.leader != self.me:
+            return False
+        return not self.movable(a) or (not self.membership.fenced and self.synced.is_set())
+
     def leads(self, topic: bytes, partition: int) -> bool:
         a = self.assignments.get((topic, partition))
-        return a is not None and a.leader == self.me and not self.membership.fenced and self.synced.is_set()
+        return a is not None and self._serves(a)
 
     def managed(self, topic: bytes) -> bool:
         """Whether the topic is the cluster's (its partitions placed by the controller); the
@@ -115,7 +126,7 @@ class ClusterAgent:
         if a is None:
             return None
         if a.leader == self.me:
-            if self.membership.fenced or not self.synced.is_set():
+            if not self._serves(a):
                 return (f"broker {self.me} is fenced (its registration lapsed): partition {topic.decode(errors='replace')}/"
                         f"{partition} is refused until it has registered again", "")
             return None
@@ -168,16 +179,15 @@ class ClusterAgent:
 
     # --- the watch thread --------------------------------------------------------------------
     def _read_all(self) -> None:
-        brokers = read_brokers(self.etcd, self.keys)
-        topics = {name: meta for name, (meta, _id) in read_topics(self.etcd, self.keys).items()}
-        current, revision = read_assignments(self.etcd, self.keys)
-        ctl = read_controller(self.etcd, self.keys)
-        self.brokers, self.topics = brokers, topics
-        self.assignments = {(t.encode(), p): a for (t, p), (a, _rev) in current.items()}
-        self.controller_id, self.controller_epoch = ctl if ctl is not None else (-1, 0)
+        """The whole view afresh, in one read (one revision: a watch from the next one misses
+        nothing, which separate reads of brokers, topics and assignments could)."""
+        kvs, revision = self.etcd.get_prefix(self.keys.root)
+        self.brokers, self.topics, self.assignments = {}, {}, {}
+        self.controller_id, self.controller_epoch = -1, 0
+        self._apply([Event("PUT", kv) for kv in kvs])
         self.revision = revision
         with self._lock:
-            self._changed |= set(topics)
+            self._changed |= set(self.topics)
 
     def _apply(self, events) -> None:
         brokers, topics, assignments = dict(self.brokers), dict(self.topics), dict(self.assignments)
@@ -224,6 +234,7 @@ class ClusterAgent:
                     if watch is not None:
                         watch.stop()
                         watch = None
+                    self.synced.clear()  # partitions that may have moved wait for the view read afresh
                     self.membership.reregister(wait_s=self.s.cluster_ttl_s + 2)
                     log.info("cluster: broker %d registered again (lease %x)", self.me, self.membership.lease)
                 if watch is None:

@@ -102,6 +102,9 @@ def create_in_cluster(ctx: TopicContext, req: Request, partitions: int, ring: in
     from tailrace.cluster.errors import ClusterError, MetadataConflict, NotController  # only ever in a cluster
 
     agent, name = ctx.cluster, req.name
+    if agent.fenced or (agent.controller_id == agent.me and not agent.controller.is_controller):
+        return req.reply(P.ErrorCode.METADATA_UNAVAILABLE, P.ErrorReply(
+            f"broker {agent.me} cannot reach the cluster's metadata (etcd) now: nothing changed, try again"))
     if not agent.controller.is_controller:
         ep = agent.endpoint_of(agent.controller_id)
         if not ep:

@@ -1,0 +1,243 @@
+"""Three real brokers (each ``tailrace serve`` with its own data directory, ports and supervisord)
+on one real etcd, on loopback: topics spread over the brokers, produce and consume through any
+of them, and the faults the cluster issue names: a broker killed with everything of it, the
+controller killed, the controller paused past its lease, etcd stopped.
+
+Every broker is stopped by pid at teardown (bench/launcher.py), etcd too (conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tailrace.bench.launcher import Broker
+from tailrace.client.admin import Admin
+from tailrace.client.consumer import Consumer
+from tailrace.client.errors import MetadataUnavailableError, NotLeaderOrFollowerError, TailraceError
+from tailrace.client.producer import Producer
+from tailrace.cluster.etcd import Etcd
+from tailrace.cluster.metadata import NO_LEADER, Keys, read_assignments, read_controller
+
+from ..helpers import hard_kill_all
+from .conftest import wait_until
+
+TTL_S = 3  # the brokers' lease: short, so the faults below are seen in seconds
+
+class Cluster:
+    def __init__(self, root, etcd_endpoint: str, name: str, n: int):
+        self.etcd_endpoint, self.name = etcd_endpoint, name
+        self.brokers = [Broker(root / f"broker{i}", workers=1, cluster=etcd_endpoint, broker_id=i, cluster_ttl_s=TTL_S,
+                               cluster_name=name, segment_bytes=8 << 20, shm_budget_bytes=512 << 20) for i in range(n)]
+        self.etcd = Etcd(etcd_endpoint, timeout_s=2.0)
+        self.keys = Keys(name)
+
+    def start(self) -> "Cluster":
+        for b in self.brokers:
+            b.spawn()
+        for b in self.brokers:
+            b.wait_ready(90)
+        assert wait_until(lambda: self.status(0).get("cluster", {}).get("controller", -1) >= 0, 20), "no controller"
+        return self
+
+    def status(self, i: int) -> dict:
+        with Admin(self.brokers[i].bootstrap, timeout_ms=3000) as a:
+            return a.status()
+
+    def bootstrap(self, i: int) -> str:
+        return self.brokers[i].bootstrap
+
+    def controller(self) -> tuple[int, int] | None:
+        return read_controller(self.etcd, self.keys)
+
+    def leaders(self, topic: str) -> dict[int, int]:
+        current, _ = read_assignments(self.etcd, self.keys, topic)
+        return {p: a.leader for (_t, p), (a, _rev) in current.items()}
+
+    def stop(self) -> None:
+        for b in self.brokers:
+            if b.proc is not None:
+                b.stop()
+        for b in self.brokers:
+            b.cleanup_shm()
+
+
+@pytest.fixture
+def make_cluster(tmp_path, request):
+    made: list[Cluster] = []
+
+    def make(etcd_endpoint: str, n: int = 3) -> Cluster:
+        name = f"t{os.getpid()}-{request.node.name[:40]}".replace("[", "-").replace("]", "")
+        name = "".join(c if c.isalnum() or c in "._-" else "-" for c in name)
+        c = Cluster(tmp_path, etcd_endpoint, name, n)
+        made.append(c)
+        return c.start()
+
+    yield make
+    for c in made:
+        c.stop()
+
+
+def produce(bootstrap: str, topic: str, partitions: int, per_partition: int, tag: bytes = b"v") -> int:
+    with Producer(bootstrap, acks="durable") as p:
+        for i in range(per_partition * partitions):
+            p.send(topic, tag + b"%d" % i, partition=i % partitions)
+        return p.flush(30_000)
+
+
+def consume_all(bootstrap: str, topic: str, want: int, timeout_s: float = 30.0) -> list:
+    c = Consumer(bootstrap)
+    try:
+        c.assign(topic)
+        got: list = []
+        deadline = time.monotonic() + timeout_s
+        while len(got) < want and time.monotonic() < deadline:
+            got += c.poll(500)
+        return got
+    finally:
+        c.close()
+
+
+def test_topics_spread_over_brokers_and_any_broker_serves_them(make_cluster, etcd_server):
+    c = make_cluster(etcd_server.endpoint)
+    with Admin(c.bootstrap(1)) as a:  # broker 1 may not be the controller: the admin follows NOT_CONTROLLER
+        info = a.create_topic("spread", 6)
+    assert info.partitions == 6
+    leaders = c.leaders("spread")
+    assert sorted(leaders) == list(range(6))
+    assert sorted(set(leaders.values())) == [0, 1, 2], leaders  # two partitions on each broker
+    # every broker describes the whole topic with the same leaders, once its watch has the topic
+    for i in range(3):
+        def described(i=i):
+            with Admin(c.bootstrap(i)) as a:
+                try:
+                    d = a.describe_topic("spread")
+                except TailraceError:
+                    return None
+            return d if {p.partition: p.leader for p in d.partitions} == leaders else None
+        d = wait_until(described, 10)
+        assert d, f"broker {i} does not describe the topic's leaders"
+        assert d.broker_id == i
+        for p in d.partitions:
+            assert (p.leader_endpoint == "") == (p.leader == i)
+    assert produce(c.bootstrap(0), "spread", 6, 100) == 600
+    for i in range(3):
+        with Admin(c.bootstrap(i)) as a:
+            assert [o.high_watermark for o in a.list_offsets("spread")] == [100] * 6
+    got = consume_all(c.bootstrap(2), "spread", 600)
+    assert len(got) == 600
+    assert sorted(r.value for r in got) == sorted(b"v%d" % i for i in range(600))
+    # a broker asked directly for a partition it does not lead names the leader
+    follower = next(p for p, b in leaders.items() if b != 0)
+    with Admin(c.bootstrap(0)) as a:
+        from tailrace.client import protocol as P
+        r = a.conn.send(P.Op.FETCH, "spread", follower, P.encode(P.FetchRequest(0, 1 << 20, 0)))
+        reply = a.conn.wait_for(r, 5000)
+    assert reply.code == P.ErrorCode.NOT_LEADER_OR_FOLLOWER
+    err = P.decoder(P.ErrorReply).decode(reply.header)
+    assert err.endpoint == c.bootstrap(leaders[follower])
+
+
+def test_a_killed_broker_s_partitions_are_unavailable_and_come_back_whole(make_cluster, etcd_server):
+    c = make_cluster(etcd_server.endpoint)
+    with Admin(c.bootstrap(0)) as a:
+        a.create_topic("dies", 6)
+    assert produce(c.bootstrap(0), "dies", 6, 50) == 300
+    victim = 2 if c.controller()[0] != 2 else 1
+    lost = sorted(p for p, b in c.leaders("dies").items() if b == victim)
+    kept = sorted(p for p, b in c.leaders("dies").items() if b != victim)
+    hard_kill_all(c.brokers[victim])
+    died = time.monotonic()
+    assert wait_until(lambda: all(c.leaders("dies")[p] == NO_LEADER for p in lost), TTL_S + 5), "not reported unavailable"
+    took = time.monotonic() - died
+    assert took <= TTL_S + 3, f"{took:.1f} s from the kill to its partitions unavailable"
+    other = 0 if victim != 0 else 1
+    # the others keep serving, through any live broker
+    with Producer(c.bootstrap(other), acks="durable") as p:
+        for i in range(100):
+            p.send("dies", b"after%d" % i, partition=kept[i % len(kept)])
+        assert p.flush(20_000) == 100
+    # the dead broker's partitions: a clear error, nothing stored
+    with Producer(c.bootstrap(other), acks="durable", delivery_timeout_ms=2000) as p:
+        p.send("dies", b"lost", partition=lost[0])
+        with pytest.raises(NotLeaderOrFollowerError, match="no leader"):
+            p.flush(10_000)
+    # it comes back: every acknowledged record is there
+    c.brokers[victim].start(90)
+    assert wait_until(lambda: all(c.leaders("dies")[p] == victim for p in lost), 20)
+    got = consume_all(c.bootstrap(other), "dies", 400)
+    assert len(got) == 400
+    assert {r.value for r in got} >= {b"v%d" % i for i in range(300)}
+
+
+def test_controller_killed_another_takes_over_and_places_topics(make_cluster, etcd_server):
+    c = make_cluster(etcd_server.endpoint)
+    old, old_epoch = c.controller()
+    hard_kill_all(c.brokers[old])
+    died = time.monotonic()
+    assert wait_until(lambda: (c.controller() or (old, 0))[0] != old, TTL_S + 5), "no new controller"
+    took = time.monotonic() - died
+    assert took <= TTL_S + 2, f"{took:.1f} s to a new controller (lease {TTL_S} s)"
+    new, epoch = c.controller()
+    assert epoch > old_epoch
+    live = next(i for i in range(3) if i != old)
+    with Admin(c.bootstrap(live)) as a:
+        a.create_topic("after", 4)
+    assert sorted(set(c.leaders("after").values())) == sorted(i for i in range(3) if i != old)
+    assert produce(c.bootstrap(live), "after", 4, 10) == 40
+
+
+def test_paused_controller_s_late_writes_are_refused(make_cluster, etcd_server):
+    c = make_cluster(etcd_server.endpoint)
+    old, old_epoch = c.controller()
+    pids = c.brokers[old].pids()
+    os.kill(pids["router"], signal.SIGSTOP)
+    try:
+        assert wait_until(lambda: (c.controller() or (old, 0))[0] != old, TTL_S + 5), "no new controller"
+    finally:
+        os.kill(pids["router"], signal.SIGCONT)
+    new, epoch = c.controller()
+    assert epoch > old_epoch
+    # the resumed router's controller write carries the old epoch: refused (cluster/controller.py);
+    # seen from outside: it no longer creates topics itself, and nothing it wrote afterwards bears its epoch
+    with Admin(c.bootstrap(old)) as a:
+        def created():
+            try:
+                return a.create_topic("late", 3)
+            except (MetadataUnavailableError, TailraceError):
+                return None
+        assert wait_until(created, 20), "the resumed broker never got topic creation to the new controller"
+    current, _ = read_assignments(c.etcd, c.keys, "late")
+    assert {a.controller_epoch for a, _ in current.values()} == {epoch}
+
+
+def test_etcd_stopped_the_data_path_keeps_serving(make_cluster, own_etcd_server):
+    c = make_cluster(own_etcd_server.endpoint)
+    with Admin(c.bootstrap(0)) as a:
+        a.create_topic("steady", 3)
+    assert produce(c.bootstrap(1), "steady", 3, 10) == 30
+    own_etcd_server.stop()
+    stopped = time.monotonic()
+    try:
+        n = 0
+        while time.monotonic() - stopped < 10:
+            assert produce(c.bootstrap(1), "steady", 3, 10, tag=b"down%d-" % n) == 30
+            n += 1
+        with Admin(c.bootstrap(2), timeout_ms=10_000) as a:
+            with pytest.raises(MetadataUnavailableError):
+                a.create_topic("refused", 2)
+        got = consume_all(c.bootstrap(2), "steady", 30 * (n + 1))
+        assert len(got) == 30 * (n + 1)
+    finally:
+        own_etcd_server.start()
+
+    def created():
+        try:
+            with Admin(c.bootstrap(2)) as a:
+                return a.create_topic("resumed", 2)
+        except TailraceError:
+            return None
+    assert wait_until(created, 30, 0.5), "topic admin did not resume after etcd came back"
+    assert produce(c.bootstrap(0), "steady", 3, 10, tag=b"back") == 30
