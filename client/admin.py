@@ -73,6 +73,10 @@ class AdminCalls:
         return Call(P.Op.LIST_GROUPS, "", -1, P.EMPTY_MAP, lambda r: P.decoder(P.ListGroupsReply).decode(r.header).groups)
 
     @staticmethod
+    def find_coordinator(group: str) -> Call:
+        return Call(P.Op.FIND_COORDINATOR, group, -1, P.EMPTY_MAP, lambda r: P.decoder(P.FindCoordinatorReply).decode(r.header))
+
+    @staticmethod
     def describe_group(group: str) -> Call:
         return Call(P.Op.DESCRIBE_GROUP, group, -1, P.EMPTY_MAP, lambda r: P.decoder(P.GroupInfo).decode(r.header))
 
@@ -161,6 +165,10 @@ class Admin:
     def list_groups(self) -> list[P.GroupInfo]:
         """Every consumer group: name, state (empty, stable, reconciling) and epoch."""
         return self._call(AdminCalls.list_groups())
+
+    def find_coordinator(self, group: str) -> P.FindCoordinatorReply:
+        """The broker that coordinates ``group`` (a cluster; a single host answers -1, itself)."""
+        return self._call(AdminCalls.find_coordinator(group))
 
     def describe_group(self, group: str) -> P.GroupInfo:
         """A group's members (each one's target and what it holds now) and committed offsets."""

@@ -17,7 +17,7 @@ from . import group as group_mod
 from .admin import AdminCalls
 from .aio_connection import AsyncPool, AsyncRoutes
 from .connection import CONNECT_TIMEOUT_MS, Reply
-from .errors import InvalidRequestError
+from .errors import ConnectionLostError, InvalidRequestError, NotCoordinatorError, NotReadyError, TimeoutError_
 from .security import curve_keys
 from .consumer import (EARLIEST, RING_WAIT_S, ConsumerCore, OffsetAndTimestamp, Record, found_times,
                        times_by_topic)
@@ -80,6 +80,7 @@ class AsyncConsumer(ConsumerCore):
         self.routes = AsyncRoutes(self.pool, direct, same_host)
         self.same_host = same_host
         self._replies: deque[Reply] = deque()
+        self._coordinator: str | None = None  # a cluster: the group's coordinator, once a broker named it
         self._waiter: asyncio.Future | None = None  # what a poll sleeps on (see _sleep)
         # same_host: the doorbell the workers ring (WATCH), and each ring-read topic's owners
         self._bell: _Bell | None = None
@@ -141,8 +142,24 @@ class AsyncConsumer(ConsumerCore):
     # --- consumer groups (client/group.py) -----------------------------------------------------
     async def _group(self, gen):
         timeout = max(10_000, int(self.request_timeout_s * 1000))
-        return await group_mod.run_async(
-            gen, lambda op, topic, header: self.pool.request(op, topic, header=header, timeout_ms=timeout), self._group_assigned)
+        return await group_mod.run_async(gen, lambda op, topic, header: self._group_request(op, topic, header, timeout),
+                                         self._group_assigned)
+
+    async def _group_request(self, op: int, topic, header: bytes, timeout: int):
+        """A group request to the group's coordinator: the bootstrap broker, or the one a
+        NOT_COORDINATOR reply named (a cluster); back to the bootstrap when that one is lost."""
+        for _ in range(3):
+            endpoint = self._coordinator
+            try:
+                return await self.pool.request(op, topic, header=header, timeout_ms=timeout, endpoint=endpoint)
+            except NotCoordinatorError as exc:
+                self._coordinator = group_mod.coordinator_endpoint(exc)
+            except (ConnectionLostError, TimeoutError_) as exc:
+                if endpoint is None:
+                    raise
+                self._coordinator = None
+                raise NotReadyError(f"the group's coordinator at {endpoint} was lost ({exc}): asking again") from exc
+        raise NotReadyError("the group's coordinator moved while it was being found: asking again")
 
     async def _group_assigned(self, topic: str) -> None:
         """Partitions of ``topic`` were assigned: learn where their owners are before the first

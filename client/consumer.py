@@ -369,9 +369,11 @@ class Consumer(ConsumerCore):
         super().__init__(**options)
         self.pool = Pool(bootstrap, connect_timeout_ms, curve_keys(key_file, server_key))
         self.pool.on_lost = self._connection_lost
-        self._group_conn: Connection | None = None  # the group's requests: their own socket, one at a time
+        self._group_conn: group_mod.CoordinatorLink | None = None  # the group's requests: their own socket, one at a time
         if group is not None:
-            self._group_conn = Connection(bootstrap, connect_timeout_ms, curve_keys(key_file, server_key))
+            keys = curve_keys(key_file, server_key)
+            self._group_conn = group_mod.CoordinatorLink(Connection(bootstrap, connect_timeout_ms, keys),
+                                                         lambda endpoint: Connection(endpoint, connect_timeout_ms, keys))
         self.conn = self.pool.router
         self.routes = BlockingRoutes(self.pool, direct, same_host)
         # same_host: read partitions straight from the broker's shared-memory rings (client/ring_reader.py)
@@ -413,7 +415,7 @@ class Consumer(ConsumerCore):
     def _group(self, gen):
         """Run a group operation (client/group.py) with blocking requests."""
         timeout = max(10_000, int(self.request_timeout_s * 1000))
-        return group_mod.run(gen, lambda op, topic, header: self._group_conn.request(op, topic, header=header, timeout_ms=timeout),
+        return group_mod.run(gen, lambda op, topic, header: self._group_conn.request(op, topic, header, timeout),
                              self._group_assigned)
 
     def _group_assigned(self, topic: str) -> None:

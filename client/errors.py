@@ -57,6 +57,8 @@ NotLeaderOrFollowerError = _make(ErrorCode.NOT_LEADER_OR_FOLLOWER, "Raised when 
                                  "(it moved, or its broker is down: unavailable). Retriable: refresh the leaders and resend.")
 NotControllerError = _make(ErrorCode.NOT_CONTROLLER, "Raised when topic admin reached a broker that is not the cluster's "
                            "controller; the reply names the controller's endpoint.")
+NotCoordinatorError = _make(ErrorCode.NOT_COORDINATOR, "Raised when a group op reached a cluster broker that does not "
+                            "coordinate the group; the reply names the coordinator's endpoint (retriable there).")
 MetadataUnavailableError = _make(ErrorCode.METADATA_UNAVAILABLE, "Raised when a cluster's metadata cannot be changed now "
                                  "(etcd unreachable, or no controller yet); nothing changed. Retriable.")
 
@@ -93,7 +95,7 @@ BY_CODE: dict[int, type[TailraceError]] = {
         NotReadyError, InternalError, NotAuthorizedError, AuthenticationFailedError, UnknownMemberIdError,
         FencedMemberEpochError, GroupNotEmptyError, UnknownGroupError, OutOfOrderSequenceError, InternalTopicError,
         StorageFullError, InvalidTimestampError, NotLeaderOrFollowerError, NotControllerError,
-        MetadataUnavailableError,
+        MetadataUnavailableError, NotCoordinatorError,
     )
 }
 

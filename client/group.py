@@ -29,7 +29,8 @@ import time
 from typing import Callable, Generator, Iterable
 
 from . import protocol as P
-from .errors import FencedMemberEpochError, NotReadyError, UnknownMemberIdError
+from .errors import (ConnectionLostError, FencedMemberEpochError, NotCoordinatorError, NotReadyError, TimeoutError_,
+                     UnknownMemberIdError)
 
 log = logging.getLogger("tailrace.group")
 TP = tuple[str, int]
@@ -210,3 +211,47 @@ async def run_async(gen: Generator, request: Callable, assigned: Callable):
                 ask = gen.send(r)
     except StopIteration as done:
         return done.value
+
+
+def coordinator_endpoint(exc: NotCoordinatorError) -> str:
+    """The coordinator a NOT_COORDINATOR reply named; NotReadyError if it named none (the group's
+    broker is not reachable now: asked again shortly)."""
+    endpoint = exc.details.get("endpoint") or ""
+    if not endpoint:
+        raise NotReadyError(str(exc)) from exc
+    return endpoint
+
+
+class CoordinatorLink:
+    """Where a blocking consumer's group requests go: the bootstrap broker, or the coordinator a
+    NOT_COORDINATOR reply named (a cluster: docs/PROTOCOL.md "Groups in a cluster"); back to the
+    bootstrap, which names the group's new coordinator, when that broker is lost."""
+
+    def __init__(self, bootstrap, connect: Callable):
+        self.bootstrap = bootstrap  # a connection.Connection
+        self.conn = bootstrap
+        self._connect = connect  # endpoint -> a new Connection
+
+    def _switch(self, endpoint: str | None) -> None:
+        if self.conn is not self.bootstrap:
+            self.conn.close()
+        self.conn = self.bootstrap if endpoint in (None, self.bootstrap.endpoint) else self._connect(endpoint)
+
+    def request(self, op: int, topic, header: bytes, timeout_ms: int):
+        for _ in range(3):
+            conn = self.conn
+            try:
+                return conn.request(op, topic, header=header, timeout_ms=timeout_ms)
+            except NotCoordinatorError as exc:
+                self._switch(coordinator_endpoint(exc))
+            except (ConnectionLostError, TimeoutError_) as exc:
+                if conn is self.bootstrap:
+                    raise
+                self._switch(None)
+                raise NotReadyError(f"the group's coordinator at {conn.endpoint} was lost ({exc}): asking again") from exc
+        raise NotReadyError("the group's coordinator moved while it was being found: asking again")
+
+    def close(self) -> None:
+        if self.conn is not self.bootstrap:
+            self.conn.close()
+        self.bootstrap.close()

@@ -82,9 +82,10 @@ SPEC: tuple[OpSpec, ...] = (
     R(Op.GROUP_HEARTBEAT,   2, False, GROUP,   COORDINATOR, "group",    P.GroupHeartbeatRequest,   P.GroupHeartbeatReply),
     R(Op.OFFSET_COMMIT,     2, False, GROUP,   COORDINATOR, "group",    P.OffsetCommitRequest,     P.CommittedOffsets),
     R(Op.OFFSET_FETCH,      2, False, GROUP,   COORDINATOR, "group",    P.OffsetFetchRequest,      P.CommittedOffsets),
-    R(Op.LIST_GROUPS,       2, False, NOTHING, COORDINATOR, "admin",    None,                      P.ListGroupsReply),
+    R(Op.LIST_GROUPS,       2, False, NOTHING, COORDINATOR, "admin",    P.ListGroupsRequest,       P.ListGroupsReply),
     R(Op.DESCRIBE_GROUP,    2, False, GROUP,   COORDINATOR, "group",    None,                      P.GroupInfo),
     R(Op.DELETE_GROUP,      2, False, GROUP,   COORDINATOR, "group",    None,                      P.Empty),
+    R(Op.FIND_COORDINATOR,  2, True,  GROUP,   ROUTER,      "group",    None,                      P.FindCoordinatorReply),
     R(Op.PING,              2, False, NOTHING, INTERNAL,    INTERNAL,   None,                      P.PingReply),
     R(Op.ADOPT,             2, False, TOPIC,   INTERNAL,    INTERNAL,   None,                      P.Empty),
 )

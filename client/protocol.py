@@ -71,6 +71,7 @@ class Op(enum.IntEnum):
     LIST_GROUPS = 23
     DESCRIBE_GROUP = 24
     DELETE_GROUP = 25
+    FIND_COORDINATOR = 26  # which broker coordinates this group (a cluster: one broker per group; Kafka's FindCoordinator)
     # internal: router <-> worker only
     PING = 30
     ADOPT = 31  # take this partition now (assign frame carries slot and epoch)
@@ -97,6 +98,19 @@ class OffsetCommitRequest(msgspec.Struct, omit_defaults=True):
     offsets: list[tuple[str, int, int]]  # (topic, partition, next offset to read)
     member_id: str = ""  # "" only while the group has no members (a reset, or a consumer outside it)
     member_epoch: int = -1
+    # cluster, broker to broker only: > 0, the coordinator's copy of the group's whole offsets at this
+    # version (every broker keeps every group's offsets: router/groups.py); deleted: the group is gone
+    replica: int = 0
+    deleted: bool = False
+
+
+class FindCoordinatorReply(msgspec.Struct):
+    broker_id: int  # -1: a single host (the broker asked coordinates every group)
+    endpoint: str  # the coordinator's client endpoint ("": the broker asked)
+
+
+class ListGroupsRequest(msgspec.Struct, omit_defaults=True):
+    replicas: bool = False  # cluster, broker to broker: every group this broker holds offsets of, with them and their version
 
 
 class CommittedOffsets(msgspec.Struct):
@@ -121,6 +135,7 @@ class GroupInfo(msgspec.Struct):
     epoch: int
     members: list[GroupMember]
     offsets: list[tuple[str, int, int]]
+    version: int = 0  # how many times its offsets were written (a cluster keeps the highest copy)
 
 
 class ListGroupsReply(msgspec.Struct):
@@ -183,12 +198,13 @@ class ErrorCode(enum.IntEnum):
     INVALID_TIMESTAMP = 28  # a CreateTime record's timestamp is further from the broker's clock than the topic allows: nothing stored
     NOT_LEADER_OR_FOLLOWER = 29  # cluster: this broker does not lead the partition (ErrorReply.endpoint: the leader's, if it has one)
     NOT_CONTROLLER = 30  # cluster: topic admin goes to the controller broker (ErrorReply.endpoint: its endpoint)
+    NOT_COORDINATOR = 32  # cluster: another broker coordinates this group (ErrorReply.endpoint: its endpoint)
     METADATA_UNAVAILABLE = 31  # cluster: etcd cannot be reached or has no controller now: the metadata change was not made (retriable)
 
 
 RETRIABLE = frozenset({ErrorCode.NOT_OWNER, ErrorCode.BACKPRESSURE, ErrorCode.NOT_READY, ErrorCode.TIMEOUT,
                        ErrorCode.STORAGE_FULL, ErrorCode.FETCH_SESSION_NOT_FOUND, ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                       ErrorCode.NOT_CONTROLLER, ErrorCode.METADATA_UNAVAILABLE})
+                       ErrorCode.NOT_CONTROLLER, ErrorCode.METADATA_UNAVAILABLE, ErrorCode.NOT_COORDINATOR})
 
 
 def pack_routing(op: int, partition: int, request_id: int, topic: bytes, code: int = 0) -> bytes:

@@ -9,6 +9,7 @@ what the controller knows without asking a broker.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 from typing import Iterable, Mapping
 
@@ -36,3 +37,12 @@ def place(counts: Mapping[int, int], n: int) -> list[int]:
         chosen.append(b)
         heapq.heappush(heap, (c + 1, b))
     return chosen
+
+
+def rendezvous(key: str, brokers: Iterable[int]) -> list[int]:
+    """``brokers`` in the order ``key`` prefers them (highest random weight hashing): every broker
+    computes the same order from the same set, and a broker leaving moves only the keys it was
+    first for, each to its next one. A group's coordinator is the first live broker of its order."""
+    def weight(b: int) -> int:
+        return int.from_bytes(hashlib.blake2b(f"{key}\0{int(b)}".encode(), digest_size=8).digest(), "big")
+    return sorted(brokers, key=lambda b: (-weight(b), b))

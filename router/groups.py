@@ -67,11 +67,15 @@ class GroupRecord(msgspec.Struct, omit_defaults=True):
     group: str
     offsets: list[tuple[str, int, int]] = []
     deleted: bool = False
+    version: int = 0  # the group's count of offset writes (a cluster keeps each group's highest copy)
 
 
 _record_dec = msgspec.msgpack.Decoder(GroupRecord)
 _decoders = {kind: msgspec.msgpack.Decoder(kind) for kind in
-             (P.GroupHeartbeatRequest, P.OffsetCommitRequest, P.OffsetFetchRequest, P.FetchReply, P.ErrorReply, P.ProduceReply)}
+             (P.GroupHeartbeatRequest, P.OffsetCommitRequest, P.OffsetFetchRequest, P.FetchReply, P.ErrorReply, P.ProduceReply,
+              P.ListGroupsRequest, P.ListGroupsReply)}
+REPLICA_WAIT_S = 2.0  # cluster: a commit is answered once every other broker has its copy, or after this long
+PULL_WAIT_S = 3.0  # cluster: a starting coordinator waits this long at most for the others' copies
 
 
 class Member:
@@ -99,6 +103,7 @@ class Group:
         self.counts: dict[str, int] = {}  # partition counts the target was computed with
         self.written_at = 0.0  # monotonic time of the last record written (or loaded)
         self.emptied_at = time.monotonic()
+        self.version = 0  # the offsets' write count (GroupRecord.version)
 
     def state(self) -> str:
         if not self.members:
@@ -115,6 +120,8 @@ class GroupContext:
     make_internal_topic: Callable  # (name, partitions, config) -> the topic's entry, or None if it does not fit
     next_internal_id: Callable[[], int]  # a request id of the router's own; the reply comes to ``on_reply``
     send_internal: Callable  # (topic, partition, frames) -> False if the partition has no owner to send to
+    cluster: object | None = None  # --cluster: the ClusterAgent (router/cluster_agent.py)
+    peers: object | None = None  # --cluster: PeerLinks to the other brokers (router/peers.py)
 
 
 class Coordinator:
@@ -131,16 +138,149 @@ class Coordinator:
         self.load_rid = 0
         self.load_sent = 0.0
         self.commits = 0
+        self.pull: dict | None = None  # cluster: the copies asked of the other brokers at start (``_pull``)
+        self.replicating: list = []  # cluster: [deadline, endpoints left, done] of commits waiting for their copies
         # every group's committed offsets, for consumer lag on the metrics endpoint (ops/metrics.py)
         self.stats = StatsFile(ctx.s.ipc_path(), STATS_PROCESS)
 
     # --- serving ---------------------------------------------------------------------------
     def serve(self, req) -> None:
         """The handler of every COORDINATOR row of client/ops.py SPEC (a router/request.py Request)."""
+        if self.ctx.cluster is not None and not self._cluster_serve(req):
+            return
         self.handle(req.op, req.name, req.frames[2], req.reply)
 
-    def handle(self, op: int, name: str, header: bytes, reply) -> None:
+    # --- a cluster: one coordinator per group, every broker a copy of every group's offsets ----
+    def attach_cluster(self, agent, peers) -> None:
+        self.ctx.cluster, self.ctx.peers = agent, peers
+        self.pull = {}  # asked once the local copies are read back (tick)
+
+    def coordinator_of(self, name: str) -> tuple[int, str]:
+        """The group's coordinator (broker id, client endpoint): the first live broker of the
+        group's rendezvous order (cluster/assign.py), every broker computing the same."""
+        from tailrace.cluster.assign import rendezvous  # a cluster only: a single host never imports tailrace.cluster
+
+        agent = self.ctx.cluster
+        live = set(agent.brokers) | {agent.me}
+        first = rendezvous(name, live)[0]
+        return first, ("" if first == agent.me else agent.endpoint_of(first))
+
+    def find(self, req) -> None:
+        """FIND_COORDINATOR: the broker that coordinates the routing header's group."""
+        if self.ctx.cluster is None:
+            return req.reply(P.ErrorCode.OK, P.FindCoordinatorReply(-1, ""))
+        broker, endpoint = self.coordinator_of(req.name)
+        req.reply(P.ErrorCode.OK, P.FindCoordinatorReply(broker, endpoint or self.ctx.cluster.endpoint))
+
+    def _cluster_serve(self, req) -> bool:
+        """False if answered here: another broker's copy (OFFSET_COMMIT with ``replica``), a
+        copy dump (LIST_GROUPS with ``replicas``), or NOT_COORDINATOR for another's group."""
+        header = req.frames[2] if len(req.frames) > 2 else P.EMPTY_MAP
+        if req.op == P.Op.LIST_GROUPS:
+            if header != P.EMPTY_MAP and _decoders[P.ListGroupsRequest].decode(header).replicas:
+                if not self.loaded or self.pull is None or self.pull.get("waiting"):
+                    req.reply(P.ErrorCode.NOT_READY, P.ErrorReply("the group coordinator is reading its offsets back"))
+                    return False
+                req.reply(P.ErrorCode.OK, P.ListGroupsReply([
+                    P.GroupInfo(g.name, "empty", 0, [], [(t, p, o) for (t, p), o in sorted(g.offsets.items())], g.version)
+                    for g in self.groups.values() if g.version > 0]))
+                return False
+            return True  # the groups this broker coordinates
+        if req.op == P.Op.OFFSET_COMMIT:
+            body = _decoders[P.OffsetCommitRequest].decode(header)
+            if body.replica > 0:
+                self._take_copy(req.name, body, req.reply)
+                return False
+        broker, endpoint = self.coordinator_of(req.name)
+        if broker != self.ctx.cluster.me:
+            req.reply(P.ErrorCode.NOT_COORDINATOR, P.ErrorReply(
+                f"broker {broker} coordinates group {req.name!r}" + (f", at {endpoint}" if endpoint else " (not reachable now)"),
+                endpoint=endpoint))
+            return False
+        return True
+
+    def _take_copy(self, name: str, body: P.OffsetCommitRequest, reply) -> None:
+        """Another broker's copy of a group's offsets: kept (durably, in our own log) if newer."""
         if not self.loaded:
+            return reply(P.ErrorCode.NOT_READY, P.ErrorReply("the group coordinator is reading its offsets back"))
+        g = self.groups.get(name)
+        if g is not None and body.replica <= g.version:
+            return reply(P.ErrorCode.OK, P.CommittedOffsets([]))
+        if g is None:
+            g = self.groups[name] = Group(name)
+        snapshot = {(t, int(p)): int(o) for t, p, o in body.offsets}
+
+        def done(code, why):
+            if code == P.ErrorCode.OK and body.deleted and self.groups.get(name) is g and not g.members:
+                del self.groups[name]
+            reply(code, P.CommittedOffsets([]) if code == P.ErrorCode.OK else P.ErrorReply(why))
+        self._write(g, snapshot, done, deleted=body.deleted, version=body.replica, copy=False)
+
+    def _copy_out(self, g: Group, snapshot: dict, version: int, deleted: bool, done) -> None:
+        """Send the group's offsets at ``version`` to every other live broker; ``done`` once all
+        have stored them, or after REPLICA_WAIT_S (the commit is durable here either way)."""
+        agent, peers = self.ctx.cluster, self.ctx.peers
+        targets = {agent.endpoint_of(b) for b in agent.brokers if b != agent.me} - {""}
+        if not targets:
+            return done(P.ErrorCode.OK, "")
+        header = P.encode(P.OffsetCommitRequest([(t, p, o) for (t, p), o in sorted(snapshot.items())], replica=version,
+                                                deleted=deleted))
+        entry = [time.monotonic() + REPLICA_WAIT_S, set(targets), done]
+
+        def answered(endpoint, _frames):
+            entry[1].discard(endpoint)
+            if not entry[1] and entry in self.replicating:
+                self.replicating.remove(entry)
+                done(P.ErrorCode.OK, "")
+        self.replicating.append(entry)
+        for ep in targets:
+            rid = self.ctx.next_internal_id()
+            if not peers.send(ep, [P.pack_routing(P.Op.OFFSET_COMMIT, -1, rid, g.name.encode()), header], rid, answered):
+                entry[1].discard(ep)
+        if not entry[1] and entry in self.replicating:
+            self.replicating.remove(entry)
+            done(P.ErrorCode.OK, "")
+
+    def _pull_step(self, now: float) -> None:
+        """At start, once the local copies are read back: ask every other live broker for its
+        copies, keep each group's newest (a broker that was down missed the commits meanwhile)."""
+        agent, peers, pull = self.ctx.cluster, self.ctx.peers, self.pull
+        if "waiting" not in pull:
+            targets = {agent.endpoint_of(b) for b in agent.brokers if b != agent.me} - {""}
+            pull.update(waiting=set(), deadline=now + PULL_WAIT_S)
+            header = P.encode(P.ListGroupsRequest(replicas=True))
+            for ep in targets:
+                rid = self.ctx.next_internal_id()
+                if peers.send(ep, [P.pack_routing(P.Op.LIST_GROUPS, -1, rid, b""), header], rid, self._on_pull):
+                    pull["waiting"].add(ep)
+        if pull["waiting"] and now < pull["deadline"]:
+            return
+        if pull["waiting"]:
+            log.warning("group copies not received from %s within %.0f s", sorted(pull["waiting"]), PULL_WAIT_S)
+        pull["waiting"] = set()
+        self.pull = {"done": True}
+        log.info("group coordinator ready in cluster: %d groups", len(self.groups))
+
+    def _on_pull(self, endpoint: str, frames: list[bytes]) -> None:
+        if self.pull is None or endpoint not in self.pull.get("waiting", ()):
+            return
+        self.pull["waiting"].discard(endpoint)
+        _v, _op, code, _p, _rid, _t = P.unpack_routing(frames[0])
+        if code != P.ErrorCode.OK or len(frames) < 2:
+            return
+        for info in _decoders[P.ListGroupsReply].decode(frames[1]).groups:
+            g = self.groups.get(info.group)
+            if g is None or info.version > g.version:
+                g = g or self.groups.setdefault(info.group, Group(info.group))
+                self._write(g, {(t, int(p)): int(o) for t, p, o in info.offsets}, lambda code, why: None,
+                            version=info.version, copy=False)
+
+    @property
+    def ready(self) -> bool:
+        return self.loaded and (self.pull is None or self.pull.get("done", False))
+
+    def handle(self, op: int, name: str, header: bytes, reply) -> None:
+        if not self.ready:
             return reply(P.ErrorCode.NOT_READY, P.ErrorReply("the group coordinator is reading its offsets back"))
         if op == P.Op.LIST_GROUPS:
             return reply(P.ErrorCode.OK, P.ListGroupsReply([self._info(g, full=False) for g in sorted(self.groups.values(), key=lambda g: g.name)]))
@@ -286,15 +426,23 @@ class Coordinator:
             return True
         return self.ctx.make_internal_topic(GROUPS_TOPIC, 1, {"retention.ms": self.ctx.s.group_offsets_retention_ms}) is not None
 
-    def _write(self, g: Group, snapshot: dict[TP, int], done, deleted: bool = False) -> None:
-        """Append the group's record; ``done(code, why)`` once it is durable (or failed)."""
+    def _write(self, g: Group, snapshot: dict[TP, int], done, deleted: bool = False, version: int | None = None,
+               copy: bool = True) -> None:
+        """Append the group's record (at ``version``, default the next); ``done(code, why)`` once
+        it is durable (or failed), and in a cluster with ``copy`` once the other brokers have it."""
         if not self._ensure_topic():
             return done(P.ErrorCode.NOT_READY, "the offsets topic cannot be made (shared-memory budget or slots)")
         g.staged = dict(snapshot)
-        value = msgspec.msgpack.encode(GroupRecord(g.name, [(t, p, o) for (t, p), o in sorted(snapshot.items())], deleted))
+        version = g.version + 1 if version is None else version
+        value = msgspec.msgpack.encode(GroupRecord(g.name, [(t, p, o) for (t, p), o in sorted(snapshot.items())], deleted,
+                                                   version))
         batch = encode_batch([value], [g.name.encode()])
         rid = self.ctx.next_internal_id()
-        self.pending[rid] = ["produce", time.monotonic(), 1, g, snapshot, done, batch]
+        if copy and self.ctx.cluster is not None:
+            local_done = done
+            done = lambda code, why: (self._copy_out(g, snapshot, version, deleted, local_done)  # noqa: E731
+                                      if code == P.ErrorCode.OK else local_done(code, why))
+        self.pending[rid] = ["produce", time.monotonic(), 1, g, snapshot, done, batch, version]
         self._send_produce(rid, batch)
 
     def _send_produce(self, rid: int, batch: bytes) -> bool:
@@ -311,9 +459,10 @@ class Coordinator:
                 return True
             return False  # a stale answer (a load step asked again, a write given up on)
         if item[0] == "produce":
-            _kind, _sent, tries, g, snapshot, done, batch = item
+            _kind, _sent, tries, g, snapshot, done, batch, version = item
             if code == P.ErrorCode.OK:
                 g.offsets = dict(snapshot)
+                g.version = max(g.version, version)
                 g.written_at = time.monotonic()
                 done(P.ErrorCode.OK, "")
                 return True
@@ -332,6 +481,12 @@ class Coordinator:
             if now - self.load_sent > RETRY_S:
                 self._load_step()
             return
+        if self.pull is not None and not self.pull.get("done"):
+            self._pull_step(now)
+        for entry in [e for e in self.replicating if now >= e[0]]:
+            self.replicating.remove(entry)
+            log.warning("group offsets copy not confirmed by %s within %.0f s (stored here)", sorted(entry[1]), REPLICA_WAIT_S)
+            entry[2](P.ErrorCode.OK, "")
         for rid, item in list(self.pending.items()):
             if item[0] == "produce" and now - item[1] > RETRY_S:
                 if item[2] >= 5:
@@ -346,7 +501,7 @@ class Coordinator:
                     self._remove(g, m, f"expired (no heartbeat for {m.session_s:.0f} s)")
             if g.offsets and now - g.written_at > self.ctx.s.group_refresh_ms / 1000 and not any(it[3] is g for it in self.pending.values() if it[0] == "produce"):
                 if g.members or now - g.emptied_at < EMPTY_GROUP_KEEP_S:
-                    self._write(g, dict(g.offsets), done=lambda code, why: None)
+                    self._write(g, dict(g.offsets), done=lambda code, why: None, version=g.version, copy=False)
         self.stats.maybe_write(self.stats_parts)
 
     def stats_parts(self) -> tuple[dict, dict, dict]:
@@ -394,6 +549,9 @@ class Coordinator:
                         self.groups.pop(rec.group, None)
                         continue
                     g = self.groups.get(rec.group) or self.groups.setdefault(rec.group, Group(rec.group))
+                    if rec.version and rec.version < g.version:
+                        continue  # an older copy written after a newer one (a cluster's copies cross)
+                    g.version = rec.version or g.version + 1
                     g.offsets = {(t, p): o for t, p, o in rec.offsets}
                     g.staged = dict(g.offsets)
                     g.written_at = now

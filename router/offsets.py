@@ -72,16 +72,19 @@ class OffsetAsks:
         self.data_id = 0  # the data directory's identity (for DESCRIBE), once the flusher made it
         self.cluster = None  # --cluster: the ClusterAgent, and PeerLinks to the other brokers
         self.peers = None
+        self.mirror = None  # --cluster: take a cluster topic into the catalog now (router/topics.py mirror_topic)
         self.merges: dict[int, Merge] = {}  # internal request id -> a question other brokers help answer
 
-    def attach_cluster(self, agent, peers) -> None:
-        self.cluster, self.peers = agent, peers
+    def attach_cluster(self, agent, peers, mirror) -> None:
+        self.cluster, self.peers, self.mirror = agent, peers, mirror
 
     def ask(self, req: Request) -> None:
         """The handler of DESCRIBE_TOPIC and LIST_OFFSETS."""
         catalog, name = self.ctx.catalog, req.name
         if catalog.get(name) is None:
             catalog.reload()
+            if catalog.get(name) is None and self.cluster is not None:
+                self.mirror(name)  # a cluster topic this broker's view has and its catalog not yet
             if catalog.get(name) is None:
                 return req.reply(P.ErrorCode.UNKNOWN_TOPIC, P.ErrorReply(f"unknown topic {name!r}"))
         header = req.header if req.op == P.Op.LIST_OFFSETS and req.header is not None else P.EMPTY_MAP
@@ -114,7 +117,7 @@ class OffsetAsks:
         self.merges[rid] = merge = Merge()
         for broker, parts in remote.items():
             ep = self.cluster.endpoint_of(broker)
-            if ep and self.peers.send(ep, [routing, body]):
+            if ep and self.peers.send(ep, [routing, body], rid, self.on_peer_reply):
                 merge.waiting[ep] = parts  # else unreachable now: its partitions are answered without it
 
     def on_peer_reply(self, endpoint: str, frames: list[bytes]) -> None:

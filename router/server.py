@@ -116,7 +116,7 @@ class Router:
                                                self.send_internal))  # consumer groups (router/groups.py)
         own = {**{op: partial(fn, self.topic_ctx) for op, fn in topics.HANDLERS.items()},
                **{op: partial(fn, self.status_ctx) for op, fn in status.HANDLERS.items()},
-               P.Op.DESCRIBE_TOPIC: self.asks.ask}
+               P.Op.DESCRIBE_TOPIC: self.asks.ask, P.Op.FIND_COORDINATOR: self.groups.find}
         self.handlers = dispatch_table(own, {ops.OWNER: self.forward, ops.ANY_WORKER: self.asks.ask,
                                              ops.COORDINATOR: self.groups.serve})
 
@@ -169,6 +169,8 @@ class Router:
             if refused is not None:
                 return req.reply(P.ErrorCode.NOT_LEADER_OR_FOLLOWER, P.ErrorReply(refused[0], endpoint=refused[1]))
         route = self.placement.route(req.topic, req.partition)
+        if route is None and self.cluster is not None and topics.mirror_topic(self.topic_ctx, req.name) is not None:
+            route = self.placement.route(req.topic, req.partition)  # a cluster topic not mirrored yet: now it is
         if route is None:
             code = P.ErrorCode.UNKNOWN_TOPIC if self.catalog.get(req.name) is None else P.ErrorCode.UNKNOWN_PARTITION
             return req.reply(code, P.ErrorReply(f"unknown topic or partition: topic={req.name!r} partition={req.partition}"))
@@ -232,7 +234,9 @@ class Router:
         self.cluster = agent
         self.topic_ctx.cluster = agent
         self.status_ctx.cluster = agent
-        self.asks.attach_cluster(agent, PeerLinks(self.links.ctx, self.links.poller))
+        peers = PeerLinks(self.links.ctx, self.links.poller)
+        self.asks.attach_cluster(agent, peers, partial(topics.mirror_topic, self.topic_ctx))
+        self.groups.attach_cluster(agent, peers)
 
     def mirror(self) -> None:
         """Take the cluster topics whose metadata changed into the catalog (router/topics.py)."""
@@ -293,6 +297,8 @@ class Router:
             log.exception("group coordinator tick failed")
         if self.acls is not None:
             self.acls.refresh()
+        if self.cluster is not None:
+            self.asks.peers.expire(30.0)
         self.count_clients()
         self.stats.maybe_write(partial(status.stats_parts, self.status_ctx))
 
@@ -374,7 +380,7 @@ def main() -> int:
         if router.asks.peers is not None:
             for ep, sock in list(router.asks.peers.socks.items()):
                 if sock in events:
-                    P.drain(sock, partial(router.asks.on_peer_reply, ep), DRAIN_MAX)
+                    P.drain(sock, partial(router.asks.peers.on_reply, ep), DRAIN_MAX)
         if router.port.backlog:
             router.port.flush()
         if router.cluster is not None:

@@ -241,3 +241,55 @@ def test_etcd_stopped_the_data_path_keeps_serving(make_cluster, own_etcd_server)
             return None
     assert wait_until(created, 30, 0.5), "topic admin did not resume after etcd came back"
     assert produce(c.bootstrap(0), "steady", 3, 10, tag=b"back") == 30
+
+
+def test_a_group_moves_with_its_committed_offsets_when_its_coordinator_dies(make_cluster, etcd_server):
+    c = make_cluster(etcd_server.endpoint)
+    with Admin(c.bootstrap(0)) as a:
+        a.create_topic("work", 6)
+    assert produce(c.bootstrap(0), "work", 6, 50) == 300
+    group = "movers"
+    with Admin(c.bootstrap(0)) as a:
+        coord = a.find_coordinator(group)
+    assert coord.broker_id in (0, 1, 2) and coord.endpoint == c.bootstrap(coord.broker_id)
+    # every broker names the same coordinator
+    for i in range(3):
+        with Admin(c.bootstrap(i)) as a:
+            assert a.find_coordinator(group).broker_id == coord.broker_id
+    via = next(i for i in range(3) if i != coord.broker_id)  # the members' bootstrap survives
+    members = [Consumer(c.bootstrap(via), group=group, auto_offset_reset="earliest", auto_commit=False) for _ in range(2)]
+    try:
+        for m in members:
+            m.subscribe("work")
+        got = 0
+        deadline = time.monotonic() + 30
+        while got < 300 and time.monotonic() < deadline:
+            for m in members:
+                got += len(m.poll(200))
+        assert got == 300
+        for m in members:
+            m.commit()
+        before = members[0].committed()
+        assert sum(before.values()) == 300, before
+    finally:
+        for m in members:
+            m.close()
+    hard_kill_all(c.brokers[coord.broker_id])
+
+    def moved():
+        with Admin(c.bootstrap(via)) as a:
+            return a.find_coordinator(group).broker_id != coord.broker_id
+    assert wait_until(moved, TTL_S + 5), "the group did not move"
+    late = Consumer(c.bootstrap(via), group=group, auto_offset_reset="earliest")
+    try:
+        after = wait_until(lambda: _committed(late), 20)
+    finally:
+        late.close()
+    assert after == before
+
+
+def _committed(consumer):
+    try:
+        return consumer.committed()
+    except TailraceError:
+        return None
