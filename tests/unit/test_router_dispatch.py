@@ -18,6 +18,7 @@ def _handler(req):  # never called: the table is only built
 def _own():
     own = {op: _handler for op in (*topics.HANDLERS, *status.HANDLERS)}
     own[P.Op.DESCRIBE_TOPIC] = _handler
+    own[P.Op.FIND_COORDINATOR] = _handler  # the group coordinator's (router/groups.py Coordinator.find)
     return own
 
 
