@@ -12,7 +12,7 @@ import msgspec
 
 from . import protocol as P
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Connection, Reply
-from .errors import NotControllerError
+from .errors import NotControllerError, NotCoordinatorError
 from .security import curve_keys
 
 
@@ -110,20 +110,20 @@ class Admin:
         self.conn = Connection(bootstrap, connect_timeout_ms, curve_keys(key_file, server_key))
         self.timeout_ms = timeout_ms
         self._connect = (connect_timeout_ms, curve_keys(key_file, server_key))
-        self._controller: Connection | None = None  # a cluster's controller, once a broker named it
+        self._elsewhere: dict[str, Connection] = {}  # a cluster: the controller and group coordinators brokers named
 
     def _call(self, c: Call):
         try:
             return c.parse(self.conn.request(c.op, c.topic, c.partition, c.header, timeout_ms=self.timeout_ms))
-        except NotControllerError as exc:  # a cluster: topic admin goes to the controller it names
+        except (NotControllerError, NotCoordinatorError) as exc:
+            # a cluster: topic admin goes to the controller, a group's ops to its coordinator, as the reply names
             endpoint = exc.details.get("endpoint")
-            if not endpoint:
+            if not endpoint or endpoint == self.conn.endpoint:
                 raise
-            if self._controller is None or self._controller.endpoint != endpoint:
-                if self._controller is not None:
-                    self._controller.close()
-                self._controller = Connection(endpoint, *self._connect)
-            return c.parse(self._controller.request(c.op, c.topic, c.partition, c.header, timeout_ms=self.timeout_ms))
+            conn = self._elsewhere.get(endpoint)
+            if conn is None:
+                conn = self._elsewhere[endpoint] = Connection(endpoint, *self._connect)
+            return c.parse(conn.request(c.op, c.topic, c.partition, c.header, timeout_ms=self.timeout_ms))
 
     def create_topic(self, name: str, partitions: int, ring_bytes: int = 0, config: dict | None = None) -> P.TopicInfo:
         """``config``: the topic's own settings, Kafka's names (``{"retention.ms": 3600000}``;
@@ -197,8 +197,8 @@ class Admin:
 
     def close(self) -> None:
         self.conn.close()
-        if self._controller is not None:
-            self._controller.close()
+        for conn in self._elsewhere.values():
+            conn.close()
 
     def __enter__(self):
         return self

@@ -31,7 +31,7 @@ from typing import Iterator
 
 from tailrace.client import protocol as P
 from tailrace.client.connection import Connection
-from tailrace.client.errors import NotOwnerError, OffsetOutOfRangeError, TimeoutError_
+from tailrace.client.errors import NotLeaderOrFollowerError, NotOwnerError, OffsetOutOfRangeError, TimeoutError_
 from tailrace.client.records import Columns, batches_to_columns, iter_batches
 from tailrace.client.security import curve_keys
 
@@ -107,6 +107,7 @@ class RangeFetcher:
         self.fail_on_data_loss = fail_on_data_loss
         self.conn: Connection | None = None
         self._first = 0  # request id of the first fetch, once start() sent it
+        self._leader_moves = 0  # a cluster: NOT_LEADER_OR_FOLLOWER replies followed to the leader they named
 
     def _send(self, offset: int) -> int:
         req = P.FetchRequest(offset, self.max_bytes, self.range.end - offset, 0, self.isolation)
@@ -130,6 +131,15 @@ class RangeFetcher:
                 if self.endpoint == self.bootstrap:
                     raise
                 self._to_router(f"{type(exc).__name__}: {exc}")
+            except NotLeaderOrFollowerError as exc:  # a cluster: the partition's leader is another broker
+                leader = exc.details.get("endpoint") or ""
+                self._leader_moves += 1
+                if not leader or self._leader_moves > 3:
+                    raise
+                log.info("fetching %s/%d from its leader at %s", self.range.topic, self.range.partition, leader)
+                self.conn.close()
+                self.endpoint = self.bootstrap = leader
+                self.conn = Connection(leader, keys=self.keys)
             except OffsetOutOfRangeError as exc:
                 offset = self._data_loss(offset, exc.details.get("log_start_offset", -1), exc.details.get("high_watermark", -1))
                 if offset >= self.range.end:

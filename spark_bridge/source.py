@@ -73,8 +73,11 @@ def describe(admin: Admin, options: ReadOptions,
         parts = sorted(admin.describe_topic(topic).partitions, key=lambda pi: pi.partition)
         logs[topic] = [PartitionOffsets(pi.partition, pi.log_start_offset, pi.high_watermark, pi.durable_watermark)
                        for pi in parts]
+        # a cluster: a partition another broker leads is fetched through that broker (its leader_endpoint)
+        led_elsewhere = {(topic, pi.partition): pi.leader_endpoint for pi in parts if pi.leader_endpoint}
+        endpoints.update(led_elsewhere)
         if options.direct_fetch:
-            now = {(topic, pi.partition): pi.endpoint for pi in parts}
+            now = {(topic, pi.partition): pi.endpoint for pi in parts if (topic, pi.partition) not in led_elsewhere}
             todo = [p for (_t, p), e in now.items() if placed is None or placed.get((topic, p)) != e]
             if todo:
                 place(admin.conn, topic, todo)

@@ -13,71 +13,21 @@ import time
 
 import pytest
 
-from tailrace.bench.launcher import Broker
 from tailrace.client.admin import Admin
 from tailrace.client.consumer import Consumer
 from tailrace.client.errors import MetadataUnavailableError, NotLeaderOrFollowerError, TailraceError
 from tailrace.client.producer import Producer
-from tailrace.cluster.etcd import Etcd
-from tailrace.cluster.metadata import NO_LEADER, Keys, read_assignments, read_controller
+from tailrace.cluster.metadata import NO_LEADER, read_assignments
 
 from ..helpers import hard_kill_all
 from .conftest import wait_until
+from .harness import TTL_S, cluster_fixture
 
-TTL_S = 3  # the brokers' lease: short, so the faults below are seen in seconds
-
-class Cluster:
-    def __init__(self, root, etcd_endpoint: str, name: str, n: int):
-        self.etcd_endpoint, self.name = etcd_endpoint, name
-        self.brokers = [Broker(root / f"broker{i}", workers=1, cluster=etcd_endpoint, broker_id=i, cluster_ttl_s=TTL_S,
-                               cluster_name=name, segment_bytes=8 << 20, shm_budget_bytes=512 << 20) for i in range(n)]
-        self.etcd = Etcd(etcd_endpoint, timeout_s=2.0)
-        self.keys = Keys(name)
-
-    def start(self) -> "Cluster":
-        for b in self.brokers:
-            b.spawn()
-        for b in self.brokers:
-            b.wait_ready(90)
-        assert wait_until(lambda: self.status(0).get("cluster", {}).get("controller", -1) >= 0, 20), "no controller"
-        return self
-
-    def status(self, i: int) -> dict:
-        with Admin(self.brokers[i].bootstrap, timeout_ms=3000) as a:
-            return a.status()
-
-    def bootstrap(self, i: int) -> str:
-        return self.brokers[i].bootstrap
-
-    def controller(self) -> tuple[int, int] | None:
-        return read_controller(self.etcd, self.keys)
-
-    def leaders(self, topic: str) -> dict[int, int]:
-        current, _ = read_assignments(self.etcd, self.keys, topic)
-        return {p: a.leader for (_t, p), (a, _rev) in current.items()}
-
-    def stop(self) -> None:
-        for b in self.brokers:
-            if b.proc is not None:
-                b.stop()
-        for b in self.brokers:
-            b.cleanup_shm()
 
 
 @pytest.fixture
 def make_cluster(tmp_path, request):
-    made: list[Cluster] = []
-
-    def make(etcd_endpoint: str, n: int = 3) -> Cluster:
-        name = f"t{os.getpid()}-{request.node.name[:40]}".replace("[", "-").replace("]", "")
-        name = "".join(c if c.isalnum() or c in "._-" else "-" for c in name)
-        c = Cluster(tmp_path, etcd_endpoint, name, n)
-        made.append(c)
-        return c.start()
-
-    yield make
-    for c in made:
-        c.stop()
+    yield from cluster_fixture(tmp_path, request)
 
 
 def produce(bootstrap: str, topic: str, partitions: int, per_partition: int, tag: bytes = b"v") -> int:
