@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 import time
 from dataclasses import dataclass
 
@@ -97,6 +98,8 @@ def parse_bootstrap(value: str | int | None) -> str:
     if value is None:
         value = default_bootstrap()
     text = str(value).strip()
+    if "," in text and not text.startswith(("ipc://", unixwire.SCHEME)):
+        return first_reachable([parse_bootstrap(item) for item in text.split(",") if item.strip()])
     if text.startswith(("ipc://", unixwire.SCHEME)):
         if len(text.split("://", 1)[-1]) == 0 or text == unixwire.SCHEME:
             raise BootstrapError(f"bad bootstrap {value!r}: the socket path is empty")
@@ -113,6 +116,24 @@ def parse_bootstrap(value: str | int | None) -> str:
     if not inner or not all(c.isalnum() or c in ".-_:" for c in inner) or (":" in inner and inner == host):
         raise BootstrapError(f"bad bootstrap {value!r}: {host!r} is not a host name or address")
     return f"tcp://{host}:{int(port)}"
+
+
+def first_reachable(endpoints: list[str], timeout_s: float = 0.5) -> str:
+    """Of a bootstrap list (``h1:p1,h2:p2``: a cluster's brokers, Kafka's ``bootstrap.servers``),
+    the first that accepts a TCP connection now, else the first: any broker of a cluster answers
+    for all of it, so one is enough."""
+    if not endpoints:
+        raise BootstrapError("bad bootstrap: an empty list")
+    for endpoint in endpoints:
+        if not endpoint.startswith("tcp://"):
+            return endpoint  # a same-host socket: nothing to probe
+        host, _, port = endpoint[len("tcp://"):].rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+                return endpoint
+        except OSError:
+            continue
+    return endpoints[0]
 
 
 @dataclass

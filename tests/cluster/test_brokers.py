@@ -243,3 +243,55 @@ def _committed(consumer):
         return consumer.committed()
     except TailraceError:
         return None
+
+
+def test_async_client_and_cli_follow_leaders_from_a_bootstrap_list(make_cluster, etcd_server, tmp_path):
+    import asyncio
+    import subprocess
+    import sys
+
+    from tailrace.client.aio import AsyncConsumer, AsyncProducer
+
+    c = make_cluster(etcd_server.endpoint)
+    dead = "127.0.0.1:1"  # nothing listens there: the list goes on to the next
+    bootstrap = ",".join([dead, *(b.bootstrap.removeprefix("tcp://") for b in c.brokers)])
+    with Admin(bootstrap) as a:
+        a.create_topic("listed", 6)
+    assert wait_until(lambda: _leaders_known(c.bootstrap(2), "listed"), 10)
+
+    async def roundtrip():
+        async with AsyncProducer(bootstrap, acks="durable") as p:
+            for i in range(120):
+                p.send("listed", b"a%d" % i, partition=i % 6)
+            await p.flush()
+        consumer = AsyncConsumer(bootstrap)
+        try:
+            await consumer.assign("listed")
+            got = []
+            for _ in range(60):
+                got += await consumer.poll(500)
+                if len(got) >= 120:
+                    break
+            return got
+        finally:
+            await consumer.close()
+    got = asyncio.run(roundtrip())
+    assert sorted(r.value for r in got) == sorted(b"a%d" % i for i in range(120))
+    lines = "".join(f"line{i}\n" for i in range(60))
+    out = subprocess.run([sys.executable, "-m", "tailrace", "produce", "listed", "--bootstrap", bootstrap, "--acks", "durable"],
+                         input=lines, text=True, capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    out = subprocess.run([sys.executable, "-m", "tailrace", "consume", "listed", "--bootstrap", c.bootstrap(1),
+                          "--from-beginning", "--max", "180", "--timeout-ms", "20000"],
+                         text=True, capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    printed = out.stdout.split()
+    assert len(printed) == 180 and {f"line{i}" for i in range(60)} <= set(printed)
+
+
+def _leaders_known(bootstrap: str, topic: str) -> bool:
+    try:
+        with Admin(bootstrap) as a:
+            return all(p.leader >= 0 for p in a.describe_topic(topic).partitions)
+    except TailraceError:
+        return False
