@@ -38,7 +38,7 @@ from .assign import partition_counts, place
 from .errors import ClusterError, MetadataConflict, NoLiveBrokers, NotController
 from .etcd import Etcd, TxnResult, absent, create_revision_is, delete_op, get_op, mod_revision_is, put_op
 from .membership import Membership
-from .metadata import (NO_LEADER, ControllerInfo, PartitionAssignment, TopicMeta, encode, read_assignments,
+from .metadata import (NO_LEADER, ControllerInfo, PartitionAssignment, TopicMeta, decode, encode, read_assignments,
                        read_brokers, read_controller)
 
 LOST_POLICIES = ("offline", "reassign")
@@ -125,6 +125,55 @@ class Controller:
             except MetadataConflict:
                 raise MetadataConflict(f"topic={name!r} exists already") from None
         return assignments
+
+    def _topic(self, name: str) -> tuple[TopicMeta, int]:
+        """The topic's metadata and its key's mod revision; MetadataConflict if it does not exist."""
+        kv = self.etcd.get(self.keys.topic(name))
+        if kv is None:
+            raise MetadataConflict(f"topic={name!r} does not exist")
+        return decode(kv, TopicMeta), kv.mod_revision
+
+    def delete_topic(self, name: str) -> TopicMeta:
+        """Delete a topic's metadata: its key and every partition's assignment, in one fenced
+        transaction (its partitions' leaders see the DELETEs and drop the topic's data)."""
+        meta, rev = self._topic(name)
+        self.write([mod_revision_is(self.keys.topic(name), rev)],
+                   [delete_op(self.keys.topic(name)), delete_op(self.keys.partitions_of(name), prefix=True)])
+        return meta
+
+    def create_partitions(self, name: str, total: int) -> list[PartitionAssignment]:
+        """Grow a topic to ``total`` partitions, the new ones placed on live brokers by count
+        (Kafka's CreatePartitions); the topic's new count is written with them."""
+        meta, rev = self._topic(name)
+        if total <= meta.partitions:
+            raise ValueError(f"partitions={total}: a topic only grows; topic {name!r} has {meta.partitions}")
+        live = read_brokers(self.etcd, self.keys)
+        if not live:
+            raise NoLiveBrokers(f"no broker is registered: partitions of topic={name!r} cannot be placed")
+        current, _ = read_assignments(self.etcd, self.keys)
+        counts = partition_counts(live, (a.replicas for a, _ in current.values()))
+        leaders = place(counts, total - meta.partitions)
+        added = [PartitionAssignment(topic=name, partition=meta.partitions + i, replicas=[b], leader=b, leader_epoch=0,
+                                     isr=[b], controller_epoch=self.epoch) for i, b in enumerate(leaders)]
+        grown = TopicMeta(name=name, partitions=total, replication_factor=meta.replication_factor, config=meta.config,
+                          controller_epoch=meta.controller_epoch)
+        ops = [put_op(self.keys.partition(name, a.partition), encode(a)) for a in added]
+        for i in range(0, len(ops), MAX_KEYS_PER_TXN):
+            self.write([mod_revision_is(self.keys.topic(name), rev)], ops[i:i + MAX_KEYS_PER_TXN])
+        self.write([mod_revision_is(self.keys.topic(name), rev)], [put_op(self.keys.topic(name), encode(grown))])
+        return added
+
+    def alter_config(self, name: str, changes: dict) -> TopicMeta:
+        """Set (None: remove) settings of a topic's config, compared against the version read."""
+        meta, rev = self._topic(name)
+        config = {**meta.config, **{k: v for k, v in changes.items() if v is not None}}
+        for k, v in changes.items():
+            if v is None:
+                config.pop(k, None)
+        new = TopicMeta(name=name, partitions=meta.partitions, replication_factor=meta.replication_factor,
+                        config=config, controller_epoch=meta.controller_epoch)
+        self.write([mod_revision_is(self.keys.topic(name), rev)], [put_op(self.keys.topic(name), encode(new))])
+        return new
 
     def reconcile(self) -> list[PartitionAssignment]:
         """Bring every assignment in line with the live brokers (see the module docstring); the

@@ -166,6 +166,26 @@ class ClusterAgent:
         self.assignments, self.topics = assignments, topics
         return placed
 
+    def delete_topic(self, name: str) -> None:
+        """As the controller: delete a topic's metadata, then drop it from the view at once."""
+        self.controller.delete_topic(name)
+        topic = name.encode()
+        self.assignments = {k: a for k, a in self.assignments.items() if k[0] != topic}
+        self.topics = {n: m for n, m in self.topics.items() if n != name}
+
+    def create_partitions(self, name: str, total: int) -> None:
+        """As the controller: grow a topic, then take the new partitions into the view at once."""
+        added = self.controller.create_partitions(name, total)
+        topic = name.encode()
+        self.assignments = {**self.assignments, **{(topic, a.partition): a for a in added}}
+        meta = self.topics[name]
+        self.topics = {**self.topics, name: TopicMeta(name=name, partitions=total, replication_factor=meta.replication_factor,
+                                                      config=meta.config, controller_epoch=meta.controller_epoch)}
+
+    def alter_config(self, name: str, changes: dict) -> None:
+        """As the controller: change a topic's settings, then take them into the view at once."""
+        self.topics = {**self.topics, name: self.controller.alter_config(name, changes)}
+
     def status(self) -> dict:
         """The cluster as this broker sees it (STATUS's ``cluster``)."""
         led: dict[int, int] = {}

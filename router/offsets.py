@@ -229,9 +229,16 @@ class OffsetAsks:
         s, placement = self.ctx.s, self.ctx.placement
         offsets = _list_offsets_dec.decode(body)
         t = self.ctx.catalog.get(name)
+        if t is None:  # deleted while the question was out
+            return self.ctx.send([ident, P.pack_routing(client_op, partition, request_id, P.echo_topic(topic),
+                                                        P.ErrorCode.UNKNOWN_TOPIC),
+                                  P.encode(P.ErrorReply(f"unknown topic {name!r} (deleted)"))])
         parts = []
         for po in offsets.partitions:
-            w, assign = placement.routes[(topic, po.partition)]
+            route = placement.routes.get((topic, po.partition))
+            if route is None or po.partition >= t.partitions:
+                continue  # not placed (any more): a topic deleted and made again while the question was out
+            w, assign = route
             parts.append(P.PartitionInfo(po.partition, w, s.worker_endpoint(w), po.log_start_offset, po.high_watermark,
                                          po.durable_watermark, adopted=placement.told.get((topic, po.partition)) == assign,
                                          slot=t.slots[po.partition], local_endpoint=s.worker_unix_endpoint(w),

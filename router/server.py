@@ -241,7 +241,7 @@ class Router:
     def mirror(self) -> None:
         """Take the cluster topics whose metadata changed into the catalog (router/topics.py)."""
         for name in sorted(self.cluster.take_changes()):
-            topics.mirror_topic(self.topic_ctx, name)
+            topics.mirror_topic(self.topic_ctx, name, watched=True)
 
     # --- the router's own requests (the group coordinator's, offsets questions) -----------
     def next_internal_id(self) -> int:
@@ -273,7 +273,10 @@ class Router:
         if frames[0]:
             self.port.send(frames)
         elif len(frames) >= 3:
-            self.on_internal_reply(frames)
+            try:
+                self.on_internal_reply(frames)
+            except Exception:  # noqa: BLE001 - a bug answering one question must not take the router down
+                log.exception("router: a worker's reply to an internal request failed")
 
     def on_internal_reply(self, frames: list[bytes]) -> None:
         _v, op, code, _p, rid, topic = P.unpack_routing(frames[1])

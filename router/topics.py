@@ -94,33 +94,64 @@ def create_topic(ctx: TopicContext, req: Request) -> None:
     reply(P.ErrorCode.OK, info(s, entry))
 
 
+def _elsewhere(ctx: TopicContext, req: Request) -> bool:
+    """A cluster's topic admin that this broker does not make: answered (NOT_CONTROLLER with the
+    controller's endpoint, or METADATA_UNAVAILABLE) before any local check, True. At the
+    controller the topic is first taken in as etcd has it (its watch may lag its own write)."""
+    if ctx.cluster is None:
+        return False
+    agent = ctx.cluster
+    if agent.controller.is_controller and not agent.fenced:
+        mirror_topic(ctx, req.name)
+        return False
+    return not _as_controller(ctx, req, lambda: None)
+
+
+def _as_controller(ctx: TopicContext, req: Request, change) -> bool:
+    """Run ``change()`` (a controller write) for a topic admin request in a cluster: True if it
+    was made; else the request is answered (NOT_CONTROLLER with the controller's endpoint,
+    METADATA_UNAVAILABLE, TOPIC_EXISTS or UNKNOWN_TOPIC) and nothing changed."""
+    from tailrace.cluster.errors import ClusterError, MetadataConflict, NotController  # only ever in a cluster
+
+    agent = ctx.cluster
+    if agent.fenced or (agent.controller_id == agent.me and not agent.controller.is_controller):
+        req.reply(P.ErrorCode.METADATA_UNAVAILABLE, P.ErrorReply(
+            f"broker {agent.me} cannot reach the cluster's metadata (etcd) now: nothing changed, try again"))
+        return False
+    if not agent.controller.is_controller:
+        ep = agent.endpoint_of(agent.controller_id)
+        if not ep:
+            req.reply(P.ErrorCode.METADATA_UNAVAILABLE, P.ErrorReply("the cluster has no controller now: try again"))
+        else:
+            req.reply(P.ErrorCode.NOT_CONTROLLER, P.ErrorReply(
+                f"broker {agent.me} is not the controller: broker {agent.controller_id} is, at {ep}", endpoint=ep))
+        return False
+    try:
+        change()
+    except MetadataConflict as exc:
+        code = P.ErrorCode.TOPIC_EXISTS if req.op == P.Op.CREATE_TOPIC else P.ErrorCode.UNKNOWN_TOPIC
+        req.reply(code, P.ErrorReply(f"topic {req.name!r} " + ("exists" if code == P.ErrorCode.TOPIC_EXISTS else
+                                                              f"changed or is gone in the cluster: {exc}")))
+        return False
+    except NotController as exc:
+        req.reply(P.ErrorCode.METADATA_UNAVAILABLE, P.ErrorReply(f"{exc}: try again"))
+        return False
+    except ClusterError as exc:
+        req.reply(P.ErrorCode.METADATA_UNAVAILABLE, P.ErrorReply(
+            f"the cluster's metadata cannot be changed now ({type(exc).__name__}: {exc}): nothing changed, try again"))
+        return False
+    return True
+
+
 def create_in_cluster(ctx: TopicContext, req: Request, partitions: int, ring: int, config: dict) -> None:
     """CREATE_TOPIC in a cluster: only the controller places a topic (its write fenced by the
     controller epoch, cluster/controller.py); any other broker answers NOT_CONTROLLER with the
     controller's endpoint. The topic is in etcd before the reply, and in this broker's catalog
     (each broker mirrors every cluster topic, router/server.py ``mirror``)."""
-    from tailrace.cluster.errors import ClusterError, MetadataConflict, NotController  # only ever in a cluster
-
-    agent, name = ctx.cluster, req.name
-    if agent.fenced or (agent.controller_id == agent.me and not agent.controller.is_controller):
-        return req.reply(P.ErrorCode.METADATA_UNAVAILABLE, P.ErrorReply(
-            f"broker {agent.me} cannot reach the cluster's metadata (etcd) now: nothing changed, try again"))
-    if not agent.controller.is_controller:
-        ep = agent.endpoint_of(agent.controller_id)
-        if not ep:
-            return req.reply(P.ErrorCode.METADATA_UNAVAILABLE, P.ErrorReply("the cluster has no controller now: try again"))
-        return req.reply(P.ErrorCode.NOT_CONTROLLER, P.ErrorReply(
-            f"broker {agent.me} is not the controller: broker {agent.controller_id} is, at {ep}", endpoint=ep))
+    name = req.name
     stored = {**{k: v for k, v in config.items() if v is not None}, "ring.bytes": ring}
-    try:
-        agent.create_topic(name, partitions, stored)
-    except MetadataConflict:
-        return req.reply(P.ErrorCode.TOPIC_EXISTS, P.ErrorReply(f"topic {name!r} exists"))
-    except NotController as exc:
-        return req.reply(P.ErrorCode.METADATA_UNAVAILABLE, P.ErrorReply(f"{exc}: try again"))
-    except ClusterError as exc:
-        return req.reply(P.ErrorCode.METADATA_UNAVAILABLE, P.ErrorReply(
-            f"the cluster's metadata cannot be changed now ({type(exc).__name__}: {exc}): nothing changed, try again"))
+    if not _as_controller(ctx, req, lambda: ctx.cluster.create_topic(name, partitions, stored)):
+        return
     entry = mirror_topic(ctx, name)
     if entry is None:
         return req.reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(
@@ -128,14 +159,26 @@ def create_in_cluster(ctx: TopicContext, req: Request, partitions: int, ring: in
     req.reply(P.ErrorCode.OK, info(ctx.s, entry))
 
 
-def mirror_topic(ctx: TopicContext, name: str):
+def mirror_topic(ctx: TopicContext, name: str, watched: bool = False):
     """Make this broker's catalog hold cluster topic ``name`` as etcd has it: added with all
-    its partitions (rings are made only for those this broker leads and is asked for), or grown.
-    Returns the catalog entry, or None if the topic is gone from the cluster or does not fit."""
+    its partitions (rings are made only for those this broker leads and is asked for), grown,
+    its settings changed, or (``watched``: the watch saw its key change, so it was a cluster
+    topic) deleted. Returns the catalog entry, or None if the topic is gone or does not fit."""
     meta = ctx.cluster.topics.get(name)
-    if meta is None:
-        return None
     entry = ctx.catalog.get(name)
+    if meta is None:
+        if watched and entry is not None and name not in INTERNAL_TOPICS:
+            _delete_local(ctx, name.encode(), entry)  # the watch saw it deleted in the cluster
+        return None
+    if entry is not None:
+        if meta.partitions > entry.partitions:
+            entry = _grow_local(ctx, entry, meta.partitions) or entry
+        wanted = {k: v for k, v in meta.config.items() if k != "ring.bytes"}
+        if wanted != entry.config:
+            changes = {**wanted, **{k: None for k in entry.config if k not in wanted}}
+            entry = ctx.catalog.set_config(name, changes)
+            log.info("cluster topic %r settings now %s", name, wanted)
+        return entry
     if entry is None:
         config = {k: v for k, v in meta.config.items() if k != "ring.bytes"}
         entry, why = add_topic(ctx, name, meta.partitions, int(meta.config.get("ring.bytes", ctx.s.ring_bytes)), config)
@@ -146,13 +189,30 @@ def mirror_topic(ctx: TopicContext, name: str):
     return entry
 
 
-def refused_in_cluster(ctx: TopicContext, req: Request, does: str) -> bool:
-    """Topic admin a cluster does not do yet: refused with a clear error, nothing changed."""
-    if ctx.cluster is None:
-        return False
-    req.reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
-        f"a cluster topic cannot be {does} yet (only created): nothing changed"))
-    return True
+def _delete_local(ctx: TopicContext, topic: bytes, t) -> None:
+    """Delete a topic from this broker's catalog (as DELETE_TOPIC does; a cluster's deletion)."""
+    ctx.catalog.delete_topic(t.name)
+    ctx.placement.forget_topic(topic, t.slots)
+    log.info("topic %r deleted (id %d, slots %s)", t.name, t.topic_id, t.slots)
+
+
+def _grow_local(ctx: TopicContext, t, total: int):
+    """Grow a topic in this broker's catalog to ``total`` partitions; None if they do not fit."""
+    s, catalog = ctx.s, ctx.catalog
+    need = (total - t.partitions) * ring_region_bytes(t.ring_bytes)
+    if catalog.shm_bytes(ring_region_bytes) + need > s.shm_budget_bytes:
+        log.error("topic %r cannot grow to %d partitions here: over the shared-memory budget", t.name, total)
+        return None
+    free = free_slots(catalog, s)
+    if catalog.slots_available(s.max_slots, free) < total - t.partitions:
+        log.error("topic %r cannot grow to %d partitions here: no free slots (max_slots=%d)", t.name, total, s.max_slots)
+        return None
+    old = t.partitions
+    entry = catalog.add_partitions(t.name, total, free)
+    prepare_slots(s, entry.slots[old:])
+    ctx.placement.place_topic(t.name, first=old)
+    log.info("topic %r grown from %d to %d partitions", t.name, old, total)
+    return entry
 
 
 def add_topic(ctx: TopicContext, name: str, partitions: int, ring: int, config: dict[str, int]):
@@ -184,7 +244,7 @@ def list_topics(ctx: TopicContext, req: Request) -> None:
 def create_partitions(ctx: TopicContext, req: Request) -> None:
     """Grow a topic (Kafka's CreatePartitions: to a new total, never down). The catalog is
     written before the reply; the new partitions are placed like a new topic's."""
-    if _refused_internal(req, "altered") or refused_in_cluster(ctx, req, "grown"):
+    if _refused_internal(req, "altered") or _elsewhere(ctx, req):
         return
     total = _create_partitions_dec.decode(req.header).partitions
     name, reply, s, catalog = req.name, req.reply, ctx.s, ctx.catalog
@@ -203,18 +263,19 @@ def create_partitions(ctx: TopicContext, req: Request) -> None:
     free = free_slots(catalog, s)
     if catalog.slots_available(s.max_slots, free) < total - t.partitions:
         return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(f"no free partition slots (max_slots={s.max_slots})"))
-    old = t.partitions
-    entry = catalog.add_partitions(name, total, free)
-    prepare_slots(s, entry.slots[old:])
-    ctx.placement.place_topic(name, first=old)
-    log.info("topic %r grown from %d to %d partitions", name, old, total)
+    if ctx.cluster is not None:
+        if not _as_controller(ctx, req, lambda: ctx.cluster.create_partitions(name, total)):
+            return
+        entry = mirror_topic(ctx, name)
+        return reply(P.ErrorCode.OK, info(s, entry if entry is not None else catalog.get(name)))
+    entry = _grow_local(ctx, t, total)
     reply(P.ErrorCode.OK, info(s, entry))
 
 
 def alter_configs(ctx: TopicContext, req: Request) -> None:
     """Set or reset a topic's settings, durably before the reply; the flusher applies
     retention.ms at its next pass."""
-    if _refused_internal(req, "altered") or refused_in_cluster(ctx, req, "altered"):
+    if _refused_internal(req, "altered") or _elsewhere(ctx, req):
         return
     body = _alter_configs_dec.decode(req.header)
     name, reply = req.name, req.reply
@@ -223,6 +284,11 @@ def alter_configs(ctx: TopicContext, req: Request) -> None:
     config, why = check_config(body.config, creating=False)
     if why is not None:
         return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(why))
+    if ctx.cluster is not None:
+        if not _as_controller(ctx, req, lambda: ctx.cluster.alter_config(name, config)):
+            return
+        entry = mirror_topic(ctx, name)
+        return reply(P.ErrorCode.OK, info(ctx.s, entry if entry is not None else ctx.catalog.get(name)))
     entry = ctx.catalog.set_config(name, config)
     log.info("topic %r settings changed: %s", name, config)
     reply(P.ErrorCode.OK, info(ctx.s, entry))
@@ -233,16 +299,16 @@ def delete_topic(ctx: TopicContext, req: Request) -> None:
     written durably before the reply: that is the deletion. From then on the router answers
     its requests UNKNOWN_TOPIC, the workers drop its actors at their next catalog check, and
     the flusher clears its slots (persistence/retire.py); recovery skips its journal batches."""
-    if _refused_internal(req, "deleted") or refused_in_cluster(ctx, req, "deleted"):
+    if _refused_internal(req, "deleted") or _elsewhere(ctx, req):
         return
     name = req.name
     ctx.catalog.reload()
     t = ctx.catalog.get(name)
     if t is None:
         return req.reply(P.ErrorCode.UNKNOWN_TOPIC, P.ErrorReply(f"unknown topic {name!r}"))
-    ctx.catalog.delete_topic(name)
-    ctx.placement.forget_topic(req.topic, t.slots)
-    log.info("topic %r deleted (id %d, slots %s)", name, t.topic_id, t.slots)
+    if ctx.cluster is not None and not _as_controller(ctx, req, lambda: ctx.cluster.delete_topic(name)):
+        return
+    _delete_local(ctx, req.topic, t)
     req.reply(P.ErrorCode.OK, info(ctx.s, t))
 
 

@@ -295,3 +295,48 @@ def _leaders_known(bootstrap: str, topic: str) -> bool:
             return all(p.leader >= 0 for p in a.describe_topic(topic).partitions)
     except TailraceError:
         return False
+
+
+def test_topic_lifecycle_through_any_broker(make_cluster, etcd_server):
+    from tailrace.client.errors import UnknownTopicError
+
+    c = make_cluster(etcd_server.endpoint)
+    with Admin(c.bootstrap(2)) as a:
+        a.create_topic("life", 3)
+    with Admin(c.bootstrap(1)) as a:
+        grown = a.create_partitions("life", 6)
+    assert grown.partitions == 6
+    assert sorted(c.leaders("life")) == list(range(6))
+    assert sorted(set(c.leaders("life").values())) == [0, 1, 2]
+    with Admin(c.bootstrap(0)) as a:
+        altered = a.alter_configs("life", {"retention.ms": 60_000})
+    assert altered.config["retention.ms"] == "60000"
+
+    def everywhere():
+        for i in range(3):
+            with Admin(c.bootstrap(i)) as a:
+                d = a.describe_topic("life")
+                if d.topic.partitions != 6 or d.topic.config["retention.ms"] != "60000" or len(d.partitions) != 6:
+                    return False
+        return True
+    assert wait_until(everywhere, 10), "not every broker took the growth and the setting"
+    assert produce(c.bootstrap(0), "life", 6, 10) == 60
+    with Admin(c.bootstrap(1)) as a:
+        a.delete_topic("life")
+
+    def gone():
+        for i in range(3):
+            with Admin(c.bootstrap(i)) as a:
+                try:
+                    a.describe_topic("life")
+                    return False
+                except UnknownTopicError:
+                    pass
+        return True
+    assert wait_until(gone, 10), "a broker still describes the deleted topic"
+    assert c.leaders("life") == {}
+    with Admin(c.bootstrap(2)) as a:
+        a.create_topic("life", 2)
+    assert produce(c.bootstrap(1), "life", 2, 5) == 10
+    got = consume_all(c.bootstrap(0), "life", 10)
+    assert len(got) == 10  # the new topic starts empty: nothing of the deleted one comes back
