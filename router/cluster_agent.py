@@ -36,6 +36,7 @@ from tailrace.cluster.metadata import NO_LEADER, BrokerInfo, ControllerInfo, Par
 log = logging.getLogger("tailrace.router")
 
 ETCD_TIMEOUT_S = 1.0  # an etcd call the router thread makes (topic creation) waits at most this long
+RESYNC_S = 15.0  # the controller reconciles at least this often (cluster/controller.py ControllerLoop)
 
 
 class ClusterAgent:
@@ -48,7 +49,9 @@ class ClusterAgent:
         self.membership = Membership(self.etcd, s.cluster_name, info, ttl_s=s.cluster_ttl_s, on_fenced=self._fenced)
         self.keys = self.membership.keys
         self.controller = Controller(self.etcd, self.membership)
-        self.loop = ControllerLoop(self.controller)
+        # woken at once by brokers coming and going (its watch); the periodic pass only catches up after
+        # errors, and reads every assignment, so it is rare (10,000 partitions are a few MB of JSON)
+        self.loop = ControllerLoop(self.controller, resync_s=RESYNC_S)
         # the view: replaced whole by the watch thread (see the module docstring)
         self.brokers: dict[int, BrokerInfo] = {}
         self.topics: dict[str, TopicMeta] = {}
