@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -101,3 +103,26 @@ def test_the_format_bench_runs_every_variant_and_reports_ratios():
     assert set(v) == {"none", "zstd", "lz4", "headers3", "snappy", "gzip", "zstd1"}
     assert all(x["median"]["produce"] > 0 and x["median"]["consume"] > 0 for x in v.values())
     assert v["zstd"]["ratio_to_none"]["bytes_per_record"] < 0.5 < v["headers3"]["ratio_to_none"]["bytes_per_record"]
+
+
+def test_the_cluster_bench_loads_metadata_and_times_a_broker_and_a_controller_death():
+    """bench/cluster_bench.py (docs/BENCHMARKS.md "Cluster (issue 33)") end to end, tiny, its two
+    cluster-only steps (the single-vs-cluster step runs format_bench's produce and consume and the
+    e2e probe, smoke-tested above): a 3-broker cluster describes every partition; a killed broker's
+    partitions go to NO_LEADER and a killed controller is replaced, within the ttl plus a margin."""
+    pytest.importorskip("etcd3gw")
+    from tailrace.cluster.etcd_server import etcd_binary
+    try:
+        etcd_binary()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    from tailrace.bench import cluster_bench
+    out = cluster_bench.main(["--steps", "metadata,failover", "--meta-partitions", "30", "--meta-loads", "1",
+                              "--ttls", "2", "--deaths", "1"])
+    m = out["metadata"]
+    assert "create_error" not in m and "settle_error" not in m, m
+    assert sum(m["partitions_by_leader"].values()) == 30 and len(m["admin_s"]["runs"]) == 1
+    f = out["failover"]["2"]
+    assert f["notes"] == [], f
+    assert 0 < f["broker_death_to_unavailable_s"]["median"] < 2 + 3
+    assert 0 < f["controller_death_to_new_controller_s"]["median"] < 2 + 3
