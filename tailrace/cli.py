@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 
-from tailrace import access_commands, admin_commands, console
+from tailrace import access_commands, admin_commands, cluster_commands, console
 from tailrace.access_commands import data_dir_of
 from tailrace.admin_commands import open_admin, security
 from tailrace.broker import acl as acl_mod
@@ -485,6 +485,26 @@ def build_parser() -> argparse.ArgumentParser:
     kg.add_argument("name", help="the principal's name (the key files are named after it)")
     kg.add_argument("--dir", default=".", help="where to write the pair (default: the current directory)")
     kg.set_defaults(func=access_commands.cmd_keys)
+
+    cl = command(sub, "cluster", "a cluster of brokers on etcd (docs/DESIGN.md \"Cluster\"); needs the cluster extra")
+    clsub = cl.add_subparsers(dest="cluster_cmd", required=True, metavar="SUBCOMMAND")
+    cs = command(clsub, "status", "read etcd: the brokers (endpoint, rack, pid on this host), the controller, and the "
+                                  "partitions each broker leads and those without a leader")
+    cs.add_argument("--cluster", default=os.environ.get("TAILRACE_CLUSTER") or None, metavar="etcd://H:P[,H:P...]",
+                    help="the cluster's etcd, as given to `serve --cluster` (also $TAILRACE_CLUSTER)")
+    cs.add_argument("--cluster-name", default=os.environ.get("TAILRACE_CLUSTER_NAME") or _DEFAULTS.cluster_name,
+                    metavar="NAME", help="the cluster's name, as given to `serve --cluster-name` (also $TAILRACE_CLUSTER_NAME)")
+    cs.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    cl.set_defaults(func=cluster_commands.cmd_cluster)
+
+    dc = command(sub, "dev-cluster", "run one etcd and N brokers on loopback for trying a cluster (foreground; Ctrl-C "
+                                     "stops the brokers, then etcd)")
+    dc.add_argument("--brokers", type=console.int_at_least(1, maximum=64), default=3, help="how many brokers (ids 0..N-1)")
+    dc.add_argument("--dir", default="./dev-cluster", help="where etcd's data (DIR/etcd) and each broker's (DIR/broker-<i>) go")
+    dc.add_argument("--workers", type=_workers, default=1, help="worker processes per broker")
+    dc.add_argument("--base-port", type=console.int_at_least(1, maximum=65535), default=None, metavar="P",
+                    help="broker i listens on 127.0.0.1:P+i (default: free ports, the last run's when still free)")
+    dc.set_defaults(func=cluster_commands.cmd_dev_cluster)
 
     sub.add_parser("bench", help="run benchmark workloads (tailrace bench --help; bench/README.md)", add_help=False)
     return ap
