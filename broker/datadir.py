@@ -95,6 +95,16 @@ CHECKPOINT_FILE = "checkpoint"
 INDEX_DIR = "index"
 INDEX_SUFFIX = ".index"
 LOG_DIR = "logs"
+# `tailrace dev-cluster --dir D` (tailrace/cluster_commands.py): its files and folders under D
+DEV_CLUSTER_STATE = "dev-cluster.json"  # the ports of the last run, taken again when free (a stable bootstrap)
+DEV_CLUSTER_LOCK = "dev-cluster.lock"  # held while a dev-cluster runs on the directory
+DEV_CLUSTER_ETCD_DIR = "etcd"  # its etcd's data directory
+SERVE_OUT = "serve.out"  # a broker's `tailrace serve` output, when a launcher keeps it in the data directory
+
+
+def dev_broker_dir(broker_id: int) -> str:
+    """The data directory of dev-cluster's broker ``broker_id``, under its --dir."""
+    return f"broker-{int(broker_id)}"
 PROGRAM_LOG_SUFFIX = ".log"  # in LOG_DIR, named by supervisord.conf
 LOCK_DIR = "locks"
 BROKER_LOCK = "broker.lock"  # shared by every live process of the broker

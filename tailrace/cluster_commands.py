@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from tailrace.broker import datadir
 from tailrace.broker.lifetime import pdeathsig_preexec
 from tailrace.client.admin import Admin
 from tailrace.client.connection import parse_bootstrap
@@ -226,8 +227,8 @@ def print_status(doc: dict) -> None:
 
 
 # --- dev-cluster ---------------------------------------------------------------------------------
-STATE_FILE = "dev-cluster.json"  # the ports of the last run, taken again when free (a stable bootstrap)
-LOCK_FILE = "dev-cluster.lock"  # held while a dev-cluster runs on the directory
+STATE_FILE = datadir.DEV_CLUSTER_STATE  # the ports of the last run, taken again when free (a stable bootstrap)
+LOCK_FILE = datadir.DEV_CLUSTER_LOCK  # held while a dev-cluster runs on the directory
 READY_TIMEOUT_S = 90.0  # a restarted broker first waits out its old registration (TTL + 2 s)
 STOP_TIMEOUT_S = 60.0  # a broker not stopped by then is killed
 
@@ -275,7 +276,7 @@ class _Broker:
 
     @property
     def log(self) -> Path:
-        return self.data_dir / "serve.out"
+        return self.data_dir / datadir.SERVE_OUT
 
     def argv(self, etcd_endpoint: str, workers: int) -> list[str]:
         return [sys.executable, "-m", "tailrace", "serve", "--data-dir", str(self.data_dir),
@@ -363,8 +364,8 @@ def _run_dev_cluster(args, top: Path, EtcdServer) -> int:
     for i in range(args.brokers):
         was = before.get(i, {})
         port = args.base_port + i if args.base_port is not None else ports.take(was.get("port"))
-        brokers.append(_Broker(i, top / f"broker-{i}", port, ports.take(was.get("metrics_port"))))
-    etcd = EtcdServer(top / "etcd", fsync=True, name="tailrace-dev-etcd")
+        brokers.append(_Broker(i, top / datadir.dev_broker_dir(i), port, ports.take(was.get("metrics_port"))))
+    etcd = EtcdServer(top / datadir.DEV_CLUSTER_ETCD_DIR, fsync=True, name="tailrace-dev-etcd")
     etcd.client_port = ports.take(last.get("etcd_client_port"))
     etcd.peer_port = ports.take(last.get("etcd_peer_port"))
     (top / STATE_FILE).write_text(json.dumps({
@@ -374,7 +375,7 @@ def _run_dev_cluster(args, top: Path, EtcdServer) -> int:
     env = {k: v for k, v in os.environ.items() if k not in ("TAILRACE_IPC_DIR", "TAILRACE_ADVERTISE")}
     reported: set[int] = set()
     try:
-        _say(f"starting etcd on 127.0.0.1:{etcd.client_port} (data {top / 'etcd'}) and {_n(len(brokers), 'broker')} ...")
+        _say(f"starting etcd on 127.0.0.1:{etcd.client_port} (data {top / datadir.DEV_CLUSTER_ETCD_DIR}) and {_n(len(brokers), 'broker')} ...")
         try:
             etcd.start()
         except RuntimeError as exc:
@@ -398,11 +399,11 @@ def _run_dev_cluster(args, top: Path, EtcdServer) -> int:
             if waiting and time.monotonic() - t0 > READY_TIMEOUT_S:
                 for bid, why in sorted(waiting.items()):
                     print(f"{where}: broker {bid} not ready within {READY_TIMEOUT_S:.0f} s: {why} "
-                          f"(see {brokers[bid].data_dir / 'logs'})", file=sys.stderr)
+                          f"(see {brokers[bid].data_dir / datadir.LOG_DIR})", file=sys.stderr)
                 return EXIT_ERROR
             if waiting:
                 time.sleep(0.2)
-        _say(f"etcd      127.0.0.1:{etcd.client_port}  pid {etcd.pid}  data {top / 'etcd'}")
+        _say(f"etcd      127.0.0.1:{etcd.client_port}  pid {etcd.pid}  data {top / datadir.DEV_CLUSTER_ETCD_DIR}")
         for b in brokers:
             _say(f"broker {b.id}  {b.address}  pid {b.proc.pid}  data {b.data_dir}  "
                  f"metrics http://127.0.0.1:{b.metrics_port}/metrics  output {b.log}")
