@@ -32,6 +32,7 @@ campaign and reconcile on a thread, woken by a watch of the brokers and the cont
 from __future__ import annotations
 
 import threading
+import time
 from typing import Iterable
 
 from .assign import partition_counts, place
@@ -42,6 +43,7 @@ from .metadata import (NO_LEADER, ControllerInfo, PartitionAssignment, TopicMeta
                        read_brokers, read_controller)
 
 LOST_POLICIES = ("offline", "reassign")
+STOP_POLL_S = 0.25  # ControllerLoop waits for changes in slices this long, so stop() returns at once
 MAX_KEYS_PER_TXN = 100  # etcd refuses a transaction of more than --max-txn-ops (128 by default) ops
 
 
@@ -275,13 +277,18 @@ class ControllerLoop:
         """Wait for a change that matters (or ``resync_s``); True if the watch was compacted and
         must be made again."""
         keys = self.controller.keys
-        batch = watch.get(self.resync_s)
-        while batch is not None and not self._stop.is_set():
+        deadline = time.monotonic() + self.resync_s
+        while not self._stop.is_set():  # in short waits: a stop is seen within STOP_POLL_S
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            batch = watch.get(min(left, STOP_POLL_S))
+            if batch is None:
+                continue
             if batch.compacted:
                 return True
             if any(e.kv.key == keys.controller or e.kv.key.startswith(keys.brokers) for e in batch.events):
                 return False
-            batch = watch.get(self.resync_s)
         return False
 
     def _note(self, e: Exception) -> None:

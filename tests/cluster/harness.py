@@ -4,6 +4,7 @@ and supervisord) on one etcd, all on loopback, stopped by pid."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 from tailrace.bench.launcher import Broker
@@ -56,6 +57,9 @@ class Cluster:
         return {p: a.leader for (_t, p), (a, _rev) in current.items()}
 
     def stop(self) -> None:
+        for b in self.brokers:  # all told at once, then each waited for (by pid)
+            if b.proc is not None and b.proc.poll() is None:
+                b.proc.send_signal(signal.SIGTERM)
         for b in self.brokers:
             if b.proc is not None:
                 b.stop()
