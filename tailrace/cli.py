@@ -9,7 +9,8 @@ error.
 
 Here: the parser (every command, option and help text), serve, workers, status and main. The
 other commands live in console.py (produce, consume), admin_commands.py (topic, groups),
-access_commands.py (keys, acl, quota) and top.py; tables.py prints what they show.
+access_commands.py (keys, acl, quota), cluster_commands.py (cluster status, dev-cluster) and
+top.py; tables.py prints what they show.
 """
 
 from __future__ import annotations
