@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -45,11 +44,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tailrace.bench.format_bench import log_lines
+from tailrace.bench.format_bench import consume, log_lines
 from tailrace.bench.launcher import Broker
 from tailrace.bench.loadgen import Job, run_jobs
 from tailrace.client.admin import Admin
-from tailrace.client.consumer import Consumer
 from tailrace.client.errors import TailraceError
 from tailrace.client.producer import Producer
 from tailrace.cluster.etcd import Etcd
@@ -89,21 +87,6 @@ def produce(bootstrap: str, topic: str, values, offsets, n: int) -> float:
         if p.acked_records != batches * BATCH:
             raise RuntimeError(f"produce to {topic}: {p.acked_records} acknowledged of {batches * BATCH}")
     return batches * BATCH / took
-
-
-def consume(bootstrap: str, topic: str, n: int) -> float:
-    """bench/format_bench.py's consume: msg/s to the last record; every record must come."""
-    with Consumer(bootstrap, max_wait_ms=100, max_bytes=4 << 20) as c:
-        c.assign(topic, start="earliest")
-        got = 0
-        t0 = time.perf_counter()
-        deadline = t0 + 120
-        while got < n and time.perf_counter() < deadline:
-            got += sum(len(cols) for _t, _p, cols in c.poll_columns(200))
-        took = time.perf_counter() - t0
-    if got != n:
-        raise RuntimeError(f"consume of {topic}: {got} records of {n}")
-    return n / took
 
 
 def e2e(b: Broker, topic: str, rate: int, seconds: float, max_wait_ms: int = 500) -> dict:
@@ -210,41 +193,6 @@ class Cluster:
                 log(f"stopping {b.data_dir}: {exc!r}")
         for b in self.brokers:
             b.cleanup_shm()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def hard_kill_all(broker: Broker) -> float:
-    """tests/helpers.py ``hard_kill_all``: kill -9 every program of the broker with supervisord
-    and ``tailrace serve`` frozen (SIGSTOP), then those two; nothing is told to stop, nothing is
-    restarted. Returns the CLOCK_MONOTONIC time right after the programs' SIGKILLs were sent."""
-    pids = broker.pids()
-    sv = broker.supervisord_pid()
-    for pid in (broker.proc.pid, sv):
-        os.kill(pid, signal.SIGSTOP)
-    for pid in pids.values():
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    killed = time.monotonic()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(p) for p in pids.values()):
-        time.sleep(0.02)
-    for pid in (sv, broker.proc.pid):
-        os.kill(pid, signal.SIGKILL)
-    broker.proc.wait(30)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _alive(sv):
-        time.sleep(0.02)
-    broker.proc = None
-    return killed
 
 
 def wait_for(predicate, since: float, timeout_s: float) -> float | None:
@@ -362,14 +310,14 @@ def step_failover(root: Path, etcd: EtcdServer, ttls: list[int], deaths: int) ->
                 victim = next(i for i in (2, 1, 0) if i != controller)
                 lost = sorted(p for p, b in c.leaders("dies").items() if b == victim)
                 assert lost, c.leaders("dies")
-                killed = hard_kill_all(c.brokers[victim])
+                killed = c.brokers[victim].hard_kill_all()
                 took = wait_for(lambda: all(c.leaders("dies")[p] == NO_LEADER for p in lost), killed, ttl * 3 + 15)
                 if took is None:
                     notes.append(f"rep {rep}: broker {victim}'s partitions {lost} not reported unavailable in {ttl * 3 + 15} s")
                 else:
                     broker_s.append(took)
                 # then the controller, the one survivor left to take over
-                killed = hard_kill_all(c.brokers[controller])
+                killed = c.brokers[controller].hard_kill_all()
                 took_c = wait_for(lambda: c.controller() not in (None, controller), killed, ttl * 3 + 15)
                 if took_c is None:
                     notes.append(f"rep {rep}: no new controller {ttl * 3 + 15} s after controller {controller} died")

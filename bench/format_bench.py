@@ -88,6 +88,7 @@ def produce(bootstrap: str, topic: str, values, offsets, n: int, variant: str) -
 
 
 def consume(bootstrap: str, topic: str, n: int) -> float:
+    """msg/s from the earliest offset to the last of ``n`` records; every record must come."""
     with Consumer(bootstrap, max_wait_ms=100, max_bytes=4 << 20) as c:
         c.assign(topic, start="earliest")
         got = 0
@@ -95,7 +96,10 @@ def consume(bootstrap: str, topic: str, n: int) -> float:
         deadline = t0 + 120
         while got < n and time.perf_counter() < deadline:
             got += sum(len(cols) for _t, _p, cols in c.poll_columns(200))
-        return got / (time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+    if got != n:
+        raise RuntimeError(f"consume of {topic}: {got} records of {n}")
+    return n / took
 
 
 def main(argv=None) -> dict:

@@ -33,6 +33,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 class Broker:
     def __init__(self, data_dir: Path, workers: int = 2, **settings):
         self.data_dir = Path(data_dir)
@@ -125,6 +134,32 @@ class Broker:
         pid = self.pids()[name]
         os.kill(pid, signal.SIGKILL)
         return pid
+
+    def hard_kill_all(self) -> float:
+        """kill -9 every program with supervisord and ``tailrace serve`` frozen (SIGSTOP), then
+        those two: nothing runs, nothing was told to stop (nor restarted), as a host that dies.
+        Returns the CLOCK_MONOTONIC time right after the programs' SIGKILLs were sent."""
+        pids = self.pids()
+        sv = self.supervisord_pid()
+        for pid in (self.proc.pid, sv):
+            os.kill(pid, signal.SIGSTOP)
+        for pid in pids.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        killed = time.monotonic()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(alive(p) for p in pids.values()):
+            time.sleep(0.02)
+        for pid in (sv, self.proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        self.proc.wait(30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and alive(sv):
+            time.sleep(0.02)
+        self.proc = None
+        return killed
 
     def stop(self, timeout_s: float = 120.0) -> int:
         """SIGTERM supervisord (by pid) and wait; returns its exit code."""

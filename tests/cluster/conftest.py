@@ -14,20 +14,11 @@ from tailrace.cluster.etcd_server import EtcdServer
 from tailrace.cluster.membership import Membership
 from tailrace.cluster.metadata import BrokerInfo
 
+from .harness import wait_until  # noqa: F401 - the cluster tests take it from here
+
 TTL_S = 2  # etcd's smallest lease TTL at its default election timeout (1.5 x 1 s, rounded up)
 
 _names = itertools.count()
-
-
-def wait_until(predicate, timeout_s: float, interval_s: float = 0.05):
-    """Poll ``predicate`` until it returns something true (returned) or ``timeout_s`` passes (its
-    last value)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval_s)
 
 
 @pytest.fixture(scope="session")
