@@ -11,10 +11,11 @@ then, so a single host never imports etcd's client). One ``ClusterAgent`` per ro
   ``controller`` current. The watch thread builds new dicts and swaps them in whole: the router's
   thread reads them without a lock (a reference read is atomic) and never sees a half-made one.
   While etcd is unreachable the view stays as last read: the data path keeps serving by it.
-- **The fence**: ``leads(topic, p)`` is true only while the registration's lease is known alive
-  (cluster/membership.py's own-clock deadline): a broker cut off from etcd longer than its TTL
-  stops taking requests for the partitions it led until it has registered again and read its
-  assignments afresh (REPLICATION.md 2.2.8).
+- **The fence**: a partition the controller could give to another broker (``movable``) is served
+  only while the registration's lease is known alive (cluster/membership.py's own-clock
+  deadline): a broker cut off from etcd longer than its TTL stops taking requests for it until it
+  has registered again and read its assignments afresh (REPLICATION.md 2.2.8). A one-replica
+  partition under the ``offline`` policy has no other possible leader and keeps being served.
 
 The router thread learns of topics to mirror into its catalog through ``take_changes()`` (the
 names whose metadata changed since the last call).
@@ -205,23 +206,24 @@ class ClusterAgent:
         """The whole view afresh, in one read (one revision: a watch from the next one misses
         nothing, which separate reads of brokers, topics and assignments could)."""
         kvs, revision = self.etcd.get_prefix(self.keys.root)
-        self.brokers, self.topics, self.assignments = {}, {}, {}
-        self.controller_id, self.controller_epoch = -1, 0
-        self._apply([Event("PUT", kv) for kv in kvs])
+        self._apply([Event("PUT", kv) for kv in kvs], fresh=True)
         self.revision = revision
         with self._lock:
             self._changed |= set(self.topics)
 
-    def _apply(self, events) -> None:
-        brokers, topics, assignments = dict(self.brokers), dict(self.topics), dict(self.assignments)
+    def _apply(self, events, fresh: bool = False) -> None:
+        """Take ``events`` into new dicts of the view (``fresh``: from empty ones, a full read),
+        swapped in at the end: the router thread never sees a half-applied or empty view."""
+        if fresh:
+            brokers, topics, assignments, controller = {}, {}, {}, (-1, 0)
+        else:
+            brokers, topics, assignments = dict(self.brokers), dict(self.topics), dict(self.assignments)
+            controller = (self.controller_id, self.controller_epoch)
         changed: set[str] = set()
         for e in events:
             key, put = e.kv.key, e.type != "DELETE"
             if key == self.keys.controller:
-                if put:
-                    self.controller_id, self.controller_epoch = decode(e.kv, ControllerInfo).broker, e.kv.create_revision
-                else:
-                    self.controller_id, self.controller_epoch = -1, 0
+                controller = (decode(e.kv, ControllerInfo).broker, e.kv.create_revision) if put else (-1, 0)
             elif key.startswith(self.keys.brokers):
                 bid = int(key[len(self.keys.brokers):])
                 if put:
@@ -245,6 +247,7 @@ class ClusterAgent:
                 changed.add(name)
             self.revision = max(self.revision, e.kv.mod_revision)
         self.brokers, self.topics, self.assignments = brokers, topics, assignments
+        self.controller_id, self.controller_epoch = controller
         if changed:
             with self._lock:
                 self._changed |= changed

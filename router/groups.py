@@ -103,7 +103,8 @@ class Group:
         self.counts: dict[str, int] = {}  # partition counts the target was computed with
         self.written_at = 0.0  # monotonic time of the last record written (or loaded)
         self.emptied_at = time.monotonic()
-        self.version = 0  # the offsets' write count (GroupRecord.version)
+        self.version = 0  # the offsets' write count (GroupRecord.version) of the last write stored
+        self.issued = 0  # the highest version given to a write (writes in flight included)
 
     def state(self) -> str:
         if not self.members:
@@ -227,7 +228,10 @@ class Coordinator:
                                                 deleted=deleted))
         entry = [time.monotonic() + REPLICA_WAIT_S, set(targets), done]
 
-        def answered(endpoint, _frames):
+        def answered(endpoint, frames):
+            code = P.unpack_routing(frames[0])[2] if frames else -1
+            if code != P.ErrorCode.OK:
+                log.warning("group %r: the copy of version %d was not stored by %s (code %s)", g.name, version, endpoint, code)
             entry[1].discard(endpoint)
             if not entry[1] and entry in self.replicating:
                 self.replicating.remove(entry)
@@ -433,7 +437,8 @@ class Coordinator:
         if not self._ensure_topic():
             return done(P.ErrorCode.NOT_READY, "the offsets topic cannot be made (shared-memory budget or slots)")
         g.staged = dict(snapshot)
-        version = g.version + 1 if version is None else version
+        if version is None:  # the next one, also past writes still in flight (two commits at once)
+            version = g.issued = max(g.version, g.issued) + 1
         value = msgspec.msgpack.encode(GroupRecord(g.name, [(t, p, o) for (t, p), o in sorted(snapshot.items())], deleted,
                                                    version))
         batch = encode_batch([value], [g.name.encode()])
