@@ -119,7 +119,9 @@ def test_records_expire_segments_go_readers_reset_and_a_crash_keeps_it_all(make_
         assert c.poll(500) == [] and c.position("r", 1) == EXPIRED + NEW // 2
     index = b.data_dir / "index" / "1.index"
     assert index.stat().st_size == (EXPIRED + NEW // 2) * 16
-    assert index.stat().st_blocks * 512 <= NEW // 2 * 16 + 8192  # the entries below the log start are punched out
+    # the entries below the log start are punched out: what stays allocated is the live entries and
+    # the pages at either edge (filesystems differ by a page or two), not the 80 KB below the start
+    assert index.stat().st_blocks * 512 <= NEW // 2 * 16 + 4 * 4096 < EXPIRED * 16
     assert read_log_starts(b.data_dir) == {0: EXPIRED, 1: EXPIRED}
 
     b.stop()  # a clean restart: the same log starts, the same records

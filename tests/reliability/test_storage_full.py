@@ -304,8 +304,14 @@ def test_the_delete_oldest_disk_guard_deletes_the_oldest_segments_inside_retenti
             assert p.flush(120_000) == n and not p.errors
         st = os.statvfs(journal)
         assert 1 - st.f_bavail / st.f_blocks <= 0.6 + SEGMENT_BYTES / (8 << 20)
-        with Admin(b.bootstrap) as a:
-            offs = a.list_offsets("g")
+        with Admin(b.bootstrap) as a:  # the guard may still be deleting one segment: read once it has settled
+            offs, deadline = a.list_offsets("g"), time.monotonic() + 30
+            while time.monotonic() < deadline:
+                time.sleep(1.0)  # ten of the guard's checks
+                now = a.list_offsets("g")
+                if [po.log_start_offset for po in now] == [po.log_start_offset for po in offs]:
+                    break
+                offs = now
         assert all(po.high_watermark == n // 2 and 0 < po.log_start_offset < n // 2 for po in offs), offs
         with Consumer(b.bootstrap, max_wait_ms=100) as c:
             c.assign("g", start="earliest")
