@@ -13,6 +13,9 @@
    stamped with CLOCK_MONOTONIC at ``--e2e-rate`` for ``--e2e-seconds``, acks memory, a consumer
    tailing the 8 partitions with long polls; latency = receive time - the stamp). Figures are
    medians over rounds; each cluster/single ratio is the median of the per-round ratios.
+1b. **Consume alone** (``step_consume``): the same pair of brokers, each given one topic of
+   ``--messages`` records once, then ``--read-rounds`` reads of it from the earliest offset on each,
+   alternating, with nothing between them.
 2. **Metadata of many partitions.** A 3-broker cluster (1 worker each, max_slots 16,384, 2 MiB
    rings with the default 1 MiB max batch, a shared-memory budget that counts every partition:
    rings are only made when used), ``--meta-partitions`` partitions in topics of at most 1,000;
@@ -151,6 +154,43 @@ def step_single_vs_cluster(root: Path, etcd: EtcdServer, args) -> dict:
     out["ratio_cluster_to_single"] = {k: statistics.median(c[k] / s[k] for c, s in zip(runs["cluster"], runs["single"]))
                                       for k in keys}
     return out
+
+
+def step_consume(root: Path, etcd: EtcdServer, args) -> dict:
+    """Consume alone: the same two brokers as ``step_single_vs_cluster``, each given one topic of
+    ``--messages`` records once, then ``--read-rounds`` reads of it from the earliest offset on
+    each, the order alternating. Step 1 times each consume right after its own produce (the
+    flusher still writing, the rings just filled), which moves it by +-15% between rounds of one
+    mode; here nothing else runs between the reads."""
+    n = args.messages // BATCH * BATCH
+    values, offsets = log_lines(min(n, 200_000))
+    common = dict(workers=2, segment_bytes=64 << 20)
+    brokers = {"single": Broker(root / "single-reads", **common),
+               "cluster": Broker(root / "cluster-reads", cluster=f"etcd://{etcd.endpoint}", broker_id=0,
+                                 cluster_name=f"bench-{os.getpid()}-reads", **common)}
+    runs: dict[str, list[float]] = {"single": [], "cluster": []}
+    try:
+        for b in brokers.values():
+            b.spawn()
+        for b in brokers.values():
+            b.wait_ready(90)
+        for b in brokers.values():
+            with Admin(b.bootstrap, timeout_ms=30_000) as a:
+                a.create_topic("reads", PARTITIONS)
+            produce(b.bootstrap, "reads", values, offsets, n)
+        for r in range(args.read_rounds):
+            for mode in (("single", "cluster") if r % 2 == 0 else ("cluster", "single")):
+                runs[mode].append(consume(brokers[mode].bootstrap, "reads", n))
+                log(f"read {r} {mode:<7}: {runs[mode][-1]:,.0f} msg/s")
+    finally:
+        for b in brokers.values():
+            b.stop()
+        for b in brokers.values():
+            b.cleanup_shm()
+    return {"messages": n, "rounds": args.read_rounds,
+            "single": {"median": statistics.median(runs["single"]), "runs": runs["single"]},
+            "cluster": {"median": statistics.median(runs["cluster"]), "runs": runs["cluster"]},
+            "ratio_cluster_to_single": statistics.median(c / s for c, s in zip(runs["cluster"], runs["single"]))}
 
 
 # --- clusters of 3 ------------------------------------------------------------------------------
@@ -353,6 +393,12 @@ def table(out: dict) -> str:
                   f"| e2e p50 ms | {sm['e2e_p50_ms']:.2f} | {cm['e2e_p50_ms']:.2f} | {q['e2e_p50_ms']:.3f} | <= 1.10 |",
                   f"| e2e p99 ms | {s['single']['e2e_p99_ms_median']:.2f} | {s['cluster']['e2e_p99_ms_median']:.2f} | "
                   f"{s['cluster']['e2e_p99_ms_median'] / s['single']['e2e_p99_ms_median']:.3f} | |", ""]
+    c = out.get("consume")
+    if c:
+        lines += [f"consume alone: {c['messages']:,} records, {c['rounds']} reads on each broker (medians)", "",
+                  "| | single broker | cluster mode | cluster / single | target |", "|---|---:|---:|---:|---|",
+                  f"| consume msg/s | {c['single']['median']:,.0f} | {c['cluster']['median']:,.0f} | "
+                  f"{c['ratio_cluster_to_single']:.3f} | >= 0.95 |", ""]
     m = out.get("metadata")
     if m:
         lines += ["| metadata | |", "|---|---|"]
@@ -387,13 +433,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--meta-loads", type=int, default=5)
     ap.add_argument("--ttls", default="10,3", help="cluster_ttl_s values of the failure step, comma-separated")
     ap.add_argument("--deaths", type=int, default=3, help="fresh clusters per ttl in the failure step")
-    ap.add_argument("--steps", default="single,metadata,failover")
+    ap.add_argument("--read-rounds", type=int, default=12, help="reads of one topic per broker in the consume step")
+    ap.add_argument("--steps", default="single,consume,metadata,failover")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: 50,000 messages, 1 round, 1 s of e2e, "
                     "1,000 partitions, one death timing at ttl 3")
     ap.add_argument("--data-root", default=None, help="where the run's temporary directory goes (removed at the end)")
     args = ap.parse_args(argv)
     if args.quick:
-        args.messages, args.rounds, args.e2e_seconds = 50_000, 1, 1.0
+        args.messages, args.rounds, args.e2e_seconds, args.read_rounds = 50_000, 1, 1.0, 2
         args.meta_partitions, args.meta_loads, args.ttls, args.deaths = 1000, 3, "3", 1
     steps = args.steps.split(",")
     out: dict = {"command": " ".join(["python -m tailrace.bench.cluster_bench", *(argv if argv is not None else sys.argv[1:])]),
@@ -408,6 +455,10 @@ def main(argv=None) -> dict:
                 t0 = time.monotonic()
                 out["single_vs_cluster"] = step_single_vs_cluster(root, etcd, args)
                 out["single_vs_cluster"]["seconds"] = round(time.monotonic() - t0, 1)
+            if "consume" in steps:
+                t0 = time.monotonic()
+                out["consume"] = step_consume(root, etcd, args)
+                out["consume"]["seconds"] = round(time.monotonic() - t0, 1)
             if "metadata" in steps:
                 t0 = time.monotonic()
                 out["metadata"] = step_metadata(root, etcd, args.meta_partitions, args.meta_loads)

@@ -107,7 +107,7 @@ def test_the_format_bench_runs_every_variant_and_reports_ratios():
 
 def test_the_cluster_bench_loads_metadata_and_times_a_broker_and_a_controller_death():
     """bench/cluster_bench.py (docs/BENCHMARKS.md "Cluster (issue 33)") end to end, tiny, its two
-    cluster-only steps (the single-vs-cluster step runs format_bench's produce and consume and the
+    cluster-only steps and the consume-alone one (the single-vs-cluster step runs format_bench's produce and consume and the
     e2e probe, smoke-tested above): a 3-broker cluster describes every partition; a killed broker's
     partitions go to NO_LEADER and a killed controller is replaced, within the ttl plus a margin."""
     pytest.importorskip("etcd3gw")
@@ -117,8 +117,10 @@ def test_the_cluster_bench_loads_metadata_and_times_a_broker_and_a_controller_de
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     from tailrace.bench import cluster_bench
-    out = cluster_bench.main(["--steps", "metadata,failover", "--meta-partitions", "30", "--meta-loads", "1",
-                              "--ttls", "2", "--deaths", "1"])
+    out = cluster_bench.main(["--steps", "consume,metadata,failover", "--messages", "20000", "--read-rounds", "1",
+                              "--meta-partitions", "30", "--meta-loads", "1", "--ttls", "2", "--deaths", "1"])
+    c = out["consume"]
+    assert len(c["single"]["runs"]) == len(c["cluster"]["runs"]) == 1 and c["ratio_cluster_to_single"] > 0
     m = out["metadata"]
     assert "create_error" not in m and "settle_error" not in m, m
     assert sum(m["partitions_by_leader"].values()) == 30 and len(m["admin_s"]["runs"]) == 1
