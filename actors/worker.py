@@ -302,7 +302,7 @@ class WorkerProcess:
         self.acls = None
         throttle = None
         if s.auth == "curve":  # broker/auth.py: CURVE clients only, router commands from the router's key only
-            self.guard = auth.Guard(ctx, s.data_dir, s.allow_dir, with_router=True)
+            self.guard = auth.Guard(ctx, s.data_dir, auth.allow_dir_of(s), with_router=True)
             self.acls = acl.Acls(s.data_dir)  # broker/acl.py: direct clients' requests
             throttle = quota.Throttle(s.data_dir, s.instance, worker_id)  # broker/quota.py
         self.sock = sock = ctx.socket(zmq.ROUTER)

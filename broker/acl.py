@@ -38,6 +38,7 @@ from tailrace.client import ops
 from tailrace.client import protocol as P
 
 from . import datadir
+from .auth import BROKER_PREFIX
 
 ACL_FILE = datadir.ACL_FILE
 OPERATIONS = ("produce", "consume", "create", "delete", "alter", "describe", "group", "admin")
@@ -76,6 +77,12 @@ OP_NEEDS = check_needs(ops.SPEC)
 _CHECKS = {row.op: (row.acl, row.names) for row in ops.SPEC}
 
 
+def is_broker(principal: str) -> bool:
+    """A cluster's broker asking another (auth.BROKER_PRINCIPAL): Kafka's inter-broker super user.
+    No allow-list file can name it (a key's name is a file name, without '/')."""
+    return principal.startswith(BROKER_PREFIX)
+
+
 class Rule(msgspec.Struct, frozen=True):
     principal: str
     pattern: str  # a topic name, a prefix, or "*"
@@ -99,14 +106,14 @@ def acl_path(data_dir: str) -> str:
 def read_rules(data_dir: str) -> list[Rule]:
     try:
         with open(acl_path(data_dir), "rb") as f:
-            return msgspec.json.decode(f.read(), type=AclFile).rules
+            return decode_rules(f.read())
     except FileNotFoundError:
         return []
 
 
 def _write(data_dir: str, rules: list[Rule]) -> None:
     os.makedirs(os.path.dirname(acl_path(data_dir)), mode=0o700, exist_ok=True)
-    body = json.dumps({"rules": [msgspec.to_builtins(r) for r in rules]}, indent=1).encode()
+    body = encode_rules(rules)
     path = acl_path(data_dir)  # private as its directory (0600 in a 0700 one), whatever the operator's umask
     datadir.write_atomic(path, body, mode=datadir.file_mode_in(os.path.dirname(path)))
 
@@ -121,21 +128,42 @@ def check_rule(principal: str, pattern: str, match: str, ops) -> Rule:
     return Rule(principal, pattern, "prefix" if pattern == ALL_TOPICS else match, ops)
 
 
+def with_rule(rules: list[Rule], rule: Rule) -> list[Rule] | None:
+    """``rules`` with ``rule`` added; None if it is there already. (The file here and a cluster's
+    etcd key, cluster/access.py, are changed by the same two functions.)"""
+    return None if rule in rules else [*rules, rule]
+
+
+def without_rule(rules: list[Rule], rule: Rule) -> list[Rule] | None:
+    """``rules`` without ``rule``; None if it is not there."""
+    return [r for r in rules if r != rule] if rule in rules else None
+
+
+def encode_rules(rules: list[Rule]) -> bytes:
+    return json.dumps({"rules": [msgspec.to_builtins(r) for r in rules]}, indent=1).encode()
+
+
+def decode_rules(body: bytes) -> list[Rule]:
+    return msgspec.json.decode(body, type=AclFile).rules
+
+
+def write_rules(data_dir: str, rules: list[Rule]) -> None:
+    _write(data_dir, rules)
+
+
 def add_rule(data_dir: str, rule: Rule) -> bool:
     """Add ``rule`` (False if the same rule is there already)."""
-    rules = read_rules(data_dir)
-    if rule in rules:
-        return False
-    _write(data_dir, [*rules, rule])
-    return True
+    rules = with_rule(read_rules(data_dir), rule)
+    if rules is not None:
+        _write(data_dir, rules)
+    return rules is not None
 
 
 def remove_rule(data_dir: str, rule: Rule) -> bool:
-    rules = read_rules(data_dir)
-    if rule not in rules:
-        return False
-    _write(data_dir, [r for r in rules if r != rule])
-    return True
+    rules = without_rule(read_rules(data_dir), rule)
+    if rules is not None:
+        _write(data_dir, rules)
+    return rules is not None
 
 
 class Acls:
@@ -179,7 +207,7 @@ class Acls:
         of what the request was for (``REFUSALS``). An internal op is refused whatever the rules;
         an op id not in the spec passes (nothing to authorize: the endpoint answers UNKNOWN_OP)."""
         check = _CHECKS.get(op)
-        if check is None or not self.rules:
+        if check is None or not self.rules or is_broker(principal):
             return None
         need, names = check
         if need == ops.INTERNAL:

@@ -42,6 +42,8 @@ AUTH_DIR = datadir.AUTH_DIR
 SERVER_KEY = datadir.SERVER_KEY
 ROUTER_KEY = datadir.ROUTER_KEY
 ROUTER_PRINCIPAL = "router"
+# in a cluster, broker N's router asking this one (its router key, from its registration): "broker/N"
+BROKER_PREFIX = "broker/"
 CLIENTS_DIR = datadir.CLIENTS_DIR
 MODES = ("none", "curve")
 
@@ -54,6 +56,50 @@ def auth_dir(data_dir: str) -> str:
 
 def default_allow_dir(data_dir: str) -> str:
     return os.path.join(auth_dir(data_dir), CLIENTS_DIR)
+
+
+def cluster_allow_dir(data_dir: str) -> str:
+    """Where a cluster broker mirrors the cluster's allow-list from etcd (cluster/access.py)."""
+    return os.path.join(auth_dir(data_dir), datadir.CLUSTER_CLIENTS_DIR)
+
+
+def allow_dir_of(s) -> str:
+    """The allow-list directory the broker's processes read: ``--allow-dir``, else the cluster's
+    mirror (with ``--cluster``), else ``<data-dir>/auth/clients``."""
+    return s.allow_dir or (cluster_allow_dir(s.data_dir) if s.cluster else default_allow_dir(s.data_dir))
+
+
+PUBLIC_KEY_TEXT = """#   ****  tailrace: {name}'s public key, from the cluster's allow-list in etcd  ****
+#   ****  written by the broker: changes here are replaced; use tailrace keys allow|revoke --cluster  ****
+metadata
+curve
+    public-key = "{key}"
+"""
+
+
+def sync_allowed(directory: str, clients: dict[str, str]) -> bool:
+    """Make ``directory`` hold exactly ``clients`` (principal -> Z85 public key) as ``NAME.key``
+    files, the format ``zmq.auth`` reads; True if anything changed. New files are written
+    atomically before stale ones go."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    changed = False
+    for name, key in clients.items():
+        path = os.path.join(directory, datadir.public_key_name(name))
+        body = PUBLIC_KEY_TEXT.format(name=name, key=key).encode()
+        try:
+            with open(path, "rb") as f:
+                if f.read() == body:
+                    continue
+        except FileNotFoundError:
+            pass
+        datadir.write_atomic(path, body, mode=0o644)
+        changed = True
+    wanted = {datadir.public_key_name(n) for n in clients}
+    for entry in os.listdir(directory):
+        if entry.endswith(datadir.PUBLIC_KEY_SUFFIX) and entry not in wanted:
+            os.unlink(os.path.join(directory, entry))
+            changed = True
+    return changed
 
 
 def generate_keys(directory: str, name: str) -> tuple[str, str]:
@@ -127,6 +173,12 @@ class AllowList:
                 return tuple(sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in it if e.name.endswith(datadir.PUBLIC_KEY_SUFFIX)))
         except FileNotFoundError:
             return ()
+
+    def set_fixed(self, fixed: dict[str, str]) -> None:
+        """Replace the keys not from the directory (a cluster's broker keys, as they come and go)."""
+        if fixed != self.fixed:
+            self.fixed, self._seen = dict(fixed), None
+            self.refresh()
 
     def refresh(self) -> bool:
         """Re-read the directory if it changed; True if it did."""

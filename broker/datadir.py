@@ -70,7 +70,9 @@ from .lifetime import die_with_parent, holders, in_use_message, pdeathsig_preexe
 #       server.key, server.key_secret  the broker's CURVE key pair (clients are given server.key)
 #       router.key, router.key_secret  the router's, as a CURVE client of the workers
 #       clients/<principal>.key        the default allow-list (settings allow_dir)
-#       acls.json, quotas.json         the access and quota rules (tailrace acl / quota)
+#       cluster-clients/<principal>.key  with --cluster: the cluster's allow-list, mirrored from etcd
+#       acls.json, quotas.json         the access and quota rules (tailrace acl / quota; with
+#                                      --cluster mirrored from etcd, cluster/access.py)
 #     debug-crashed-<step>             a fault injected once (debug_crash_at, persistence/retention.py)
 #     <name>.tmp                       any file being replaced by write_atomic
 #
@@ -122,6 +124,7 @@ WORKER_BELL, WORKER_IPC, WORKER_SOCK, WORKER_PID = "bell", "ipc", "sock", "pid"
 # --auth curve (broker/auth.py, broker/acl.py, broker/quota.py)
 AUTH_DIR = "auth"
 CLIENTS_DIR = "clients"  # in AUTH_DIR: the default allow-list
+CLUSTER_CLIENTS_DIR = "cluster-clients"  # in AUTH_DIR: a cluster's allow-list, mirrored from etcd
 SERVER_KEY = "server"  # key pair names
 ROUTER_KEY = "router"
 PUBLIC_KEY_SUFFIX = ".key"

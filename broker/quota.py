@@ -33,7 +33,7 @@ import msgspec
 from tailrace.shm.tally import TableFull, Tally, key_of
 
 from . import datadir
-from .auth import ROUTER_PRINCIPAL
+from .auth import BROKER_PREFIX, ROUTER_PRINCIPAL
 
 QUOTA_FILE = datadir.QUOTA_FILE
 DEFAULT = "*"
@@ -59,36 +59,59 @@ def quota_path(data_dir: str) -> str:
 def read_quotas(data_dir: str) -> list[Quota]:
     try:
         with open(quota_path(data_dir), "rb") as f:
-            return msgspec.json.decode(f.read(), type=QuotaFile).quotas
+            return decode_quotas(f.read())
     except FileNotFoundError:
         return []
 
 
 def _write(data_dir: str, quotas: list[Quota]) -> None:
     os.makedirs(os.path.dirname(quota_path(data_dir)), mode=0o700, exist_ok=True)
-    body = json.dumps({"quotas": [msgspec.to_builtins(q) for q in quotas]}, indent=1).encode()
+    body = encode_quotas(quotas)
     path = quota_path(data_dir)  # private as its directory (0600 in a 0700 one), whatever the operator's umask
     datadir.write_atomic(path, body, mode=datadir.file_mode_in(os.path.dirname(path)))
 
 
-def set_quota(data_dir: str, quota: Quota) -> Quota:
-    """Set ``quota.principal``'s rates (replacing its rule). Returns what was there before."""
+def with_quota(quotas: list[Quota], quota: Quota) -> list[Quota]:
+    """``quotas`` with ``quota.principal``'s rule replaced by ``quota`` (raises ValueError for a bad
+    one). The file here and a cluster's etcd key (cluster/access.py) share it."""
     if not quota.principal:
         raise ValueError("a quota needs a principal (or * for the default)")
     if quota.producer_byte_rate < 0 or quota.consumer_byte_rate < 0:
         raise ValueError("byte rates are bytes per second, >= 0 (0 = unlimited)")
+    return [*(q for q in quotas if q.principal != quota.principal), quota]
+
+
+def without_quota(quotas: list[Quota], principal: str) -> list[Quota] | None:
+    """``quotas`` without ``principal``'s rule; None if it has none."""
+    return [q for q in quotas if q.principal != principal] if any(q.principal == principal for q in quotas) else None
+
+
+def encode_quotas(quotas: list[Quota]) -> bytes:
+    return json.dumps({"quotas": [msgspec.to_builtins(q) for q in quotas]}, indent=1).encode()
+
+
+def decode_quotas(body: bytes) -> list[Quota]:
+    return msgspec.json.decode(body, type=QuotaFile).quotas
+
+
+def write_quotas(data_dir: str, quotas: list[Quota]) -> None:
+    _write(data_dir, quotas)
+
+
+def set_quota(data_dir: str, quota: Quota) -> Quota:
+    """Set ``quota.principal``'s rates (replacing its rule). Returns what was there before."""
     quotas = read_quotas(data_dir)
+    new = with_quota(quotas, quota)
     old = next((q for q in quotas if q.principal == quota.principal), Quota(quota.principal))
-    _write(data_dir, [*(q for q in quotas if q.principal != quota.principal), quota])
+    _write(data_dir, new)
     return old
 
 
 def remove_quota(data_dir: str, principal: str) -> bool:
-    quotas = read_quotas(data_dir)
-    if not any(q.principal == principal for q in quotas):
-        return False
-    _write(data_dir, [q for q in quotas if q.principal != principal])
-    return True
+    quotas = without_quota(read_quotas(data_dir), principal)
+    if quotas is not None:
+        _write(data_dir, quotas)
+    return quotas is not None
 
 
 def local_principal(uid: int) -> str:
@@ -126,7 +149,7 @@ class Throttle:
         self._seen = sig
 
     def rate(self, principal: str | None, which: int) -> int:
-        if not self.rates or principal is None or principal == ROUTER_PRINCIPAL:
+        if not self.rates or principal is None or principal == ROUTER_PRINCIPAL or principal.startswith(BROKER_PREFIX):
             return 0
         r = self.rates.get(principal) or self.rates.get(DEFAULT)
         return r[which] if r else 0

@@ -137,8 +137,9 @@ class Settings(msgspec.Struct, kw_only=True):
         if self.cluster:
             if self.broker_id < 0:
                 raise ValueError("a cluster broker needs --broker-id N (N >= 0, unique in the cluster)")
-            if self.auth != "none":
-                raise ValueError("--cluster with --auth curve is not supported yet: brokers ask each other unauthenticated")
+            if self.allow_dir:
+                raise ValueError("--allow-dir with --cluster: a cluster's allow-list is in etcd, the same for every broker "
+                                 "(tailrace keys allow NAME KEYFILE --cluster ...)")
             if self.cluster_ttl_s < 2:
                 raise ValueError(f"cluster_ttl_s={self.cluster_ttl_s} must be >= 2 (etcd's smallest lease)")
         datadir.parse_mode(self.data_mode)

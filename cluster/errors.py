@@ -44,3 +44,8 @@ class MetadataConflict(ClusterError):
 
 class NoLiveBrokers(ClusterError):
     """Raised when partitions must be placed and no broker is registered."""
+
+
+class ClusterKeyMismatch(ClusterError):
+    """Raised when a broker would join a cluster whose brokers run with another auth mode or
+    another CURVE server key (clients give one server key for the whole cluster)."""

@@ -7,11 +7,17 @@ All keys of cluster ``<c>`` sit under ``/tailrace/<c>/``::
                                           its create revision is the controller epoch
     /tailrace/<c>/topics/<name>           TopicMeta (JSON); its create revision is the topic id
     /tailrace/<c>/partitions/<name>/<p>   PartitionAssignment (JSON), one key per partition
+    /tailrace/<c>/access/acls             the ACL rules, as <data-dir>/auth/acls.json (broker/acl.py)
+    /tailrace/<c>/access/quotas           the quotas, as <data-dir>/auth/quotas.json (broker/quota.py)
+    /tailrace/<c>/access/clients/<name>   one allowed client's public key (Z85): principal <name>
 
 Values are JSON text (readable with ``etcdctl get --prefix /tailrace/``). Only the controller
 writes topics and partitions, each write a transaction that compares the controller epoch
 (cluster/controller.py); each broker writes its own registration; nobody writes the controller
-key but by a create-if-absent transaction. Records and committed offsets never go into etcd.
+key but by a create-if-absent transaction. The operator's commands write ``access/``
+(cluster/access.py: ``tailrace acl|quota|keys ... --cluster``), each change a compare-and-swap on
+what it read; every broker mirrors it into its data directory (router/cluster_agent.py). Records
+and committed offsets never go into etcd.
 
 Vocabulary: *controller epoch* = create revision of the controller key (grows with every new
 controller: revisions only grow); *leader epoch* = a partition's count of leader changes, from 0,
@@ -37,6 +43,10 @@ class BrokerInfo(msgspec.Struct):
     endpoints: list[str]  # the router's client endpoints (its --bind), as clients reach them
     rack: str | None = None
     started: float = 0.0  # unix time in seconds the broker registered
+    # with --auth curve (Z85 public keys): the broker's server key (one for the whole cluster:
+    # clients give one server_key) and its router's client key (other brokers let it in as "broker/<id>")
+    server_key: str = ""
+    router_key: str = ""
 
 
 class ControllerInfo(msgspec.Struct):
@@ -88,9 +98,18 @@ class Keys:
         self.controller = self.root + "controller"
         self.topics = self.root + "topics/"
         self.partitions = self.root + "partitions/"
+        self.access = self.root + "access/"
+        self.acls = self.access + "acls"
+        self.quotas = self.access + "quotas"
+        self.clients = self.access + "clients/"
 
     def broker(self, broker_id: int) -> str:
         return f"{self.brokers}{int(broker_id)}"
+
+    def client(self, name: str) -> str:
+        if not name or "/" in name or name.startswith(".") or name != name.strip():
+            raise ValueError(f"client name {name!r}: a key file's name (no '/', not starting with '.')")
+        return self.clients + name
 
     def topic(self, name: str) -> str:
         if not valid_topic_name(name):

@@ -17,6 +17,14 @@ then, so a single host never imports etcd's client). One ``ClusterAgent`` per ro
   has registered again and read its assignments afresh (REPLICATION.md 2.2.8). A one-replica
   partition under the ``offline`` policy has no other possible leader and keeps being served.
 
+- **Access control** (with ``--auth curve`` above all): the cluster's allow-list, ACL rules and
+  quotas in etcd (cluster/access.py) are part of the view, and the watch thread writes them into
+  the data directory (``auth/cluster-clients/``, ``auth/acls.json``, ``auth/quotas.json``), where
+  the router and the workers read them as on a single host. The registration carries the broker's
+  server key and its router's client key: a broker whose server key differs from the live
+  brokers' does not join (``ClusterKeyMismatch``), and ``broker_keys()`` gives the router the
+  other brokers' keys to let in as ``broker/<id>``.
+
 The router thread learns of topics to mirror into its catalog through ``take_changes()`` (the
 names whose metadata changed since the last call).
 """
@@ -27,12 +35,16 @@ import logging
 import threading
 import time
 
+from tailrace.broker import acl as acl_mod
+from tailrace.broker import auth as auth_mod
+from tailrace.broker import quota as quota_mod
 from tailrace.broker import settings as settings_mod
 from tailrace.cluster.controller import Controller, ControllerLoop
-from tailrace.cluster.errors import ClusterError
+from tailrace.cluster.errors import ClusterError, ClusterKeyMismatch
 from tailrace.cluster.etcd import Etcd, Event
 from tailrace.cluster.membership import Membership
-from tailrace.cluster.metadata import NO_LEADER, BrokerInfo, ControllerInfo, PartitionAssignment, TopicMeta, decode
+from tailrace.cluster.metadata import (NO_LEADER, BrokerInfo, ControllerInfo, PartitionAssignment, TopicMeta, decode,
+                                       read_brokers)
 
 log = logging.getLogger("tailrace.router")
 
@@ -47,6 +59,9 @@ class ClusterAgent:
         self.endpoint = s.advertised
         self.etcd = Etcd(s.cluster, timeout_s=ETCD_TIMEOUT_S)
         info = BrokerInfo(id=s.broker_id, endpoints=[self.endpoint], rack=s.rack or None)
+        if s.auth == "curve":
+            info.server_key = auth_mod.server_keys(s.data_dir)[0].decode("ascii")
+            info.router_key = auth_mod.router_client_keys(s.data_dir).public.decode("ascii")
         self.membership = Membership(self.etcd, s.cluster_name, info, ttl_s=s.cluster_ttl_s, on_fenced=self._fenced)
         self.keys = self.membership.keys
         self.controller = Controller(self.etcd, self.membership)
@@ -63,12 +78,19 @@ class ClusterAgent:
         self.synced = threading.Event()  # set once the view was read after the last registration
         self._changed: set[str] = set()
         self._lock = threading.Lock()  # guards _changed only
+        # the cluster's access control as last read (cluster/access.py): key -> value, mirrored into the data dir
+        self._access: dict[str, bytes] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="cluster view", daemon=True)
 
     # --- life ------------------------------------------------------------------------------
     def start(self) -> "ClusterAgent":
         self.membership.register(wait_s=self.s.cluster_ttl_s + 2)  # a restarted router's old lease runs out
+        try:
+            self._check_keys()
+        except ClusterError:
+            self.membership.close(revoke=True)
+            raise
         log.info("cluster %s: registered broker %d at %s (lease %x, ttl %d s)", self.s.cluster_name, self.me,
                  self.endpoint, self.membership.lease, self.s.cluster_ttl_s)
         self._thread.start()
@@ -85,6 +107,24 @@ class ClusterAgent:
                 pass
         self.membership.close(revoke=True)
         self._thread.join(timeout=5)
+
+    def _check_keys(self) -> None:
+        """Every broker of a cluster has the same auth and the same server key: a client gives one
+        ``server_key`` and follows leaders to any broker. A broker that differs does not join."""
+        mine = self.membership.info.server_key
+        for b in read_brokers(self.etcd, self.keys).values():
+            if b.id != self.me and b.server_key != mine:
+                what = ("--auth curve" if b.server_key else "no --auth") if bool(b.server_key) != bool(mine) else \
+                    "another server key"
+                raise ClusterKeyMismatch(
+                    f"broker {b.id} of cluster {self.s.cluster_name} runs with {what}: every broker needs the same auth and, "
+                    f"with curve, the same server key pair (copy auth/server.key and auth/server.key_secret from a "
+                    f"member's data directory into {self.s.data_dir}/auth before its first start)")
+
+    def broker_keys(self) -> dict[str, str]:
+        """The other brokers' router keys (Z85) -> their principals (``broker/<id>``), as registered."""
+        return {b.router_key: f"{auth_mod.BROKER_PREFIX}{b.id}" for b in self.brokers.values()
+                if b.router_key and b.id != self.me}
 
     def _fenced(self, reason: str) -> None:
         log.error("cluster: broker %d fenced (%s): partitions that may move are refused until it has registered "
@@ -215,14 +255,19 @@ class ClusterAgent:
         """Take ``events`` into new dicts of the view (``fresh``: from empty ones, a full read),
         swapped in at the end: the router thread never sees a half-applied or empty view."""
         if fresh:
-            brokers, topics, assignments, controller = {}, {}, {}, (-1, 0)
+            brokers, topics, assignments, controller, access = {}, {}, {}, (-1, 0), {}
         else:
             brokers, topics, assignments = dict(self.brokers), dict(self.topics), dict(self.assignments)
-            controller = (self.controller_id, self.controller_epoch)
+            controller, access = (self.controller_id, self.controller_epoch), dict(self._access)
         changed: set[str] = set()
         for e in events:
             key, put = e.kv.key, e.type != "DELETE"
-            if key == self.keys.controller:
+            if key.startswith(self.keys.access):
+                if put:
+                    access[key] = e.kv.value
+                else:
+                    access.pop(key, None)
+            elif key == self.keys.controller:
                 controller = (decode(e.kv, ControllerInfo).broker, e.kv.create_revision) if put else (-1, 0)
             elif key.startswith(self.keys.brokers):
                 bid = int(key[len(self.keys.brokers):])
@@ -248,9 +293,32 @@ class ClusterAgent:
             self.revision = max(self.revision, e.kv.mod_revision)
         self.brokers, self.topics, self.assignments = brokers, topics, assignments
         self.controller_id, self.controller_epoch = controller
+        if fresh or access != self._access:
+            self._access = access
+            self._mirror_access()
         if changed:
             with self._lock:
                 self._changed |= changed
+
+    def _mirror_access(self) -> None:
+        """Write the cluster's allow-list, ACL rules and quotas into this broker's data directory,
+        where its router and workers read them (broker/auth.py, acl.py, quota.py); a file is only
+        rewritten when what it says changed."""
+        d, k = self.s.data_dir, self.keys
+        rules = acl_mod.decode_rules(self._access[k.acls]) if k.acls in self._access else []
+        quotas = quota_mod.decode_quotas(self._access[k.quotas]) if k.quotas in self._access else []
+        clients = {key[len(k.clients):]: v.decode("ascii") for key, v in self._access.items() if key.startswith(k.clients)}
+        try:
+            if _stored(acl_mod.read_rules, d) != rules:
+                acl_mod.write_rules(d, rules)
+                log.info("cluster: %d ACL rules mirrored", len(rules))
+            if _stored(quota_mod.read_quotas, d) != quotas:
+                quota_mod.write_quotas(d, quotas)
+                log.info("cluster: %d quotas mirrored", len(quotas))
+            if auth_mod.sync_allowed(auth_mod.cluster_allow_dir(d), clients):
+                log.info("cluster: allow-list mirrored: %d client keys", len(clients))
+        except OSError as exc:  # a full or read-only disk: the last mirrored rules stay in force
+            log.error("cluster: access control not mirrored into %s: %s", d, exc)
 
     def _watch(self) -> None:
         watch = None
@@ -283,6 +351,13 @@ class ClusterAgent:
                 self._stop.wait(1.0)
         if watch is not None:
             watch.stop()
+
+
+def _stored(read, data_dir: str):
+    try:
+        return read(data_dir)
+    except (OSError, ValueError):  # unreadable (msgspec's errors are ValueErrors): written afresh
+        return None
 
 
 def wait_synced(agent: ClusterAgent, timeout_s: float) -> bool:

@@ -75,7 +75,8 @@ _decoders = {kind: msgspec.msgpack.Decoder(kind) for kind in
              (P.GroupHeartbeatRequest, P.OffsetCommitRequest, P.OffsetFetchRequest, P.FetchReply, P.ErrorReply, P.ProduceReply,
               P.ListGroupsRequest, P.ListGroupsReply)}
 REPLICA_WAIT_S = 2.0  # cluster: a commit is answered once every other broker has its copy, or after this long
-PULL_WAIT_S = 3.0  # cluster: a starting coordinator waits this long at most for the others' copies
+PULL_WAIT_S = 5.0  # cluster: a starting coordinator waits this long at most for the others' copies
+PULL_ASK_AGAIN_S = 1.0  # and asks those that have not answered again this often
 
 
 class Member:
@@ -251,13 +252,14 @@ class Coordinator:
         agent, peers, pull = self.ctx.cluster, self.ctx.peers, self.pull
         if "waiting" not in pull:
             targets = {agent.endpoint_of(b) for b in agent.brokers if b != agent.me} - {""}
-            pull.update(waiting=set(), deadline=now + PULL_WAIT_S)
-            header = P.encode(P.ListGroupsRequest(replicas=True))
-            for ep in targets:
-                rid = self.ctx.next_internal_id()
-                if peers.send(ep, [P.pack_routing(P.Op.LIST_GROUPS, -1, rid, b""), header], rid, self._on_pull):
-                    pull["waiting"].add(ep)
+            pull.update(waiting=set(targets), deadline=now + PULL_WAIT_S, again=0.0)
         if pull["waiting"] and now < pull["deadline"]:
+            if now >= pull["again"]:  # asked again each second: a peer that had not seen our registration yet
+                pull["again"] = now + PULL_ASK_AGAIN_S  # (with --auth curve: had not let our key in) missed the first
+                header = P.encode(P.ListGroupsRequest(replicas=True))
+                for ep in sorted(pull["waiting"]):
+                    rid = self.ctx.next_internal_id()
+                    peers.send(ep, [P.pack_routing(P.Op.LIST_GROUPS, -1, rid, b""), header], rid, self._on_pull)
             return
         if pull["waiting"]:
             log.warning("group copies not received from %s within %.0f s", sorted(pull["waiting"]), PULL_WAIT_S)

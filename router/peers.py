@@ -8,6 +8,10 @@ endpoint, connected on first use and registered in the router's poller; replies 
 ordinary client replies (``[routing, body]``), matched by the router's internal request id to
 the callback its sender gave (the offsets questions, router/offsets.py; the group coordinator's
 copies of committed offsets, router/groups.py).
+
+A link that answers nothing is made afresh (``reset_silent``): with ``--auth curve`` a broker
+that had not yet let our router key in (it had not seen our registration) refuses the CURVE
+handshake, and libzmq then ends that connection for good; the next question goes over a new one.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from tailrace.client import protocol as P
 
 
 class PeerLinks:
-    def __init__(self, ctx: zmq.Context, poller: zmq.Poller):
+    def __init__(self, ctx: zmq.Context, poller: zmq.Poller, keys=None):
         self.ctx, self.poller = ctx, poller
+        self.keys = keys  # with --auth curve: the router's client keys (the cluster's server key; peers know ours)
         self.socks: dict[str, zmq.Socket] = {}  # endpoint -> DEALER
         # (endpoint, internal request id) -> (on_reply(endpoint, frames), sent): one question may go to several brokers
         self.waiting: dict[tuple[str, int], tuple[Callable, float]] = {}
+        self.heard: dict[str, float] = {}  # endpoint -> when it last answered anything
 
     def send(self, endpoint: str, frames: list[bytes], rid: int = 0, on_reply: Callable | None = None) -> bool:
         """Queue ``frames`` to the broker at ``endpoint``; False if they could not be queued.
@@ -35,6 +41,8 @@ class PeerLinks:
             sock = self.ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, 1000)
+            if self.keys is not None:
+                self.keys.apply(sock)
             sock.connect(endpoint)
             self.socks[endpoint] = sock
             self.poller.register(sock, zmq.POLLIN)
@@ -54,9 +62,27 @@ class PeerLinks:
             rid = P.unpack_routing(frames[0])[4]
         except Exception:  # noqa: BLE001 - a broken reply is nobody's
             return
+        self.heard[endpoint] = time.monotonic()
         waiter = self.waiting.pop((endpoint, rid), None)
         if waiter is not None:
             waiter[0](endpoint, frames)
+
+    def reset_silent(self, silent_s: float) -> list[str]:
+        """Close the link to each broker that has not answered anything asked of it ``silent_s``
+        ago or earlier (it is connected again at the next question); the endpoints reset."""
+        now = time.monotonic()
+        oldest: dict[str, float] = {}
+        for (ep, _rid), (_cb, sent) in self.waiting.items():
+            oldest[ep] = min(sent, oldest.get(ep, sent))
+        reset = [ep for ep, sent in oldest.items() if now - sent > silent_s and self.heard.get(ep, 0.0) < sent]
+        for ep in reset:
+            sock = self.socks.pop(ep, None)
+            if sock is not None:
+                self.poller.unregister(sock)
+                sock.close(0)
+            for key in [k for k in self.waiting if k[0] == ep]:
+                del self.waiting[key]
+        return reset
 
     def expire(self, older_than_s: float) -> None:
         """Forget questions unanswered this long (their askers time out on their own)."""

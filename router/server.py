@@ -52,6 +52,7 @@ from .traffic import Traffic
 log = logging.getLogger("tailrace.router")
 
 DRAIN_MAX = 512
+PEER_SILENT_S = 1.5  # cluster: a link to another broker that answered nothing this long is made again (router/peers.py)
 EXIT_OK = 0
 
 # the routing-header checks of every client request (broker/envelope.py, over client/ops.py's SPEC)
@@ -234,7 +235,7 @@ class Router:
         self.cluster = agent
         self.topic_ctx.cluster = agent
         self.status_ctx.cluster = agent
-        peers = PeerLinks(self.links.ctx, self.links.poller)
+        peers = PeerLinks(self.links.ctx, self.links.poller, self.links.keys)
         self.asks.attach_cluster(agent, peers, partial(topics.mirror_topic, self.topic_ctx))
         self.groups.attach_cluster(agent, peers)
 
@@ -301,6 +302,8 @@ class Router:
         if self.acls is not None:
             self.acls.refresh()
         if self.cluster is not None:
+            for ep in self.asks.peers.reset_silent(PEER_SILENT_S):
+                log.info("cluster: no answer from %s for %.0f s: connecting to it again", ep, PEER_SILENT_S)
             self.asks.peers.expire(30.0)
         self.count_clients()
         self.stats.maybe_write(partial(status.stats_parts, self.status_ctx))
@@ -339,7 +342,7 @@ def main() -> int:
     ctx, poller = zmq.Context(), zmq.Poller()
     guard = None
     if s.auth == "curve":
-        guard = auth.Guard(ctx, s.data_dir, s.allow_dir, with_router=False)
+        guard = auth.Guard(ctx, s.data_dir, auth.allow_dir_of(s), with_router=False)
         router = Router(s, ctx, poller, auth.router_client_keys(s.data_dir), acl.Acls(s.data_dir))
     else:
         router = Router(s, ctx, poller)
@@ -352,7 +355,7 @@ def main() -> int:
             router.attach_cluster(ClusterAgent(s).start())
         except Exception as exc:  # noqa: BLE001 - etcd unreachable, the id taken: said, and supervisord tries again
             log.error("cluster %s at %s: cannot join: %s: %s", s.cluster_name, s.cluster, type(exc).__name__, exc)
-            return datadir.EXIT_REFUSED if type(exc).__name__ == "BrokerIdInUse" else 1
+            return datadir.EXIT_REFUSED if type(exc).__name__ in ("BrokerIdInUse", "ClusterKeyMismatch") else 1
         if not wait_synced(router.cluster, 10.0):
             log.warning("cluster: the metadata was not read within 10 s; serving what the catalog holds")
         router.mirror()
@@ -391,6 +394,8 @@ def main() -> int:
         now = time.monotonic()
         if now - last_tick > HEARTBEAT_S:
             if guard is not None:
+                if router.cluster is not None:  # the other brokers' routers, as their registrations say
+                    guard.allow.set_fixed(router.cluster.broker_keys())
                 guard.allow.refresh()
             router.tick(now)
             last_tick = now

@@ -450,7 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
     tp_.add_argument("--iterations", type=_positive, default=None, help="stop after N refreshes (default: until q or Ctrl-C)")
     tp_.set_defaults(func=cmd_top)
 
-    ac = command(sub, "acl", "who may do what to which topics, with --auth curve (broker/acl.py); edits <data-dir>/auth/acls.json")
+    ac = command(sub, "acl", "who may do what to which topics, with --auth curve (broker/acl.py); edits <data-dir>/auth/acls.json "
+                            "(with --cluster: the cluster's, in etcd)")
     asub = ac.add_subparsers(dest="acl_cmd", required=True, metavar="SUBCOMMAND")
     for name, text in (("add", "allow a principal operations on topics (the first rule turns authorization on)"),
                        ("remove", "remove exactly that rule")):
@@ -459,9 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--topic", default=None, help="a topic name, or * for every topic")
         p.add_argument("--prefix", default=None, help="every topic whose name starts with this")
         p.add_argument("--ops", required=True, metavar="OP[,OP...]", help=f"operations: {', '.join(acl_mod.OPERATIONS)}")
-        p.add_argument("--data-dir", default=None, help="the broker's data directory (default ./data)")
+        access_target(p)
     al = command(asub, "list", "the rules")
-    al.add_argument("--data-dir", default=None, help="the broker's data directory (default ./data)")
+    access_target(al)
     al.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ac.set_defaults(func=access_commands.cmd_acl)
 
@@ -477,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     ql = command(qsub, "list", "the quotas")
     ql.add_argument("--json", action="store_true", help="print JSON instead of a table")
     for p in (qs, qr, ql):
-        p.add_argument("--data-dir", default=None, help="the broker's data directory (default ./data)")
+        access_target(p)
     qu.set_defaults(func=access_commands.cmd_quota)
 
     ky = command(sub, "keys", "CurveZMQ key pairs for clients of a broker with --auth curve")
@@ -486,6 +487,16 @@ def build_parser() -> argparse.ArgumentParser:
     kg.add_argument("name", help="the principal's name (the key files are named after it)")
     kg.add_argument("--dir", default=".", help="where to write the pair (default: the current directory)")
     kg.set_defaults(func=access_commands.cmd_keys)
+    ka = command(ksub, "allow", "allow a client's public key as principal NAME (the data dir's allow-list, or the cluster's)")
+    ka.add_argument("name", help="the principal's name")
+    ka.add_argument("key", help="its public key: a NAME.key file (or NAME.key_secret), or the 40-character Z85 text")
+    kr = command(ksub, "revoke", "remove principal NAME from the allow-list (its connections are refused from the next request)")
+    kr.add_argument("name")
+    kl = command(ksub, "list", "the allowed principals and their public keys")
+    kl.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    for p in (ka, kr, kl):
+        access_target(p)
+        p.set_defaults(func=access_commands.cmd_keys_allowed)
 
     cl = command(sub, "cluster", "a cluster of brokers on etcd (docs/DESIGN.md \"Cluster\"); needs the cluster extra")
     clsub = cl.add_subparsers(dest="cluster_cmd", required=True, metavar="SUBCOMMAND")
@@ -509,6 +520,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("bench", help="run benchmark workloads (tailrace bench --help; bench/README.md)", add_help=False)
     return ap
+
+
+def access_target(p) -> None:
+    """Where ``keys allow|revoke|list``, ``acl`` and ``quota`` act: a data directory, or a cluster."""
+    p.add_argument("--data-dir", default=None, help="the broker's data directory (default ./data)")
+    p.add_argument("--cluster", default=os.environ.get("TAILRACE_CLUSTER") or None, metavar="etcd://H:P[,H:P...]",
+                   help="a cluster's etcd instead: the rules of every broker in it (also $TAILRACE_CLUSTER)")
+    p.add_argument("--cluster-name", default=os.environ.get("TAILRACE_CLUSTER_NAME") or _DEFAULTS.cluster_name,
+                   metavar="NAME", help="the cluster's name, as given to `serve --cluster-name` (also $TAILRACE_CLUSTER_NAME)")
 
 
 def main(argv=None) -> int:
