@@ -33,6 +33,7 @@ class TopicEntry(msgspec.Struct):
     ring_bytes: int
     slots: list[int]
     config: dict[str, int | str] = {}  # the topic's own settings (retention.ms, compression.type...); defaults fill the rest
+    cluster_id: int = 0  # a cluster's topic: its id there (the etcd key's create revision); 0: this broker's own
 
 
 class CatalogData(msgspec.Struct):
@@ -130,13 +131,13 @@ class Catalog:
         return len(set(free) & set(self.data.retired)) + max(0, max_slots - self.data.next_slot)
 
     def add_topic(self, name: str, partitions: int, ring_bytes: int, config: dict[str, int | str] | None = None,
-                  free: list[int] = ()) -> TopicEntry:
+                  free: list[int] = (), cluster_id: int = 0) -> TopicEntry:
         """Add a topic and write the catalog durably (router only). ``free``: retired slots that
         are known clear (the router checks; persistence/retire.py clears them)."""
         d = self.data
         slots, retired, next_slot = self._take_slots(partitions, list(free))
         entry = TopicEntry(name=name, topic_id=d.next_topic_id, partitions=partitions, ring_bytes=ring_bytes,
-                           slots=slots, config=dict(config or {}))
+                           slots=slots, config=dict(config or {}), cluster_id=cluster_id)
         self._write(CatalogData(version=d.version, next_topic_id=d.next_topic_id + 1, next_slot=next_slot,
                                 topics={**d.topics, name: entry}, retired=retired))
         return entry
@@ -149,8 +150,7 @@ class Catalog:
         extra = total - old.partitions
         assert extra > 0, (name, total)
         slots, retired, next_slot = self._take_slots(extra, list(free))
-        entry = TopicEntry(name=name, topic_id=old.topic_id, partitions=total, ring_bytes=old.ring_bytes,
-                           slots=[*old.slots, *slots], config=dict(old.config))
+        entry = msgspec.structs.replace(old, partitions=total, slots=[*old.slots, *slots], config=dict(old.config))
         self._write(CatalogData(version=d.version, next_topic_id=d.next_topic_id, next_slot=next_slot,
                                 topics={**d.topics, name: entry}, retired=retired))
         return entry
@@ -179,8 +179,16 @@ class Catalog:
         for k, v in changes.items():
             if v is None:
                 config.pop(k, None)
-        entry = TopicEntry(name=name, topic_id=old.topic_id, partitions=old.partitions, ring_bytes=old.ring_bytes,
-                           slots=list(old.slots), config=config)
+        entry = msgspec.structs.replace(old, slots=list(old.slots), config=config)
+        self._write(CatalogData(version=d.version, next_topic_id=d.next_topic_id, next_slot=d.next_slot,
+                                topics={**d.topics, name: entry}, retired=list(d.retired)))
+        return entry
+
+    def set_cluster_id(self, name: str, cluster_id: int) -> TopicEntry:
+        """Record topic ``name``'s id in its cluster (a topic the controller made here before its
+        watch brought the id), written durably (router only)."""
+        d = self.data
+        entry = msgspec.structs.replace(d.topics[name], cluster_id=cluster_id)
         self._write(CatalogData(version=d.version, next_topic_id=d.next_topic_id, next_slot=d.next_slot,
                                 topics={**d.topics, name: entry}, retired=list(d.retired)))
         return entry

@@ -1,10 +1,13 @@
 """Which broker leads a partition: pure, no I/O, no clock (the controller feeds it what it read).
 
-Balance is by partition count: each partition goes to the live broker that holds the fewest now
-(ties to the lower id), counting the ones placed in the same call, so ``n`` partitions over ``b``
-empty brokers land ``ceil(n/b)`` or ``floor(n/b)`` on each. Measured load (the bytes and requests
-a single host's scheduler already weighs, router/load.py) and racks come later; the counts are
-what the controller knows without asking a broker.
+Balance is by partition count and measured load. Each broker's cost is its partition count over
+the mean count plus its measured load (bytes in and out per second, what each broker publishes,
+cluster/metadata.py BrokerLoad) over the mean load; each new partition goes to the broker of
+least cost (ties to the lower id), its count bumped, so ``n`` partitions over ``b`` equally busy
+empty brokers land ``ceil(n/b)`` or ``floor(n/b)`` on each, and a broker carrying three times the
+others' traffic takes fewer until its count outweighs it. A new partition has no load yet: load
+only tilts where the counts go. Without loads (none published yet, an idle cluster) it is counts
+alone. Racks matter once partitions have several replicas (the replication issue).
 """
 
 from __future__ import annotations
@@ -24,18 +27,24 @@ def partition_counts(live: Iterable[int], replicas_of: Iterable[list[int]]) -> d
     return counts
 
 
-def place(counts: Mapping[int, int], n: int) -> list[int]:
+def place(counts: Mapping[int, int], n: int, loads: Mapping[int, float] | None = None) -> list[int]:
     """Leaders for ``n`` new partitions over the brokers of ``counts`` (broker -> partitions it
-    holds now), the least loaded first."""
+    holds now), the least costly first; ``loads``: broker -> measured bytes per second (a broker
+    without one counts as the mean)."""
     if n and not counts:
         raise ValueError(f"n={n} partitions to place and no broker")
-    heap = [(c, b) for b, c in counts.items()]  # heap of (partitions held, broker id)
+    known = [float(loads[b]) for b in counts if loads and b in loads]
+    mean_load = sum(known) / len(known) if known else 0.0
+    mean_count = max(1.0, sum(counts.values()) / len(counts)) if counts else 1.0
+    # the load term of each broker: fixed for the call (new partitions have no load yet)
+    tilt = {b: (float(loads.get(b, mean_load)) / mean_load if loads and mean_load > 0 else 0.0) for b in counts}
+    heap = [(c / mean_count + tilt[b], b, c) for b, c in counts.items()]  # (cost, broker id, partitions held)
     heapq.heapify(heap)
     chosen = []
     for _ in range(n):
-        c, b = heapq.heappop(heap)
+        _cost, b, c = heapq.heappop(heap)
         chosen.append(b)
-        heapq.heappush(heap, (c + 1, b))
+        heapq.heappush(heap, ((c + 1) / mean_count + tilt[b], b, c + 1))
     return chosen
 
 

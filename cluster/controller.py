@@ -13,8 +13,9 @@ same round trip. A controller that only *thinks* it still leads (paused, partiti
 therefore never overwrite its successor's decisions, whatever the clocks say.
 
 What it decides (``Controller``, one thread): a new topic's partitions, one replica each for now,
-placed on live brokers by partition count (cluster/assign.py), leader epoch 0; and, when a
-broker's registration disappears, what becomes of the partitions it led, by ``lost_policy``:
+placed on live brokers by partition count and the load they publish (cluster/assign.py), leader
+epoch 0; and, when a broker's registration disappears, what becomes of the partitions it led, by
+``lost_policy``:
 
 - ``"offline"`` (the default): the partition keeps its replica and loses its leader
   (``NO_LEADER``, leader epoch + 1): unavailable, as Kafka does with one replica, since its
@@ -40,7 +41,7 @@ from .errors import ClusterError, MetadataConflict, NoLiveBrokers, NotController
 from .etcd import Etcd, TxnResult, absent, create_revision_is, delete_op, get_op, mod_revision_is, put_op
 from .membership import Membership
 from .metadata import (NO_LEADER, ControllerInfo, PartitionAssignment, TopicMeta, decode, encode, read_assignments,
-                       read_brokers, read_controller)
+                       read_brokers, read_controller, read_loads)
 
 LOST_POLICIES = ("offline", "reassign")
 STOP_POLL_S = 0.25  # ControllerLoop waits for changes in slices this long, so stop() returns at once
@@ -105,7 +106,7 @@ class Controller:
         raise MetadataConflict("a compare of the controller write failed (the metadata changed since it was read)")
 
     def create_topic(self, name: str, partitions: int, config: dict | None = None) -> list[PartitionAssignment]:
-        """Place a new topic's partitions on live brokers by partition count and write the topic
+        """Place a new topic's partitions on live brokers by partition count and load and write the topic
         and its assignments. Raises MetadataConflict if the topic exists."""
         if partitions < 1:
             raise ValueError(f"partitions={partitions} must be >= 1")
@@ -115,7 +116,7 @@ class Controller:
             raise NoLiveBrokers(f"no broker is registered: topic={name!r} cannot be placed")
         current, _ = read_assignments(self.etcd, self.keys)
         counts = partition_counts(live, (a.replicas for a, _ in current.values()))
-        leaders = place(counts, partitions)
+        leaders = place(counts, partitions, read_loads(self.etcd, self.keys))
         assignments = [PartitionAssignment(topic=name, partition=p, replicas=[b], leader=b, leader_epoch=0, isr=[b],
                                            controller_epoch=self.epoch) for p, b in enumerate(leaders)]
         meta = TopicMeta(name=name, partitions=partitions, config=dict(config or {}), controller_epoch=self.epoch)
@@ -154,7 +155,7 @@ class Controller:
             raise NoLiveBrokers(f"no broker is registered: partitions of topic={name!r} cannot be placed")
         current, _ = read_assignments(self.etcd, self.keys)
         counts = partition_counts(live, (a.replicas for a, _ in current.values()))
-        leaders = place(counts, total - meta.partitions)
+        leaders = place(counts, total - meta.partitions, read_loads(self.etcd, self.keys))
         added = [PartitionAssignment(topic=name, partition=meta.partitions + i, replicas=[b], leader=b, leader_epoch=0,
                                      isr=[b], controller_epoch=self.epoch) for i, b in enumerate(leaders)]
         grown = TopicMeta(name=name, partitions=total, replication_factor=meta.replication_factor, config=meta.config,

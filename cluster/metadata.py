@@ -7,6 +7,7 @@ All keys of cluster ``<c>`` sit under ``/tailrace/<c>/``::
                                           its create revision is the controller epoch
     /tailrace/<c>/topics/<name>           TopicMeta (JSON); its create revision is the topic id
     /tailrace/<c>/partitions/<name>/<p>   PartitionAssignment (JSON), one key per partition
+    /tailrace/<c>/load/<id>               BrokerLoad (JSON), under the broker's lease, every 10 s
     /tailrace/<c>/access/acls             the ACL rules, as <data-dir>/auth/acls.json (broker/acl.py)
     /tailrace/<c>/access/quotas           the quotas, as <data-dir>/auth/quotas.json (broker/quota.py)
     /tailrace/<c>/access/clients/<name>   one allowed client's public key (Z85): principal <name>
@@ -47,6 +48,18 @@ class BrokerInfo(msgspec.Struct):
     # clients give one server_key) and its router's client key (other brokers let it in as "broker/<id>")
     server_key: str = ""
     router_key: str = ""
+
+
+class BrokerLoad(msgspec.Struct):
+    """What a broker measured of its traffic (its router's rates over the last 5 s), which the
+    controller weighs when it places partitions (cluster/assign.py)."""
+    bytes_in_per_s: float = 0.0
+    bytes_out_per_s: float = 0.0
+    at: float = 0.0  # unix time in seconds of the measurement
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bytes_in_per_s + self.bytes_out_per_s
 
 
 class ControllerInfo(msgspec.Struct):
@@ -98,6 +111,7 @@ class Keys:
         self.controller = self.root + "controller"
         self.topics = self.root + "topics/"
         self.partitions = self.root + "partitions/"
+        self.loads = self.root + "load/"
         self.access = self.root + "access/"
         self.acls = self.access + "acls"
         self.quotas = self.access + "quotas"
@@ -105,6 +119,9 @@ class Keys:
 
     def broker(self, broker_id: int) -> str:
         return f"{self.brokers}{int(broker_id)}"
+
+    def load(self, broker_id: int) -> str:
+        return f"{self.loads}{int(broker_id)}"
 
     def client(self, name: str) -> str:
         if not name or "/" in name or name.startswith(".") or name != name.strip():
@@ -131,6 +148,18 @@ def read_brokers(etcd: Etcd, keys: Keys) -> dict[int, BrokerInfo]:
     kvs, _ = etcd.get_prefix(keys.brokers)
     brokers = (decode(kv, BrokerInfo) for kv in kvs)
     return {b.id: b for b in brokers}
+
+
+def read_loads(etcd: Etcd, keys: Keys) -> dict[int, float]:
+    """Broker id -> the bytes per second (in + out) it last published."""
+    kvs, _ = etcd.get_prefix(keys.loads)
+    out = {}
+    for kv in kvs:
+        try:
+            out[int(kv.key[len(keys.loads):])] = decode(kv, BrokerLoad).bytes_per_s
+        except (ValueError, msgspec.DecodeError):
+            continue  # a value this version cannot read weighs nothing
+    return out
 
 
 def read_controller(etcd: Etcd, keys: Keys) -> tuple[int, int] | None:

@@ -11,6 +11,8 @@ then, so a single host never imports etcd's client). One ``ClusterAgent`` per ro
   ``controller`` current. The watch thread builds new dicts and swaps them in whole: the router's
   thread reads them without a lock (a reference read is atomic) and never sees a half-made one.
   While etcd is unreachable the view stays as last read: the data path keeps serving by it.
+- **Load**: the router's traffic rates (bytes in and out per second), published under the lease
+  every ``LOAD_PUBLISH_S`` for the controller's placement (cluster/assign.py).
 - **The fence**: a partition the controller could give to another broker (``movable``) is served
   only while the registration's lease is known alive (cluster/membership.py's own-clock
   deadline): a broker cut off from etcd longer than its TTL stops taking requests for it until it
@@ -43,12 +45,13 @@ from tailrace.cluster.controller import Controller, ControllerLoop
 from tailrace.cluster.errors import ClusterError, ClusterKeyMismatch
 from tailrace.cluster.etcd import Etcd, Event
 from tailrace.cluster.membership import Membership
-from tailrace.cluster.metadata import (NO_LEADER, BrokerInfo, ControllerInfo, PartitionAssignment, TopicMeta, decode,
-                                       read_brokers)
+from tailrace.cluster.metadata import (NO_LEADER, BrokerInfo, BrokerLoad, ControllerInfo, PartitionAssignment, TopicMeta,
+                                       decode, encode, read_brokers)
 
 log = logging.getLogger("tailrace.router")
 
 ETCD_TIMEOUT_S = 1.0  # an etcd call the router thread makes (topic creation) waits at most this long
+LOAD_PUBLISH_S = 10.0  # how often the broker writes its measured traffic for the controller's placement
 RESYNC_S = 15.0  # the controller reconciles at least this often (cluster/controller.py ControllerLoop)
 
 
@@ -71,15 +74,19 @@ class ClusterAgent:
         # the view: replaced whole by the watch thread (see the module docstring)
         self.brokers: dict[int, BrokerInfo] = {}
         self.topics: dict[str, TopicMeta] = {}
+        self.topic_ids: dict[str, int] = {}  # name -> the topic key's create revision (its id in the cluster)
         self.assignments: dict[tuple[bytes, int], PartitionAssignment] = {}
         self.controller_id = -1
         self.controller_epoch = 0
         self.revision = 0  # the etcd revision the view is complete up to
         self.synced = threading.Event()  # set once the view was read after the last registration
         self._changed: set[str] = set()
-        self._lock = threading.Lock()  # guards _changed only
+        self._full_read = False  # the view was read whole since take_changes last said so
+        self._lock = threading.Lock()  # guards _changed and _full_read only
         # the cluster's access control as last read (cluster/access.py): key -> value, mirrored into the data dir
         self._access: dict[str, bytes] = {}
+        self.load = BrokerLoad()  # the router's latest rates (``measured``), published every LOAD_PUBLISH_S
+        self._next_load = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="cluster view", daemon=True)
 
@@ -120,6 +127,18 @@ class ClusterAgent:
                     f"broker {b.id} of cluster {self.s.cluster_name} runs with {what}: every broker needs the same auth and, "
                     f"with curve, the same server key pair (copy auth/server.key and auth/server.key_secret from a "
                     f"member's data directory into {self.s.data_dir}/auth before its first start)")
+
+    def measured(self, bytes_in_per_s: float, bytes_out_per_s: float) -> None:
+        """The router's traffic rates (each heartbeat), for the next load publication."""
+        self.load = BrokerLoad(bytes_in_per_s=bytes_in_per_s, bytes_out_per_s=bytes_out_per_s, at=time.time())
+
+    def _publish_load(self, now: float) -> None:
+        """Every LOAD_PUBLISH_S: the broker's measured traffic under its lease (cluster/assign.py
+        weighs it); skipped while fenced (no lease to write under)."""
+        if now < self._next_load or self.membership.fenced:
+            return
+        self._next_load = now + LOAD_PUBLISH_S
+        self.etcd.put(self.keys.load(self.me), encode(self.load), lease=self.membership.lease)
 
     def broker_keys(self) -> dict[str, str]:
         """The other brokers' router keys (Z85) -> their principals (``broker/<id>``), as registered."""
@@ -189,13 +208,16 @@ class ClusterAgent:
                 out.setdefault(a.leader, []).append(p)
         return out
 
-    def take_changes(self) -> set[str]:
-        """Topic names whose metadata changed since the last call (the router mirrors them)."""
-        if not self._changed:
-            return set()
+    def take_changes(self) -> tuple[set[str], bool]:
+        """Topic names whose metadata changed since the last call (the router mirrors them), and
+        whether the view was read whole meanwhile (then a topic the catalog holds from the
+        cluster but etcd no longer has was deleted while this broker was not watching)."""
+        if not self._changed and not self._full_read:
+            return set(), False
         with self._lock:
             changed, self._changed = self._changed, set()
-        return changed
+            full, self._full_read = self._full_read, False
+        return changed, full
 
     def create_topic(self, name: str, partitions: int, config: dict) -> list[PartitionAssignment]:
         """As the controller: place and write a new topic (raises ClusterError subclasses), then
@@ -216,6 +238,7 @@ class ClusterAgent:
         topic = name.encode()
         self.assignments = {k: a for k, a in self.assignments.items() if k[0] != topic}
         self.topics = {n: m for n, m in self.topics.items() if n != name}
+        self.topic_ids = {n: i for n, i in self.topic_ids.items() if n != name}
 
     def create_partitions(self, name: str, total: int) -> None:
         """As the controller: grow a topic, then take the new partitions into the view at once."""
@@ -250,14 +273,16 @@ class ClusterAgent:
         self.revision = revision
         with self._lock:
             self._changed |= set(self.topics)
+            self._full_read = True
 
     def _apply(self, events, fresh: bool = False) -> None:
         """Take ``events`` into new dicts of the view (``fresh``: from empty ones, a full read),
         swapped in at the end: the router thread never sees a half-applied or empty view."""
         if fresh:
-            brokers, topics, assignments, controller, access = {}, {}, {}, (-1, 0), {}
+            brokers, topics, topic_ids, assignments, controller, access = {}, {}, {}, {}, (-1, 0), {}
         else:
             brokers, topics, assignments = dict(self.brokers), dict(self.topics), dict(self.assignments)
+            topic_ids = dict(self.topic_ids)
             controller, access = (self.controller_id, self.controller_epoch), dict(self._access)
         changed: set[str] = set()
         for e in events:
@@ -279,8 +304,10 @@ class ClusterAgent:
                 name = key[len(self.keys.topics):]
                 if put:
                     topics[name] = decode(e.kv, TopicMeta)
+                    topic_ids[name] = e.kv.create_revision
                 else:
                     topics.pop(name, None)
+                    topic_ids.pop(name, None)
                 changed.add(name)
             elif key.startswith(self.keys.partitions):
                 name, _, p = key[len(self.keys.partitions):].rpartition("/")
@@ -291,7 +318,7 @@ class ClusterAgent:
                     assignments.pop((name.encode(), int(p)), None)
                 changed.add(name)
             self.revision = max(self.revision, e.kv.mod_revision)
-        self.brokers, self.topics, self.assignments = brokers, topics, assignments
+        self.brokers, self.topics, self.topic_ids, self.assignments = brokers, topics, topic_ids, assignments
         self.controller_id, self.controller_epoch = controller
         if fresh or access != self._access:
             self._access = access
@@ -335,6 +362,7 @@ class ClusterAgent:
                     self._read_all()
                     watch = self.etcd.watch_prefix(self.keys.root, self.revision + 1)
                     self.synced.set()
+                self._publish_load(time.monotonic())
                 batch = watch.get(0.5)
                 if batch is None:
                     continue

@@ -241,7 +241,10 @@ class Router:
 
     def mirror(self) -> None:
         """Take the cluster topics whose metadata changed into the catalog (router/topics.py)."""
-        for name in sorted(self.cluster.take_changes()):
+        changed, full = self.cluster.take_changes()
+        if full:  # deleted in the cluster while this broker was down or cut off: its cluster topics etcd lacks
+            changed |= {t.name for t in self.catalog.data.topics.values() if t.cluster_id and t.name not in self.cluster.topics}
+        for name in sorted(changed):
             topics.mirror_topic(self.topic_ctx, name, watched=True)
 
     # --- the router's own requests (the group coordinator's, offsets questions) -----------
@@ -302,6 +305,8 @@ class Router:
         if self.acls is not None:
             self.acls.refresh()
         if self.cluster is not None:
+            rates = self.traffic.rates()
+            self.cluster.measured(rates["bytes_in"], rates["bytes_out"])
             for ep in self.asks.peers.reset_silent(PEER_SILENT_S):
                 log.info("cluster: no answer from %s for %.0f s: connecting to it again", ep, PEER_SILENT_S)
             self.asks.peers.expire(30.0)

@@ -170,6 +170,15 @@ def mirror_topic(ctx: TopicContext, name: str, watched: bool = False):
         if watched and entry is not None and name not in INTERNAL_TOPICS:
             _delete_local(ctx, name.encode(), entry)  # the watch saw it deleted in the cluster
         return None
+    cluster_id = ctx.cluster.topic_ids.get(name, 0)
+    if entry is not None and cluster_id and entry.cluster_id != cluster_id:
+        if entry.cluster_id:  # deleted and made again in the cluster while this broker did not see it
+            log.info("cluster topic %r is another topic now (id %d, was %d): the old one is deleted here",
+                     name, cluster_id, entry.cluster_id)
+            _delete_local(ctx, name.encode(), entry)
+            entry = None
+        else:  # made here by the controller before the watch brought its id, or by an older version
+            entry = ctx.catalog.set_cluster_id(name, cluster_id)
     if entry is not None:
         if meta.partitions > entry.partitions:
             entry = _grow_local(ctx, entry, meta.partitions) or entry
@@ -181,7 +190,8 @@ def mirror_topic(ctx: TopicContext, name: str, watched: bool = False):
         return entry
     if entry is None:
         config = {k: v for k, v in meta.config.items() if k != "ring.bytes"}
-        entry, why = add_topic(ctx, name, meta.partitions, int(meta.config.get("ring.bytes", ctx.s.ring_bytes)), config)
+        entry, why = add_topic(ctx, name, meta.partitions, int(meta.config.get("ring.bytes", ctx.s.ring_bytes)), config,
+                               cluster_id=cluster_id)
         if entry is None:
             log.error("cluster topic %r not taken into this broker's catalog: %s", name, why)
         else:
@@ -215,7 +225,7 @@ def _grow_local(ctx: TopicContext, t, total: int):
     return entry
 
 
-def add_topic(ctx: TopicContext, name: str, partitions: int, ring: int, config: dict[str, int]):
+def add_topic(ctx: TopicContext, name: str, partitions: int, ring: int, config: dict[str, int], cluster_id: int = 0):
     """Add a checked topic where the shared-memory budget and the slots allow: (its entry,
     None), written durably, its files made and its partitions placed; or (None, why not).
     Also how the group coordinator makes ``__consumer_offsets``."""
@@ -227,7 +237,7 @@ def add_topic(ctx: TopicContext, name: str, partitions: int, ring: int, config: 
     free = free_slots(catalog, s)
     if catalog.slots_available(s.max_slots, free) < partitions:
         return None, f"no free partition slots (max_slots={s.max_slots}; a deleted topic's are free within a second)"
-    entry = catalog.add_topic(name, partitions, ring, config, free)
+    entry = catalog.add_topic(name, partitions, ring, config, free, cluster_id=cluster_id)
     prepare_slots(s, entry.slots)
     ctx.placement.place_topic(name)
     return entry, None

@@ -20,3 +20,15 @@ def test_placing_with_no_broker_is_refused():
     with pytest.raises(ValueError, match="no broker"):
         place({}, 1)
     assert place({}, 0) == []
+
+
+def test_measured_load_tilts_where_new_partitions_go():
+    # equal counts; broker 1 carries three times the traffic of the others: it gets fewer
+    assert place({1: 4, 2: 4, 3: 4}, 6, {1: 3e6, 2: 1e6, 3: 1e6}) == [2, 3, 2, 3, 2, 3]
+    # loads equal (or none published): counts alone, as without loads
+    assert place({1: 5, 2: 0, 3: 1}, 4, {1: 7.0, 2: 7.0, 3: 7.0}) == place({1: 5, 2: 0, 3: 1}, 4) == [2, 2, 3, 2]
+    assert place({1: 0, 2: 0}, 4, {1: 0.0, 2: 0.0}) == [1, 2, 1, 2]
+    # a broker that published nothing (just joined) counts as the mean; counts still outweigh
+    # load in the end: the hot broker takes its turn once the others hold enough more
+    chosen = place({1: 2, 2: 2, 3: 2}, 12, {1: 2e6, 2: 1e6})
+    assert chosen[:2] == [2, 3] and chosen.count(1) >= 1 and chosen.count(1) < chosen.count(2)

@@ -13,9 +13,10 @@ import time
 
 import pytest
 
+from tailrace.broker.catalog import Catalog
 from tailrace.client.admin import Admin
 from tailrace.client.consumer import Consumer
-from tailrace.client.errors import MetadataUnavailableError, NotLeaderOrFollowerError, TailraceError
+from tailrace.client.errors import MetadataUnavailableError, NotLeaderOrFollowerError, TailraceError, TopicExistsError
 from tailrace.client.producer import Producer
 from tailrace.cluster.metadata import NO_LEADER, read_assignments
 
@@ -78,6 +79,9 @@ def test_topics_spread_over_brokers_and_any_broker_serves_them(make_cluster, etc
             assert [o.high_watermark for o in a.list_offsets("spread")] == [100] * 6
     got = consume_all(c.bootstrap(2), "spread", 600)
     assert len(got) == 600
+    # every broker publishes its measured traffic for the controller's placement
+    from tailrace.cluster.metadata import read_loads
+    assert wait_until(lambda: set(read_loads(c.etcd, c.keys)) == {0, 1, 2}, 5)
     assert sorted(r.value for r in got) == sorted(b"v%d" % i for i in range(600))
     # a broker asked directly for a partition it does not lead names the leader
     follower = next(p for p, b in leaders.items() if b != 0)
@@ -94,7 +98,10 @@ def test_a_killed_broker_s_partitions_are_unavailable_and_come_back_whole(make_c
     c = make_cluster(etcd_server.endpoint)
     with Admin(c.bootstrap(0)) as a:
         a.create_topic("dies", 6)
+        a.create_topic("gone", 3)
+        a.create_topic("again", 3)
     assert produce(c.bootstrap(0), "dies", 6, 50) == 300
+    assert produce(c.bootstrap(0), "again", 3, 10, tag=b"old") == 30
     victim = 2 if c.controller()[0] != 2 else 1
     lost = sorted(p for p, b in c.leaders("dies").items() if b == victim)
     kept = sorted(p for p, b in c.leaders("dies").items() if b != victim)
@@ -114,12 +121,30 @@ def test_a_killed_broker_s_partitions_are_unavailable_and_come_back_whole(make_c
         p.send("dies", b"lost", partition=lost[0])
         with pytest.raises(NotLeaderOrFollowerError, match="no leader"):
             p.flush(10_000)
+    # topics deleted, and one made again under the same name, while it is down
+    with Admin(c.bootstrap(other)) as a:
+        a.delete_topic("gone")
+        a.delete_topic("again")
+
+        def made_again():  # as in Kafka, the name stays taken a moment after a delete (until the controller has let it go)
+            try:
+                return a.create_topic("again", 2)
+            except TopicExistsError:
+                return None
+        assert wait_until(made_again, 10, 0.2)
+    assert produce(c.bootstrap(other), "again", 2, 5, tag=b"new") == 10
     # it comes back: every acknowledged record is there
     c.brokers[victim].start(90)
     assert wait_until(lambda: all(c.leaders("dies")[p] == victim for p in lost), 20)
     got = consume_all(c.bootstrap(other), "dies", 400)
     assert len(got) == 400
     assert {r.value for r in got} >= {b"v%d" % i for i in range(300)}
+    # and its catalog lost what the cluster deleted meanwhile: "again" is the new topic, empty of the old
+    catalog = Catalog(str(c.brokers[victim].data_dir))
+    assert wait_until(lambda: catalog.reload() or (catalog.get("gone") is None and catalog.get("again") is not None
+                                                   and catalog.get("again").partitions == 2), 10), catalog.data.topics
+    got = consume_all(c.bootstrap(victim), "again", 10)
+    assert sorted(r.value for r in got) == sorted(b"new%d" % i for i in range(10))
 
 
 def test_controller_killed_another_takes_over_and_places_topics(make_cluster, etcd_server):

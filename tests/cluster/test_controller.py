@@ -19,7 +19,7 @@ import pytest
 from tailrace.broker.lifetime import pdeathsig_preexec
 from tailrace.cluster.controller import Controller, ControllerLoop
 from tailrace.cluster.errors import MetadataConflict, NoLiveBrokers, NotController
-from tailrace.cluster.metadata import NO_LEADER, Keys, read_assignments, read_controller, read_topics
+from tailrace.cluster.metadata import NO_LEADER, BrokerLoad, Keys, encode, read_assignments, read_controller, read_topics
 
 from .conftest import TTL_S, wait_until
 
@@ -113,6 +113,19 @@ def test_placement_balances_partitions_over_three_brokers_by_count(etcd, cluster
     assert topic_id == etcd.get(Keys(cluster_name).topic("a")).create_revision
     raw = json.loads(etcd.get(Keys(cluster_name).partition("a", 0)).value)
     assert set(raw) == {"topic", "partition", "replicas", "leader", "leader_epoch", "isr", "controller_epoch"}
+
+
+def test_placement_weighs_the_load_brokers_publish(etcd, cluster_name, make_member):
+    members = [make_member(i) for i in (1, 2, 3)]
+    c = Controller(etcd, members[0])
+    assert c.campaign()
+    c.create_topic("even", 6)  # no loads published: by count, 2 each
+    keys = Keys(cluster_name)
+    for b, rate in ((1, 9e6), (2, 1e6), (3, 1e6)):  # as each broker's router publishes it, under its lease
+        etcd.put(keys.load(b), encode(BrokerLoad(bytes_in_per_s=rate, bytes_out_per_s=0.0)), lease=members[b - 1].lease)
+    c.create_topic("tilted", 6)
+    got = Counter(leader for leader, _ in leaders(etcd, cluster_name, "tilted").values())
+    assert got[1] < got[2] == got[3], got  # the busy broker takes fewer of the new partitions
 
 
 def test_a_topic_is_created_once_and_only_with_a_live_broker(etcd, cluster_name, make_member):
