@@ -12,7 +12,7 @@ import msgspec
 
 from . import protocol as P
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Connection, Reply
-from .errors import NotControllerError, NotCoordinatorError
+from .errors import BrokerUnavailableError, ConnectionLostError, NotControllerError, NotCoordinatorError, TimeoutError_
 from .security import curve_keys
 
 
@@ -104,6 +104,13 @@ class AdminCalls:
         return Call(P.Op.SET_WORKERS, "", -1, P.encode(P.SetWorkersRequest(workers)), _status)
 
 
+def other_brokers(status: dict) -> list[str]:
+    """The endpoints of a cluster's other live brokers, from a broker's STATUS (none: one host)."""
+    cluster = status.get("cluster") or {}
+    me = str(cluster.get("broker_id", ""))
+    return sorted(ep for bid, ep in (cluster.get("brokers") or {}).items() if ep and bid != me)
+
+
 class Admin:
     def __init__(self, bootstrap: str | None = None, timeout_ms: int = 10_000,
                  connect_timeout_ms: int = CONNECT_TIMEOUT_MS, *, key_file=None, server_key=None):
@@ -163,8 +170,22 @@ class Admin:
         return self._call(AdminCalls.delete_topic(name))
 
     def list_groups(self) -> list[P.GroupInfo]:
-        """Every consumer group: name, state (empty, stable, reconciling) and epoch."""
-        return self._call(AdminCalls.list_groups())
+        """Every consumer group: name, state (empty, stable, reconciling) and epoch. In a cluster
+        each broker lists the groups it coordinates, so every live broker is asked (as Kafka's
+        AdminClient does); a broker that does not answer is left out."""
+        groups = {g.group: g for g in self._call(AdminCalls.list_groups())}
+        for endpoint in other_brokers(self.status()):
+            conn = self._elsewhere.get(endpoint)
+            if conn is None:
+                conn = self._elsewhere[endpoint] = Connection(endpoint, *self._connect)
+            c = AdminCalls.list_groups()
+            try:
+                found = c.parse(conn.request(c.op, c.topic, c.partition, c.header, timeout_ms=self.timeout_ms))
+            except (BrokerUnavailableError, ConnectionLostError, TimeoutError_):
+                continue
+            for g in found:
+                groups.setdefault(g.group, g)
+        return sorted(groups.values(), key=lambda g: g.group)
 
     def find_coordinator(self, group: str) -> P.FindCoordinatorReply:
         """The broker that coordinates ``group`` (a cluster; a single host answers -1, itself)."""

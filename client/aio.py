@@ -39,7 +39,7 @@ import time
 from collections import deque
 from typing import Sequence
 
-from .admin import AdminCalls, Call
+from .admin import AdminCalls, Call, other_brokers
 from .accumulator import batch_times, header_bytes
 from .aio_connection import AsyncPool, AsyncRoutes
 from .aio_consumer import AsyncConsumer
@@ -47,7 +47,7 @@ from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Reply
 from .sections import HeaderArrays
 from .security import curve_keys
 from .consumer import Record
-from .errors import TimeoutError_
+from .errors import BrokerUnavailableError, ConnectionLostError, TimeoutError_
 from .producer import TIMEOUT_SCAN_S, Ack, ProducerCore
 from . import protocol as P
 
@@ -381,7 +381,17 @@ class AsyncAdmin:
         return await self._call(AdminCalls.delete_topic(name))
 
     async def list_groups(self) -> list[P.GroupInfo]:
-        return await self._call(AdminCalls.list_groups())
+        groups = {g.group: g for g in await self._call(AdminCalls.list_groups())}
+        for endpoint in other_brokers(await self.status()):  # a cluster: each broker lists its own groups
+            c = AdminCalls.list_groups()
+            try:
+                found = c.parse(await self.pool.request(c.op, c.topic, c.partition, c.header, timeout_ms=self.timeout_ms,
+                                                        endpoint=endpoint))
+            except (BrokerUnavailableError, ConnectionLostError, TimeoutError_):
+                continue
+            for g in found:
+                groups.setdefault(g.group, g)
+        return sorted(groups.values(), key=lambda g: g.group)
 
     async def describe_group(self, group: str) -> P.GroupInfo:
         return await self._call(AdminCalls.describe_group(group))

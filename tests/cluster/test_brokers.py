@@ -246,6 +246,18 @@ def test_a_group_moves_with_its_committed_offsets_when_its_coordinator_dies(make
             m.commit()
         before = members[0].committed()
         assert sum(before.values()) == 300, before
+        # any broker lists it, wherever it is coordinated (each broker lists its own; the admin asks all)
+        import asyncio
+
+        from tailrace.client.aio import AsyncAdmin
+
+        async def async_list(bootstrap):
+            async with AsyncAdmin(bootstrap) as aa:
+                return [g.group for g in await aa.list_groups()]
+        for i in range(3):
+            with Admin(c.bootstrap(i)) as a:
+                assert [g.group for g in a.list_groups()] == [group]
+            assert asyncio.run(async_list(c.bootstrap(i))) == [group]
     finally:
         for m in members:
             m.close()

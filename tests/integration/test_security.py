@@ -528,7 +528,7 @@ def test_the_readme_acl_example_followed_lets_alice_produce_and_consume_in_a_gro
     ``orders.`` topic, produces to it and reads it back in group ``orders.billing``, committing."""
     b = secured
     readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
-    lines = [ln for ln in readme.splitlines() if ln.startswith("tailrace acl add ")]
+    lines = [ln for ln in readme.splitlines() if ln.startswith("tailrace acl add ") and "--cluster" not in ln]  # one host's
     assert lines and 'group="orders.billing"' in readme
     for ln in lines:
         _acl(b, *shlex.split(ln)[2:])
