@@ -69,23 +69,51 @@ def allow_dir_of(s) -> str:
     return s.allow_dir or (cluster_allow_dir(s.data_dir) if s.cluster else default_allow_dir(s.data_dir))
 
 
-PUBLIC_KEY_TEXT = """#   ****  tailrace: {name}'s public key, from the cluster's allow-list in etcd  ****
-#   ****  written by the broker: changes here are replaced; use tailrace keys allow|revoke --cluster  ****
+PUBLIC_KEY_TEXT = """#   ****  tailrace: {name}'s public key, written by {origin}  ****
 metadata
 curve
     public-key = "{key}"
 """
 
 
+RESERVED_PRINCIPALS = (ROUTER_PRINCIPAL,)  # taken by the broker's own keys: no allow-listed client may be one
+
+
+def check_principal_name(name: str) -> str:
+    """``name`` if it may name an allowed client (a key file's name), else ValueError."""
+    if not name or "/" in name or name.startswith(".") or name != name.strip():
+        raise ValueError(f"principal {name!r}: a key file's name (no '/', not starting with '.', no outer spaces)")
+    if name in RESERVED_PRINCIPALS:
+        raise ValueError(f"principal {name!r} is reserved for the broker's own keys")
+    return name
+
+
+def check_public_key(key: bytes | str) -> str:
+    """A CURVE public key as its 40 Z85 characters, else ValueError."""
+    try:
+        text = key.decode("ascii") if isinstance(key, bytes) else key
+        if len(text) != 40 or len(zmq.utils.z85.decode(text)) != 32:
+            raise ValueError
+    except (ValueError, KeyError, UnicodeDecodeError):  # z85.decode raises KeyError on a character outside Z85
+        raise ValueError("not a CURVE public key (40 Z85 characters)") from None
+    return text
+
+
 def sync_allowed(directory: str, clients: dict[str, str]) -> bool:
     """Make ``directory`` hold exactly ``clients`` (principal -> Z85 public key) as ``NAME.key``
-    files, the format ``zmq.auth`` reads; True if anything changed. New files are written
-    atomically before stale ones go."""
+    files, the format ``zmq.auth`` reads; True if anything changed. Stale files go first (a
+    revocation does not wait on a write that fails), then new ones are written atomically."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
     changed = False
+    wanted = {datadir.public_key_name(n) for n in clients}
+    for entry in os.listdir(directory):
+        if entry.endswith(datadir.PUBLIC_KEY_SUFFIX) and entry not in wanted:
+            os.unlink(os.path.join(directory, entry))
+            changed = True
     for name, key in clients.items():
         path = os.path.join(directory, datadir.public_key_name(name))
-        body = PUBLIC_KEY_TEXT.format(name=name, key=key).encode()
+        body = PUBLIC_KEY_TEXT.format(name=name, key=key, origin="the broker from the cluster's allow-list in etcd "
+                                      "(tailrace keys allow|revoke --cluster changes it)").encode()
         try:
             with open(path, "rb") as f:
                 if f.read() == body:
@@ -94,11 +122,6 @@ def sync_allowed(directory: str, clients: dict[str, str]) -> bool:
             pass
         datadir.write_atomic(path, body, mode=0o644)
         changed = True
-    wanted = {datadir.public_key_name(n) for n in clients}
-    for entry in os.listdir(directory):
-        if entry.endswith(datadir.PUBLIC_KEY_SUFFIX) and entry not in wanted:
-            os.unlink(os.path.join(directory, entry))
-            changed = True
     return changed
 
 
@@ -193,8 +216,12 @@ class AllowList:
             except (OSError, ValueError) as exc:
                 log.warning("allow-list: %s skipped (%s)", path, exc)
                 continue
+            principal = name[: -len(datadir.PUBLIC_KEY_SUFFIX)]
+            if principal in RESERVED_PRINCIPALS:  # a client key named so would pass for the router at the workers
+                log.warning("allow-list: %s skipped (%r is reserved for the broker's own keys)", path, principal)
+                continue
             if public:
-                keys[public.decode("ascii")] = name[: -len(datadir.PUBLIC_KEY_SUFFIX)]
+                keys[public.decode("ascii")] = principal
         if self._seen is not None:
             log.info("allow-list %s re-read: %d principals", self.directory, len(keys) - len(self.fixed))
         self.keys, self._seen = keys, sig

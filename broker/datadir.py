@@ -58,6 +58,7 @@ from .lifetime import die_with_parent, holders, in_use_message, pdeathsig_preexe
 #     topics.json                      the topic catalog (broker/catalog.py), router writes
 #     workers.json                     {"workers": n}: the count last set
 #     router.json                      {"generation": g}: bumped at every router start (epochs)
+#     cluster.json                     with --cluster: {"cluster", "etcd_cluster_id"} of its first join
 #     journal/<20-digit position>.log  the journal segments (persistence/journal.py)
 #     journal/checkpoint               where recovery may start (persistence/recovery.py)
 #     journal/log_starts.json          each partition's log start offset (persistence/retention.py)
@@ -91,6 +92,7 @@ INSTANCE_FILE = "instance.json"
 CATALOG_FILE = "topics.json"
 WORKERS_FILE = "workers.json"
 ROUTER_FILE = "router.json"
+CLUSTER_FILE = "cluster.json"
 JOURNAL_DIR = "journal"
 SEGMENT_SUFFIX = ".log"
 CHECKPOINT_FILE = "checkpoint"

@@ -12,7 +12,7 @@ import msgspec
 
 from . import protocol as P
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Connection, Reply
-from .errors import BrokerUnavailableError, ConnectionLostError, NotControllerError, NotCoordinatorError, TimeoutError_
+from .errors import NotControllerError, NotCoordinatorError, TailraceError
 from .security import curve_keys
 
 
@@ -181,7 +181,7 @@ class Admin:
             c = AdminCalls.list_groups()
             try:
                 found = c.parse(conn.request(c.op, c.topic, c.partition, c.header, timeout_ms=self.timeout_ms))
-            except (BrokerUnavailableError, ConnectionLostError, TimeoutError_):
+            except TailraceError:  # gone, not ready, refused: its groups are left out
                 continue
             for g in found:
                 groups.setdefault(g.group, g)

@@ -47,7 +47,7 @@ from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Reply
 from .sections import HeaderArrays
 from .security import curve_keys
 from .consumer import Record
-from .errors import BrokerUnavailableError, ConnectionLostError, TimeoutError_
+from .errors import TailraceError, TimeoutError_
 from .producer import TIMEOUT_SCAN_S, Ack, ProducerCore
 from . import protocol as P
 
@@ -387,7 +387,7 @@ class AsyncAdmin:
             try:
                 found = c.parse(await self.pool.request(c.op, c.topic, c.partition, c.header, timeout_ms=self.timeout_ms,
                                                         endpoint=endpoint))
-            except (BrokerUnavailableError, ConnectionLostError, TimeoutError_):
+            except TailraceError:  # gone, not ready, refused: its groups are left out
                 continue
             for g in found:
                 groups.setdefault(g.group, g)

@@ -19,9 +19,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-import zmq.utils.z85
-
 from tailrace.broker import acl as acl_mod
+from tailrace.broker import auth as auth_mod
 from tailrace.broker import quota as quota_mod
 
 from .errors import EtcdUnavailable
@@ -86,9 +85,8 @@ class ClusterAccess:
     def allow(self, name: str, public_key: bytes) -> bool:
         """Allow the client key ``public_key`` (Z85) as principal ``name``; False if that name
         already holds that key. A name holding another key is refused (ValueError): revoke it first."""
-        key = self.keys.client(name)
-        if len(public_key) != 40 or len(zmq.utils.z85.decode(public_key)) != 32:
-            raise ValueError(f"{name}: not a CURVE public key (40 Z85 characters)")
+        key = self.keys.client(auth_mod.check_principal_name(name))
+        public_key = auth_mod.check_public_key(public_key).encode("ascii")
         r = self.etcd.txn([absent(key)], [put_op(key, public_key)], [])
         if r.succeeded:
             return True

@@ -2,7 +2,8 @@
 
 Balance is by partition count and measured load. Each broker's cost is its partition count over
 the mean count plus its measured load (bytes in and out per second, what each broker publishes,
-cluster/metadata.py BrokerLoad) over the mean load; each new partition goes to the broker of
+cluster/metadata.py BrokerLoad) over the mean load, both plus ``LOAD_FLOOR`` (1 MB/s: a trickle
+against idle brokers decides nothing); each new partition goes to the broker of
 least cost (ties to the lower id), its count bumped, so ``n`` partitions over ``b`` equally busy
 empty brokers land ``ceil(n/b)`` or ``floor(n/b)`` on each, and a broker carrying three times the
 others' traffic takes fewer until its count outweighs it. A new partition has no load yet: load
@@ -15,6 +16,9 @@ from __future__ import annotations
 import hashlib
 import heapq
 from typing import Iterable, Mapping
+
+
+LOAD_FLOOR = 1_000_000.0  # bytes/s added to every broker's load before comparing: traffic far below it barely counts
 
 
 def partition_counts(live: Iterable[int], replicas_of: Iterable[list[int]]) -> dict[int, int]:
@@ -36,8 +40,9 @@ def place(counts: Mapping[int, int], n: int, loads: Mapping[int, float] | None =
     known = [float(loads[b]) for b in counts if loads and b in loads]
     mean_load = sum(known) / len(known) if known else 0.0
     mean_count = max(1.0, sum(counts.values()) / len(counts)) if counts else 1.0
-    # the load term of each broker: fixed for the call (new partitions have no load yet)
-    tilt = {b: (float(loads.get(b, mean_load)) / mean_load if loads and mean_load > 0 else 0.0) for b in counts}
+    # the load term of each broker, fixed for the call (new partitions have no load yet); the floor
+    # keeps a trickle (a few KB/s against idle brokers) from deciding: loads well under it weigh little
+    tilt = {b: (float(loads.get(b, mean_load)) + LOAD_FLOOR) / (mean_load + LOAD_FLOOR) if loads else 1.0 for b in counts}
     heap = [(c / mean_count + tilt[b], b, c) for b, c in counts.items()]  # (cost, broker id, partitions held)
     heapq.heapify(heap)
     chosen = []

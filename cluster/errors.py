@@ -49,3 +49,9 @@ class NoLiveBrokers(ClusterError):
 class ClusterKeyMismatch(ClusterError):
     """Raised when a broker would join a cluster whose brokers run with another auth mode or
     another CURVE server key (clients give one server key for the whole cluster)."""
+
+
+class ClusterIdentityMismatch(ClusterError):
+    """Raised when a broker's data directory belongs to another cluster (another name, or another
+    etcd: a wrong endpoint, a rebuilt etcd) than the one it would join: joining would make it drop
+    every topic of its own that the other cluster does not know."""

@@ -206,6 +206,11 @@ class Etcd:
         return self._range({"key": _b64(prefix), "range_end": _b64(prefix_end(prefix)), "sort_order": "ASCEND",
                             "sort_target": "KEY"})
 
+    def cluster_id(self) -> str:
+        """etcd's own cluster id (every response header carries it): a new or rebuilt etcd has another."""
+        r = self._post("/kv/range", {"key": _b64("\0"), "limit": 1}, idempotent=True)
+        return str(r["header"]["cluster_id"])
+
     def _range(self, body: dict) -> tuple[list[KeyValue], int]:
         r = self._post("/kv/range", body, idempotent=True)
         return [KeyValue.from_gateway(kv) for kv in r.get("kvs", [])], int(r["header"]["revision"])

@@ -33,16 +33,19 @@ names whose metadata changed since the last call).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 
 from tailrace.broker import acl as acl_mod
 from tailrace.broker import auth as auth_mod
+from tailrace.broker import datadir
 from tailrace.broker import quota as quota_mod
 from tailrace.broker import settings as settings_mod
 from tailrace.cluster.controller import Controller, ControllerLoop
-from tailrace.cluster.errors import ClusterError, ClusterKeyMismatch
+from tailrace.cluster.errors import ClusterError, ClusterIdentityMismatch, ClusterKeyMismatch
 from tailrace.cluster.etcd import Etcd, Event
 from tailrace.cluster.membership import Membership
 from tailrace.cluster.metadata import (NO_LEADER, BrokerInfo, BrokerLoad, ControllerInfo, PartitionAssignment, TopicMeta,
@@ -85,6 +88,7 @@ class ClusterAgent:
         self._lock = threading.Lock()  # guards _changed and _full_read only
         # the cluster's access control as last read (cluster/access.py): key -> value, mirrored into the data dir
         self._access: dict[str, bytes] = {}
+        self._mirror_due = False
         self.load = BrokerLoad()  # the router's latest rates (``measured``), published every LOAD_PUBLISH_S
         self._next_load = 0.0
         self._stop = threading.Event()
@@ -92,6 +96,7 @@ class ClusterAgent:
 
     # --- life ------------------------------------------------------------------------------
     def start(self) -> "ClusterAgent":
+        self._check_identity()
         self.membership.register(wait_s=self.s.cluster_ttl_s + 2)  # a restarted router's old lease runs out
         try:
             self._check_keys()
@@ -114,6 +119,28 @@ class ClusterAgent:
                 pass
         self.membership.close(revoke=True)
         self._thread.join(timeout=5)
+
+    def _check_identity(self) -> None:
+        """The data directory joins one cluster for good: the first join records the cluster's
+        name and etcd's cluster id (``cluster.json``), and a later start with another (a mistyped
+        --cluster-name, another etcd, a rebuilt one) is refused, since a full read of a cluster
+        that lacks this broker's topics deletes them (router/topics.py mirror_topic). Removing
+        the file is how an operator moves a broker to another cluster on purpose."""
+        path = os.path.join(self.s.data_dir, datadir.CLUSTER_FILE)
+        mine = {"cluster": self.s.cluster_name, "etcd_cluster_id": self.etcd.cluster_id()}
+        try:
+            with open(path, "rb") as f:
+                stored = json.loads(f.read())
+        except FileNotFoundError:
+            datadir.write_atomic(path, json.dumps(mine).encode())
+            return
+        except ValueError:
+            stored = None
+        if stored != mine:
+            raise ClusterIdentityMismatch(
+                f"{self.s.data_dir} belongs to cluster {stored} and this start would join {mine}: refused, since "
+                f"joining would delete the topics that cluster does not know (remove {path} to move this broker "
+                "to the other cluster on purpose)")
 
     def _check_keys(self) -> None:
         """Every broker of a cluster has the same auth and the same server key: a client gives one
@@ -322,30 +349,52 @@ class ClusterAgent:
         self.controller_id, self.controller_epoch = controller
         if fresh or access != self._access:
             self._access = access
-            self._mirror_access()
+            self._mirror_due = True  # written by the watch loop, and again until it succeeds
         if changed:
             with self._lock:
                 self._changed |= changed
 
-    def _mirror_access(self) -> None:
+    def _mirror_access(self) -> bool:
         """Write the cluster's allow-list, ACL rules and quotas into this broker's data directory,
         where its router and workers read them (broker/auth.py, acl.py, quota.py); a file is only
-        rewritten when what it says changed."""
+        rewritten when what it says changed. The allow-list first, its removals before its
+        additions (a revocation must not wait on a failed write). False if a write failed: tried
+        again at the next turn of the watch loop; a value etcd holds that cannot be read leaves
+        the last mirrored version in force (logged)."""
         d, k = self.s.data_dir, self.keys
-        rules = acl_mod.decode_rules(self._access[k.acls]) if k.acls in self._access else []
-        quotas = quota_mod.decode_quotas(self._access[k.quotas]) if k.quotas in self._access else []
-        clients = {key[len(k.clients):]: v.decode("ascii") for key, v in self._access.items() if key.startswith(k.clients)}
+        ok = True
+        clients = {}
+        for key, value in self._access.items():
+            if not key.startswith(k.clients):
+                continue
+            name = key[len(k.clients):]
+            try:
+                auth_mod.check_principal_name(name)
+                clients[name] = auth_mod.check_public_key(value)
+            except ValueError as exc:
+                log.error("cluster: allow-list entry %r in etcd left out: %s", name, exc)
         try:
-            if _stored(acl_mod.read_rules, d) != rules:
-                acl_mod.write_rules(d, rules)
-                log.info("cluster: %d ACL rules mirrored", len(rules))
-            if _stored(quota_mod.read_quotas, d) != quotas:
-                quota_mod.write_quotas(d, quotas)
-                log.info("cluster: %d quotas mirrored", len(quotas))
             if auth_mod.sync_allowed(auth_mod.cluster_allow_dir(d), clients):
                 log.info("cluster: allow-list mirrored: %d client keys", len(clients))
-        except OSError as exc:  # a full or read-only disk: the last mirrored rules stay in force
-            log.error("cluster: access control not mirrored into %s: %s", d, exc)
+        except OSError as exc:
+            log.error("cluster: allow-list not mirrored into %s (tried again): %s", d, exc)
+            ok = False
+        for what, key, decode, read, write in (
+                ("ACL rules", k.acls, acl_mod.decode_rules, acl_mod.read_rules, acl_mod.write_rules),
+                ("quotas", k.quotas, quota_mod.decode_quotas, quota_mod.read_quotas, quota_mod.write_quotas)):
+            try:
+                wanted = decode(self._access[key]) if key in self._access else []
+            except ValueError as exc:  # msgspec's decode errors are ValueErrors
+                log.error("cluster: the %s in etcd cannot be read (%s): the last mirrored stay in force", what, exc)
+                continue
+            try:
+                if _stored(read, d) != wanted:
+                    write(d, wanted)
+                    log.info("cluster: %d %s mirrored", len(wanted), what)
+            except OSError as exc:  # a full or read-only disk: the last mirrored stay in force meanwhile
+                log.error("cluster: %s not mirrored into %s (tried again): %s", what, d, exc)
+                ok = False
+        return ok
 
     def _watch(self) -> None:
         watch = None
@@ -362,6 +411,8 @@ class ClusterAgent:
                     self._read_all()
                     watch = self.etcd.watch_prefix(self.keys.root, self.revision + 1)
                     self.synced.set()
+                if self._mirror_due:
+                    self._mirror_due = not self._mirror_access()
                 self._publish_load(time.monotonic())
                 batch = watch.get(0.5)
                 if batch is None:

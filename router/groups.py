@@ -44,6 +44,7 @@ from typing import Callable
 import msgspec
 
 from tailrace.broker import datadir
+from tailrace.broker.acl import is_broker
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import OFFSETS_TOPIC, Catalog
 from tailrace.broker.stats import StatsFile, label_key
@@ -126,6 +127,12 @@ class GroupContext:
     peers: object | None = None  # --cluster: PeerLinks to the other brokers (router/peers.py)
 
 
+def _from_broker(req) -> bool:
+    """Whether a request came from another broker of the cluster: with --auth curve its key is a
+    registered broker's (principal ``broker/<id>``); without auth anyone may, as with every op."""
+    return req.principal is None or is_broker(req.principal)
+
+
 class Coordinator:
     """The groups of one router. ``handle`` serves the group ops; ``tick`` expires sessions,
     retries internal requests and refreshes offsets; ``on_reply`` takes the workers' replies to
@@ -180,7 +187,10 @@ class Coordinator:
         header = req.frames[2] if len(req.frames) > 2 else P.EMPTY_MAP
         if req.op == P.Op.LIST_GROUPS:
             if header != P.EMPTY_MAP and _decoders[P.ListGroupsRequest].decode(header).replicas:
-                if not self.loaded or self.pull is None or self.pull.get("waiting"):
+                if not _from_broker(req):
+                    req.reply(P.ErrorCode.NOT_AUTHORIZED, P.ErrorReply("LIST_GROUPS with replicas is for the cluster's brokers"))
+                    return False
+                if not self.loaded:  # its copies as they are, even while it pulls others' (the puller keeps the newest)
                     req.reply(P.ErrorCode.NOT_READY, P.ErrorReply("the group coordinator is reading its offsets back"))
                     return False
                 req.reply(P.ErrorCode.OK, P.ListGroupsReply([
@@ -191,6 +201,9 @@ class Coordinator:
         if req.op == P.Op.OFFSET_COMMIT:
             body = _decoders[P.OffsetCommitRequest].decode(header)
             if body.replica > 0:
+                if not _from_broker(req):  # a forged copy with a high version would shadow the real ones
+                    req.reply(P.ErrorCode.NOT_AUTHORIZED, P.ErrorReply("OFFSET_COMMIT with replica is for the cluster's brokers"))
+                    return False
                 self._take_copy(req.name, body, req.reply)
                 return False
         broker, endpoint = self.coordinator_of(req.name)
@@ -270,9 +283,12 @@ class Coordinator:
     def _on_pull(self, endpoint: str, frames: list[bytes]) -> None:
         if self.pull is None or endpoint not in self.pull.get("waiting", ()):
             return
-        self.pull["waiting"].discard(endpoint)
         _v, _op, code, _p, _rid, _t = P.unpack_routing(frames[0])
+        if code == P.ErrorCode.NOT_READY:
+            return  # still reading its own back: asked again within the second
+        self.pull["waiting"].discard(endpoint)
         if code != P.ErrorCode.OK or len(frames) < 2:
+            log.warning("group copies from %s refused: %s", endpoint, P.ErrorCode(code).name)
             return
         for info in _decoders[P.ListGroupsReply].decode(frames[1]).groups:
             g = self.groups.get(info.group)
@@ -288,8 +304,10 @@ class Coordinator:
     def handle(self, op: int, name: str, header: bytes, reply) -> None:
         if not self.ready:
             return reply(P.ErrorCode.NOT_READY, P.ErrorReply("the group coordinator is reading its offsets back"))
-        if op == P.Op.LIST_GROUPS:
-            return reply(P.ErrorCode.OK, P.ListGroupsReply([self._info(g, full=False) for g in sorted(self.groups.values(), key=lambda g: g.name)]))
+        if op == P.Op.LIST_GROUPS:  # in a cluster, the groups this broker coordinates (it holds copies of others')
+            mine = [g for g in sorted(self.groups.values(), key=lambda g: g.name)
+                    if self.ctx.cluster is None or self.coordinator_of(g.name)[0] == self.ctx.cluster.me]
+            return reply(P.ErrorCode.OK, P.ListGroupsReply([self._info(g, full=False) for g in mine]))
         if not name:
             return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply("a group op names its group in the routing header's topic"))
         if op == P.Op.GROUP_HEARTBEAT:

@@ -9,9 +9,10 @@ ordinary client replies (``[routing, body]``), matched by the router's internal 
 the callback its sender gave (the offsets questions, router/offsets.py; the group coordinator's
 copies of committed offsets, router/groups.py).
 
-A link that answers nothing is made afresh (``reset_silent``): with ``--auth curve`` a broker
-that had not yet let our router key in (it had not seen our registration) refuses the CURVE
-handshake, and libzmq then ends that connection for good; the next question goes over a new one.
+With ``--auth curve`` a broker that has not yet let our router key in (it had not seen our
+registration) refuses the CURVE handshake, and libzmq then ends that connection for good: each
+link's socket monitor reports the failed handshake (``on_monitor``) and the link is closed, its
+questions dropped (their askers time out or ask again), and the next question connects afresh.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ from typing import Callable
 
 import zmq
 
+from zmq.utils.monitor import recv_monitor_message
+
 from tailrace.client import protocol as P
+
+_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+HANDSHAKE_FAILED = _FAILURES[0] | _FAILURES[1] | _FAILURES[2]
 
 
 class PeerLinks:
@@ -31,7 +37,7 @@ class PeerLinks:
         self.socks: dict[str, zmq.Socket] = {}  # endpoint -> DEALER
         # (endpoint, internal request id) -> (on_reply(endpoint, frames), sent): one question may go to several brokers
         self.waiting: dict[tuple[str, int], tuple[Callable, float]] = {}
-        self.heard: dict[str, float] = {}  # endpoint -> when it last answered anything
+        self.monitors: dict[str, zmq.Socket] = {}  # endpoint -> its link's monitor (with CURVE: failed handshakes)
 
     def send(self, endpoint: str, frames: list[bytes], rid: int = 0, on_reply: Callable | None = None) -> bool:
         """Queue ``frames`` to the broker at ``endpoint``; False if they could not be queued.
@@ -43,6 +49,9 @@ class PeerLinks:
             sock.setsockopt(zmq.SNDHWM, 1000)
             if self.keys is not None:
                 self.keys.apply(sock)
+                mon = sock.get_monitor_socket(HANDSHAKE_FAILED)
+                self.monitors[endpoint] = mon
+                self.poller.register(mon, zmq.POLLIN)
             sock.connect(endpoint)
             self.socks[endpoint] = sock
             self.poller.register(sock, zmq.POLLIN)
@@ -62,27 +71,36 @@ class PeerLinks:
             rid = P.unpack_routing(frames[0])[4]
         except Exception:  # noqa: BLE001 - a broken reply is nobody's
             return
-        self.heard[endpoint] = time.monotonic()
         waiter = self.waiting.pop((endpoint, rid), None)
         if waiter is not None:
             waiter[0](endpoint, frames)
 
-    def reset_silent(self, silent_s: float) -> list[str]:
-        """Close the link to each broker that has not answered anything asked of it ``silent_s``
-        ago or earlier (it is connected again at the next question); the endpoints reset."""
-        now = time.monotonic()
-        oldest: dict[str, float] = {}
-        for (ep, _rid), (_cb, sent) in self.waiting.items():
-            oldest[ep] = min(sent, oldest.get(ep, sent))
-        reset = [ep for ep, sent in oldest.items() if now - sent > silent_s and self.heard.get(ep, 0.0) < sent]
-        for ep in reset:
-            sock = self.socks.pop(ep, None)
-            if sock is not None:
-                self.poller.unregister(sock)
-                sock.close(0)
-            for key in [k for k in self.waiting if k[0] == ep]:
+    def on_monitor(self, endpoint: str) -> bool:
+        """Events of ``endpoint``'s link monitor: a failed handshake closes the link (libzmq
+        will not connect it again) and drops its questions. True if it was closed."""
+        mon = self.monitors.get(endpoint)
+        failed = False
+        while mon is not None:
+            try:
+                failed |= recv_monitor_message(mon, zmq.NOBLOCK)["event"] in _FAILURES
+            except zmq.Again:
+                break
+        if failed:
+            self._close(endpoint)
+            for key in [k for k in self.waiting if k[0] == endpoint]:
                 del self.waiting[key]
-        return reset
+        return failed
+
+    def _close(self, endpoint: str) -> None:
+        sock, mon = self.socks.pop(endpoint, None), self.monitors.pop(endpoint, None)
+        if mon is not None:
+            self.poller.unregister(mon)
+            if sock is not None:
+                sock.disable_monitor()
+            mon.close(0)
+        if sock is not None:
+            self.poller.unregister(sock)
+            sock.close(0)
 
     def expire(self, older_than_s: float) -> None:
         """Forget questions unanswered this long (their askers time out on their own)."""
@@ -91,7 +109,5 @@ class PeerLinks:
             del self.waiting[key]
 
     def close(self) -> None:
-        for sock in self.socks.values():
-            self.poller.unregister(sock)
-            sock.close(0)
-        self.socks.clear()
+        for endpoint in list(self.socks):
+            self._close(endpoint)

@@ -52,7 +52,6 @@ from .traffic import Traffic
 log = logging.getLogger("tailrace.router")
 
 DRAIN_MAX = 512
-PEER_SILENT_S = 1.5  # cluster: a link to another broker that answered nothing this long is made again (router/peers.py)
 EXIT_OK = 0
 
 # the routing-header checks of every client request (broker/envelope.py, over client/ops.py's SPEC)
@@ -243,7 +242,12 @@ class Router:
         """Take the cluster topics whose metadata changed into the catalog (router/topics.py)."""
         changed, full = self.cluster.take_changes()
         if full:  # deleted in the cluster while this broker was down or cut off: its cluster topics etcd lacks
-            changed |= {t.name for t in self.catalog.data.topics.values() if t.cluster_id and t.name not in self.cluster.topics}
+            gone = {t.name for t in self.catalog.data.topics.values() if t.cluster_id and t.name not in self.cluster.topics}
+            if gone and not self.cluster.topics:  # an etcd with no topic at all: more likely emptied than all deleted
+                log.error("cluster: etcd lists no topic; this broker's %d cluster topics are kept (delete them through "
+                          "the cluster once it is known they are gone)", len(gone))
+            else:
+                changed |= gone
         for name in sorted(changed):
             topics.mirror_topic(self.topic_ctx, name, watched=True)
 
@@ -307,8 +311,6 @@ class Router:
         if self.cluster is not None:
             rates = self.traffic.rates()
             self.cluster.measured(rates["bytes_in"], rates["bytes_out"])
-            for ep in self.asks.peers.reset_silent(PEER_SILENT_S):
-                log.info("cluster: no answer from %s for %.0f s: connecting to it again", ep, PEER_SILENT_S)
             self.asks.peers.expire(30.0)
         self.count_clients()
         self.stats.maybe_write(partial(status.stats_parts, self.status_ctx))
@@ -360,7 +362,7 @@ def main() -> int:
             router.attach_cluster(ClusterAgent(s).start())
         except Exception as exc:  # noqa: BLE001 - etcd unreachable, the id taken: said, and supervisord tries again
             log.error("cluster %s at %s: cannot join: %s: %s", s.cluster_name, s.cluster, type(exc).__name__, exc)
-            return datadir.EXIT_REFUSED if type(exc).__name__ in ("BrokerIdInUse", "ClusterKeyMismatch") else 1
+            return datadir.EXIT_REFUSED if type(exc).__name__ in ("BrokerIdInUse", "ClusterKeyMismatch", "ClusterIdentityMismatch") else 1
         if not wait_synced(router.cluster, 10.0):
             log.warning("cluster: the metadata was not read within 10 s; serving what the catalog holds")
         router.mirror()
@@ -392,6 +394,10 @@ def main() -> int:
             for ep, sock in list(router.asks.peers.socks.items()):
                 if sock in events:
                     P.drain(sock, partial(router.asks.peers.on_reply, ep), DRAIN_MAX)
+            for ep, mon in list(router.asks.peers.monitors.items()):
+                if mon in events and router.asks.peers.on_monitor(ep):
+                    log.info("cluster: %s refused our CURVE handshake (it had not seen our registration yet): "
+                             "connecting again at the next question", ep)
         if router.port.backlog:
             router.port.flush()
         if router.cluster is not None:

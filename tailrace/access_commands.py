@@ -60,19 +60,26 @@ class FileStore:
         return {name: key for key, name in allow.keys.items()}
 
     def allow(self, name: str, public: bytes) -> bool:
-        held = self.clients().get(name)
-        if held == public.decode("ascii"):
+        """Write ``NAME.key`` into the allow-list directory (only that file)."""
+        key = auth_mod.check_public_key(public)
+        held = self.clients().get(auth_mod.check_principal_name(name))
+        if held == key:
             return False
         if held is not None:
             raise ValueError(f"principal {name!r} is allowed with another key already: revoke it first")
-        auth_mod.sync_allowed(auth_mod.default_allow_dir(self.data_dir), {**self.clients(), name: public.decode("ascii")})
+        directory = auth_mod.default_allow_dir(self.data_dir)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        datadir.write_atomic(os.path.join(directory, datadir.public_key_name(name)),
+                             auth_mod.PUBLIC_KEY_TEXT.format(name=name, key=key, origin="tailrace keys allow").encode(),
+                             mode=0o644)
         return True
 
     def revoke(self, name: str) -> bool:
-        clients = self.clients()
-        if name not in clients:
+        path = os.path.join(auth_mod.default_allow_dir(self.data_dir), datadir.public_key_name(auth_mod.check_principal_name(name)))
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
             return False
-        os.unlink(os.path.join(auth_mod.default_allow_dir(self.data_dir), datadir.public_key_name(name)))
         return True
 
     def applied(self) -> str:

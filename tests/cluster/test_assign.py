@@ -26,9 +26,12 @@ def test_measured_load_tilts_where_new_partitions_go():
     # equal counts; broker 1 carries three times the traffic of the others: it gets fewer
     assert place({1: 4, 2: 4, 3: 4}, 6, {1: 3e6, 2: 1e6, 3: 1e6}) == [2, 3, 2, 3, 2, 3]
     # loads equal (or none published): counts alone, as without loads
-    assert place({1: 5, 2: 0, 3: 1}, 4, {1: 7.0, 2: 7.0, 3: 7.0}) == place({1: 5, 2: 0, 3: 1}, 4) == [2, 2, 3, 2]
+    assert place({1: 5, 2: 0, 3: 1}, 4, {1: 7e6, 2: 7e6, 3: 7e6}) == place({1: 5, 2: 0, 3: 1}, 4) == [2, 2, 3, 2]
     assert place({1: 0, 2: 0}, 4, {1: 0.0, 2: 0.0}) == [1, 2, 1, 2]
+    # a trickle against idle brokers decides nothing (the 1 MB/s floor): still 2 each
+    assert sorted(place({0: 0, 1: 0, 2: 0}, 6, {0: 120.0, 1: 0.0, 2: 0.0})) == [0, 0, 1, 1, 2, 2]
     # a broker that published nothing (just joined) counts as the mean; counts still outweigh
-    # load in the end: the hot broker takes its turn once the others hold enough more
+    # load in the end: the busy broker takes its share once the others hold more
     chosen = place({1: 2, 2: 2, 3: 2}, 12, {1: 2e6, 2: 1e6})
-    assert chosen[:2] == [2, 3] and chosen.count(1) >= 1 and chosen.count(1) < chosen.count(2)
+    assert chosen[:2] == [2, 3] and 0 < chosen.count(1) <= chosen.count(2)
+    assert place({1: 0, 2: 0, 3: 0}, 6, {1: 9e6, 2: 1e6, 3: 1e6}).count(1) == 1

@@ -112,6 +112,23 @@ def test_one_allow_list_acls_and_quotas_for_every_broker_from_etcd(make_cluster,
         with pytest.raises(NotAuthorizedError):
             p.flush(10_000)
 
+    # the brokers' own forms of the group ops are refused to a client: a forged copy with a high
+    # version would shadow the real ones, and the copies of every group are not a client's to read
+    from tailrace.client import protocol as P
+    from tailrace.client.connection import Connection
+    from tailrace.client.security import curve_keys
+    conn = Connection(c.bootstrap(0), keys=curve_keys(**admin))
+    try:
+        forged = P.encode(P.OffsetCommitRequest([("a1", 0, 0)], replica=10**9))
+        with pytest.raises(NotAuthorizedError, match="brokers"):
+            conn.request(P.Op.OFFSET_COMMIT, "g1", header=forged)
+        with pytest.raises(NotAuthorizedError, match="brokers"):
+            conn.request(P.Op.LIST_GROUPS, "", header=P.encode(P.ListGroupsRequest(replicas=True)))
+    finally:
+        conn.close()
+    with Admin(c.bootstrap(1), **admin) as a:
+        assert sum(a.committed("g1").values()) == 600
+
     # the local commands refuse a cluster broker's data directory: its files are the mirror
     r = subprocess.run([sys.executable, "-m", "tailrace", "acl", "list", "--data-dir", str(c.brokers[0].data_dir)],
                        capture_output=True, text=True, timeout=60)
@@ -126,3 +143,10 @@ def test_one_allow_list_acls_and_quotas_for_every_broker_from_etcd(make_cluster,
         with pytest.raises(ClusterKeyMismatch, match="server key|auth"):
             ClusterAgent(s).start()
     assert sorted(c.status(0)["cluster"]["brokers"]) == ["0", "1", "2"]
+    # a member's data directory is its cluster's for good: another cluster name is refused before
+    # it registers (joining would delete the topics that cluster does not know)
+    from tailrace.cluster.errors import ClusterIdentityMismatch
+    s = settings_mod.from_env(env={}, data_dir=str(c.brokers[2].data_dir), bind="tcp://127.0.0.1:1", cluster=c.etcd_endpoint,
+                              broker_id=2, cluster_name=c.name + "-typo", cluster_ttl_s=3, auth="curve")
+    with pytest.raises(ClusterIdentityMismatch, match="belongs to cluster"):
+        ClusterAgent(s).start()

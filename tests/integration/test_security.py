@@ -4,6 +4,7 @@ identity towards the workers, safe-by-default binding and the same-host uid chec
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shlex
 import shutil
@@ -47,6 +48,26 @@ def test_keys_generate_writes_a_pair_and_never_overwrites_it(tmp_path):
     assert again.returncode == 1 and "never overwritten" in again.stderr
     assert secret.read_bytes() == before
     assert _tailrace("keys", "generate", "../up", "--dir", str(tmp_path / "k")).returncode == 2
+
+
+def test_keys_allow_list_and_revoke_on_a_data_dir_and_the_router_name_is_reserved(tmp_path):
+    """``tailrace keys allow|list|revoke`` edit the data dir's allow-list one file at a time; a
+    client may never be allowed as ``router`` (the principal the workers obey as the router), and
+    a ``router.key`` planted in the directory is skipped."""
+    assert _tailrace("keys", "generate", "bob", "--dir", str(tmp_path / "k")).returncode == 0
+    data = str(tmp_path / "data")
+    planted = tmp_path / "k" / "bob.key"
+    assert _tailrace("keys", "allow", "bob", str(planted), "--data-dir", data).returncode == 0
+    listed = _tailrace("keys", "list", "--json", "--data-dir", data)
+    assert listed.returncode == 0 and set(json.loads(listed.stdout)) == {"bob"}
+    refused = _tailrace("keys", "allow", "router", str(planted), "--data-dir", data)
+    assert refused.returncode == 2 and "reserved" in refused.stderr
+    assert _tailrace("keys", "allow", "x/y", str(planted), "--data-dir", data).returncode == 2
+    assert _tailrace("keys", "allow", "z", "~" * 40, "--data-dir", data).returncode == 2  # not Z85
+    shutil.copy(planted, os.path.join(default_allow_dir(data), "router.key"))
+    assert set(AllowList(default_allow_dir(data)).keys.values()) == {"bob"}
+    assert "revoked: bob" in _tailrace("keys", "revoke", "bob", "--data-dir", data).stderr
+    assert set(AllowList(default_allow_dir(data)).keys.values()) == set()
 
 
 def test_a_non_loopback_bind_without_auth_is_refused_unless_insecure(tmp_path):
