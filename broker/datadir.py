@@ -103,6 +103,8 @@ LOG_DIR = "logs"
 DEV_CLUSTER_STATE = "dev-cluster.json"  # the ports of the last run, taken again when free (a stable bootstrap)
 DEV_CLUSTER_LOCK = "dev-cluster.lock"  # held while a dev-cluster runs on the directory
 DEV_CLUSTER_ETCD_DIR = "etcd"  # its etcd's data directory
+DEV_CLUSTER_KEYS_DIR = "keys"  # with --auth curve: the admin client's key pair (the cluster allows it)
+DEV_CLUSTER_CLIENT = "admin"  # that client's principal (its key files are named after it)
 SERVE_OUT = "serve.out"  # a broker's `tailrace serve` output, when a launcher keeps it in the data directory
 
 

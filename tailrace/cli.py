@@ -514,6 +514,9 @@ def build_parser() -> argparse.ArgumentParser:
     dc.add_argument("--brokers", type=console.int_at_least(1, maximum=64), default=3, help="how many brokers (ids 0..N-1)")
     dc.add_argument("--dir", default="./dev-cluster", help="where etcd's data (DIR/etcd) and each broker's (DIR/broker-<i>) go")
     dc.add_argument("--workers", type=_workers, default=1, help="worker processes per broker")
+    dc.add_argument("--auth", choices=("none", "curve"), default="none",
+                    help="curve: every broker with --auth curve and one server key; an admin client key in "
+                         "DIR/keys, allowed in the cluster's allow-list (it prints how to use it)")
     dc.add_argument("--base-port", type=console.int_at_least(1, maximum=65535), default=None, metavar="P",
                     help="broker i listens on 127.0.0.1:P+i (default: free ports, the last run's when still free)")
     dc.set_defaults(func=cluster_commands.cmd_dev_cluster)

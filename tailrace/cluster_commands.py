@@ -24,6 +24,7 @@ import concurrent.futures
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 
 from tailrace.broker import datadir
+from tailrace.broker import settings as settings_mod
 from tailrace.broker.lifetime import pdeathsig_preexec
 from tailrace.client.admin import Admin
 from tailrace.client.connection import parse_bootstrap
@@ -263,11 +265,13 @@ class _Ports:
 
 
 class _Broker:
-    def __init__(self, broker_id: int, data_dir: Path, port: int, metrics_port: int):
+    def __init__(self, broker_id: int, data_dir: Path, port: int, metrics_port: int, auth: str = "none"):
         self.id = broker_id
         self.data_dir = data_dir
         self.port = port
         self.metrics_port = metrics_port
+        self.auth = auth
+        self.client: dict = {}  # with --auth curve: the admin client's key_file and server_key
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -282,7 +286,7 @@ class _Broker:
         return [sys.executable, "-m", "tailrace", "serve", "--data-dir", str(self.data_dir),
                 "--bind", f"tcp://{self.address}", "--cluster", f"etcd://{etcd_endpoint}",
                 "--broker-id", str(self.id), "--metrics-bind", f"127.0.0.1:{self.metrics_port}",
-                "--workers", str(workers)]
+                "--workers", str(workers), "--auth", self.auth]
 
     def spawn(self, etcd_endpoint: str, workers: int, env: dict) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -297,7 +301,7 @@ class _Broker:
         """"" once it answers STATUS with every worker alive and sees all ``brokers`` registered
         and a controller; else what it lacks."""
         try:
-            with Admin(f"tcp://{self.address}", timeout_ms=1000, connect_timeout_ms=1000) as admin:
+            with Admin(f"tcp://{self.address}", timeout_ms=1000, connect_timeout_ms=1000, **self.client) as admin:
                 st = admin.status()
         except (TailraceError, OSError) as exc:
             return _one_line(exc)
@@ -364,7 +368,8 @@ def _run_dev_cluster(args, top: Path, EtcdServer) -> int:
     for i in range(args.brokers):
         was = before.get(i, {})
         port = args.base_port + i if args.base_port is not None else ports.take(was.get("port"))
-        brokers.append(_Broker(i, top / datadir.dev_broker_dir(i), port, ports.take(was.get("metrics_port"))))
+        brokers.append(_Broker(i, top / datadir.dev_broker_dir(i), port, ports.take(was.get("metrics_port")), args.auth))
+    client = _curve_keys(top, brokers) if args.auth == "curve" else {}
     etcd = EtcdServer(top / datadir.DEV_CLUSTER_ETCD_DIR, fsync=True, name="tailrace-dev-etcd")
     etcd.client_port = ports.take(last.get("etcd_client_port"))
     etcd.peer_port = ports.take(last.get("etcd_peer_port"))
@@ -378,9 +383,21 @@ def _run_dev_cluster(args, top: Path, EtcdServer) -> int:
         _say(f"starting etcd on 127.0.0.1:{etcd.client_port} (data {top / datadir.DEV_CLUSTER_ETCD_DIR}) and {_n(len(brokers), 'broker')} ...")
         try:
             etcd.start()
+            if client:  # the cluster's allow-list lets the admin client in, on every broker
+                from tailrace.cluster.access import ClusterAccess
+                from tailrace.cluster.errors import ClusterError
+                from tailrace.cluster.etcd import Etcd
+                try:
+                    ClusterAccess(Etcd(etcd.endpoint, timeout_s=10.0), settings_mod.Settings(data_dir="").cluster_name).allow(
+                        datadir.DEV_CLUSTER_CLIENT, client["public"])
+                except (ClusterError, ValueError) as exc:
+                    raise RuntimeError(f"the admin client's key could not be allowed: {exc}") from exc
         except RuntimeError as exc:
             print(f"{where}: {_one_line(exc)}", file=sys.stderr)
             return EXIT_ERROR
+        client.pop("public", None)
+        for b in brokers:
+            b.client = client
         for b in brokers:
             b.spawn(etcd.endpoint, args.workers, env)
         t0 = time.monotonic()
@@ -411,6 +428,10 @@ def _run_dev_cluster(args, top: Path, EtcdServer) -> int:
         _say(f"{_n(len(brokers), 'broker')} ready in {time.monotonic() - t0:.1f} s; Ctrl-C stops them, then etcd.")
         _say("")
         _say(f"bootstrap: {hint}")
+        if client:
+            _say(f"auth: CURVE; as the allowed client: export TAILRACE_KEY_FILE={client['key_file']} "
+                 f"TAILRACE_SERVER_KEY={client['server_key']}")
+            _say(f"     (more clients: tailrace keys allow NAME NAME.key --cluster etcd://127.0.0.1:{etcd.client_port})")
         _say(f"try: tailrace topic create t --partitions 6 --bootstrap {hint}")
         _say(f"     printf 'hello\\nworld\\n' | tailrace produce t --bootstrap {hint}")
         _say(f"     tailrace consume t --bootstrap {hint} --timeout-ms 1000")
@@ -429,6 +450,26 @@ def _run_dev_cluster(args, top: Path, EtcdServer) -> int:
     finally:
         _stop_all(brokers, etcd)
     return EXIT_OK
+
+
+def _curve_keys(top: Path, brokers: list[_Broker]) -> dict:
+    """--auth curve: one server key pair for every broker (made in broker 0's data directory,
+    copied to the others before their first start, as an operator would) and the admin client's
+    pair under DIR/keys; both kept across runs. Its client options, and its public key."""
+    from tailrace.broker import auth
+
+    first = auth.auth_dir(str(brokers[0].data_dir))
+    auth.server_keys(str(brokers[0].data_dir))
+    for b in brokers[1:]:
+        mine = auth.auth_dir(str(b.data_dir))
+        os.makedirs(mine, mode=0o700, exist_ok=True)
+        for name in (datadir.public_key_name(datadir.SERVER_KEY), datadir.secret_key_name(datadir.SERVER_KEY)):
+            if not os.path.exists(os.path.join(mine, name)):
+                shutil.copy2(os.path.join(first, name), mine)
+    keys = top / datadir.DEV_CLUSTER_KEYS_DIR
+    public, secret = auth.ensure_keys(str(keys), datadir.DEV_CLUSTER_CLIENT)
+    return {"key_file": str(keys / datadir.secret_key_name(datadir.DEV_CLUSTER_CLIENT)),
+            "server_key": os.path.join(first, datadir.public_key_name(datadir.SERVER_KEY)), "public": public}
 
 
 def _say(line: str) -> None:

@@ -185,11 +185,12 @@ def still_running(procs: dict[int, int]) -> list[int]:
     return left
 
 
-def test_dev_cluster_serves_produce_and_consume_and_ctrl_c_stops_every_process_it_started(tmp_path):
+@pytest.mark.parametrize("auth", ["none", "curve"])
+def test_dev_cluster_serves_produce_and_consume_and_ctrl_c_stops_every_process_it_started(tmp_path, auth):
     top = tmp_path / "dev"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TAILRACE_")}
-    proc = subprocess.Popen([sys.executable, "-m", "tailrace", "dev-cluster", "--brokers", "2", "--dir", str(top)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "tailrace", "dev-cluster", "--brokers", "2", "--dir", str(top),
+                             "--auth", auth], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines: queue.Queue = queue.Queue()
     out: list[str] = []
 
@@ -213,11 +214,19 @@ def test_dev_cluster_serves_produce_and_consume_and_ctrl_c_stops_every_process_i
                 serve_pids[int(m.group(1))] = int(m.group(2))
             if line.startswith("bootstrap: "):
                 bootstrap = line.split(":", 1)[1].strip()
+        keys: dict = {}
         while True:  # the hint lines, up to the cluster status one
             line = lines.get(timeout=10)
             out.append(line)
+            m = re.search(r"TAILRACE_KEY_FILE=(\S+) TAILRACE_SERVER_KEY=(\S+)", line)
+            if m:  # --auth curve: the client the cluster's allow-list lets in
+                keys = {"key_file": m.group(1), "server_key": m.group(2)}
             if "cluster status --cluster" in line:
                 break
+        assert bool(keys) == (auth == "curve"), out
+        if keys:  # without the keys every broker refuses
+            with Admin(bootstrap, timeout_ms=3000) as admin, pytest.raises(TailraceError, match="CURVE"):
+                admin.list_topics()
         etcd = re.search(r"--cluster etcd://(\S+)", line).group(1)
         addresses = bootstrap.split(",")
         assert len(addresses) == 2 and all(re.fullmatch(r"127\.0\.0\.1:\d+", a) for a in addresses), bootstrap
@@ -227,15 +236,15 @@ def test_dev_cluster_serves_produce_and_consume_and_ctrl_c_stops_every_process_i
         assert len(started) >= 2 * 5 + 1, started  # etcd; per broker serve, supervisord, router, flusher, metrics, worker
 
         client = bootstrap  # the printed list as it is (clients take a bootstrap list)
-        with Admin(client) as admin:
+        with Admin(client, **keys) as admin:
             admin.create_topic(TOPIC, 4)
         sent = [f"record-{i}".encode() for i in range(20)]
-        with Producer(client) as producer:
+        with Producer(client, **keys) as producer:
             for i, value in enumerate(sent):
                 producer.send(TOPIC, value, partition=i % 4)
             producer.flush()
         got: list[bytes] = []
-        with Consumer(client, max_wait_ms=100) as consumer:
+        with Consumer(client, max_wait_ms=100, **keys) as consumer:
             consumer.assign(TOPIC, start="earliest")
             until = time.monotonic() + 30
             while len(got) < len(sent) and time.monotonic() < until:
