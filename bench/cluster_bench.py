@@ -37,6 +37,7 @@ end; every broker and etcd is stopped by pid. Prints a JSON summary, then a mark
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -112,19 +113,33 @@ def e2e(b: Broker, topic: str, rate: int, seconds: float, max_wait_ms: int = 500
             "count": int(len(lat_ms)), "rate_achieved": round(prod["rate_achieved"], 1)}
 
 
-def step_single_vs_cluster(root: Path, etcd: EtcdServer, args) -> dict:
-    n = args.messages // BATCH * BATCH
-    values, offsets = log_lines(min(n, 200_000))
+@contextlib.contextmanager
+def broker_pair(root: Path, etcd: EtcdServer, tag: str):
+    """A broker without ``--cluster`` and one that is broker 0 of a cluster of its own (name
+    ``bench-<pid>-<tag>``) on ``etcd``, both 2 workers and 64 MiB segments, running side by side:
+    {"single": Broker, "cluster": Broker}; both stopped by pid and their shared memory removed."""
     common = dict(workers=2, segment_bytes=64 << 20)
-    brokers = {"single": Broker(root / "single", **common),
-               "cluster": Broker(root / "cluster", cluster=f"etcd://{etcd.endpoint}", broker_id=0,
-                                 cluster_name=f"bench-{os.getpid()}-one", **common)}
-    runs: dict[str, list[dict]] = {"single": [], "cluster": []}
+    brokers = {"single": Broker(root / f"single-{tag}", **common),
+               "cluster": Broker(root / f"cluster-{tag}", cluster=f"etcd://{etcd.endpoint}", broker_id=0,
+                                 cluster_name=f"bench-{os.getpid()}-{tag}", **common)}
     try:
         for b in brokers.values():
             b.spawn()
         for b in brokers.values():
             b.wait_ready(90)
+        yield brokers
+    finally:
+        for b in brokers.values():
+            b.stop()
+        for b in brokers.values():
+            b.cleanup_shm()
+
+
+def step_single_vs_cluster(root: Path, etcd: EtcdServer, args) -> dict:
+    n = args.messages // BATCH * BATCH
+    values, offsets = log_lines(min(n, 200_000))
+    runs: dict[str, list[dict]] = {"single": [], "cluster": []}
+    with broker_pair(root, etcd, "one") as brokers:
         for r in range(args.rounds):
             order = ("single", "cluster") if r % 2 == 0 else ("cluster", "single")
             for mode in order:
@@ -140,11 +155,6 @@ def step_single_vs_cluster(root: Path, etcd: EtcdServer, args) -> dict:
                 runs[mode].append(row)
                 log(f"round {r} {mode:<7}: produce {row['produce']:,.0f} msg/s, consume {row['consume']:,.0f} msg/s, "
                     f"e2e p50 {row['e2e']['p50_ms']:.2f} ms p99 {row['e2e']['p99_ms']:.2f} ms")
-    finally:
-        for b in brokers.values():
-            b.stop()
-        for b in brokers.values():
-            b.cleanup_shm()
     keys = ("produce", "consume", "e2e_p50_ms")
     out = {"messages": n, "rounds": args.rounds, "e2e_rate": args.e2e_rate, "e2e_seconds": args.e2e_seconds}
     for mode in ("single", "cluster"):
@@ -164,16 +174,8 @@ def step_consume(root: Path, etcd: EtcdServer, args) -> dict:
     mode; here nothing else runs between the reads."""
     n = args.messages // BATCH * BATCH
     values, offsets = log_lines(min(n, 200_000))
-    common = dict(workers=2, segment_bytes=64 << 20)
-    brokers = {"single": Broker(root / "single-reads", **common),
-               "cluster": Broker(root / "cluster-reads", cluster=f"etcd://{etcd.endpoint}", broker_id=0,
-                                 cluster_name=f"bench-{os.getpid()}-reads", **common)}
     runs: dict[str, list[float]] = {"single": [], "cluster": []}
-    try:
-        for b in brokers.values():
-            b.spawn()
-        for b in brokers.values():
-            b.wait_ready(90)
+    with broker_pair(root, etcd, "reads") as brokers:
         for b in brokers.values():
             with Admin(b.bootstrap, timeout_ms=30_000) as a:
                 a.create_topic("reads", PARTITIONS)
@@ -182,11 +184,6 @@ def step_consume(root: Path, etcd: EtcdServer, args) -> dict:
             for mode in (("single", "cluster") if r % 2 == 0 else ("cluster", "single")):
                 runs[mode].append(consume(brokers[mode].bootstrap, "reads", n))
                 log(f"read {r} {mode:<7}: {runs[mode][-1]:,.0f} msg/s")
-    finally:
-        for b in brokers.values():
-            b.stop()
-        for b in brokers.values():
-            b.cleanup_shm()
     return {"messages": n, "rounds": args.read_rounds,
             "single": {"median": statistics.median(runs["single"]), "runs": runs["single"]},
             "cluster": {"median": statistics.median(runs["cluster"]), "runs": runs["cluster"]},

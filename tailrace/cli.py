@@ -502,10 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
     clsub = cl.add_subparsers(dest="cluster_cmd", required=True, metavar="SUBCOMMAND")
     cs = command(clsub, "status", "read etcd: the brokers (endpoint, rack, pid on this host), the controller, and the "
                                   "partitions each broker leads and those without a leader")
-    cs.add_argument("--cluster", default=os.environ.get("TAILRACE_CLUSTER") or None, metavar="etcd://H:P[,H:P...]",
-                    help="the cluster's etcd, as given to `serve --cluster` (also $TAILRACE_CLUSTER)")
-    cs.add_argument("--cluster-name", default=os.environ.get("TAILRACE_CLUSTER_NAME") or _DEFAULTS.cluster_name,
-                    metavar="NAME", help="the cluster's name, as given to `serve --cluster-name` (also $TAILRACE_CLUSTER_NAME)")
+    cluster_target(cs, "the cluster's etcd, as given to `serve --cluster`")
     cs.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     cl.set_defaults(func=cluster_commands.cmd_cluster)
 
@@ -528,8 +525,13 @@ def build_parser() -> argparse.ArgumentParser:
 def access_target(p) -> None:
     """Where ``keys allow|revoke|list``, ``acl`` and ``quota`` act: a data directory, or a cluster."""
     p.add_argument("--data-dir", default=None, help="the broker's data directory (default ./data)")
+    cluster_target(p, "a cluster's etcd instead: the rules of every broker in it")
+
+
+def cluster_target(p, what: str) -> None:
+    """``--cluster`` and ``--cluster-name`` of a command that reads or writes a cluster's etcd."""
     p.add_argument("--cluster", default=os.environ.get("TAILRACE_CLUSTER") or None, metavar="etcd://H:P[,H:P...]",
-                   help="a cluster's etcd instead: the rules of every broker in it (also $TAILRACE_CLUSTER)")
+                   help=f"{what} (also $TAILRACE_CLUSTER)")
     p.add_argument("--cluster-name", default=os.environ.get("TAILRACE_CLUSTER_NAME") or _DEFAULTS.cluster_name,
                    metavar="NAME", help="the cluster's name, as given to `serve --cluster-name` (also $TAILRACE_CLUSTER_NAME)")
 
