@@ -314,36 +314,12 @@ class ClusterAgent:
         changed: set[str] = set()
         for e in events:
             key, put = e.kv.key, e.type != "DELETE"
-            if key.startswith(self.keys.access):
-                if put:
-                    access[key] = e.kv.value
-                else:
-                    access.pop(key, None)
-            elif key == self.keys.controller:
-                controller = (decode(e.kv, ControllerInfo).broker, e.kv.create_revision) if put else (-1, 0)
-            elif key.startswith(self.keys.brokers):
-                bid = int(key[len(self.keys.brokers):])
-                if put:
-                    brokers[bid] = decode(e.kv, BrokerInfo)
-                else:
-                    brokers.pop(bid, None)
-            elif key.startswith(self.keys.topics):
-                name = key[len(self.keys.topics):]
-                if put:
-                    topics[name] = decode(e.kv, TopicMeta)
-                    topic_ids[name] = e.kv.create_revision
-                else:
-                    topics.pop(name, None)
-                    topic_ids.pop(name, None)
-                changed.add(name)
-            elif key.startswith(self.keys.partitions):
-                name, _, p = key[len(self.keys.partitions):].rpartition("/")
-                if put:
-                    a = decode(e.kv, PartitionAssignment)
-                    assignments[(name.encode(), a.partition)] = a
-                else:
-                    assignments.pop((name.encode(), int(p)), None)
-                changed.add(name)
+            try:
+                self._take(e, key, put, brokers, topics, topic_ids, assignments, access, changed)
+                if key == self.keys.controller:
+                    controller = (decode(e.kv, ControllerInfo).broker, e.kv.create_revision) if put else (-1, 0)
+            except ValueError as exc:  # a value this version cannot read (msgspec's errors are ValueErrors)
+                log.error("cluster: %s at revision %d skipped: %s", key, e.kv.mod_revision, exc)
             self.revision = max(self.revision, e.kv.mod_revision)
         self.brokers, self.topics, self.topic_ids, self.assignments = brokers, topics, topic_ids, assignments
         self.controller_id, self.controller_epoch = controller
@@ -353,6 +329,38 @@ class ClusterAgent:
         if changed:
             with self._lock:
                 self._changed |= changed
+
+    def _take(self, e, key: str, put: bool, brokers, topics, topic_ids, assignments, access, changed) -> None:
+        """One watch event into the view's new dicts (``_apply``); raises ValueError for a value
+        that cannot be read (the event is skipped, the others taken)."""
+        if key.startswith(self.keys.access):
+            if put:
+                access[key] = e.kv.value
+            else:
+                access.pop(key, None)
+        elif key.startswith(self.keys.brokers):
+            bid = int(key[len(self.keys.brokers):])
+            if put:
+                brokers[bid] = decode(e.kv, BrokerInfo)
+            else:
+                brokers.pop(bid, None)
+        elif key.startswith(self.keys.topics):
+            name = key[len(self.keys.topics):]
+            if put:
+                topics[name] = decode(e.kv, TopicMeta)
+                topic_ids[name] = e.kv.create_revision
+            else:
+                topics.pop(name, None)
+                topic_ids.pop(name, None)
+            changed.add(name)
+        elif key.startswith(self.keys.partitions):
+            name, _, p = key[len(self.keys.partitions):].rpartition("/")
+            if put:
+                a = decode(e.kv, PartitionAssignment)
+                assignments[(name.encode(), a.partition)] = a
+            else:
+                assignments.pop((name.encode(), int(p)), None)
+            changed.add(name)
 
     def _mirror_access(self) -> bool:
         """Write the cluster's allow-list, ACL rules and quotas into this broker's data directory,

@@ -83,6 +83,13 @@ def test_one_allow_list_acls_and_quotas_for_every_broker_from_etcd(make_cluster,
     logs = [(b.data_dir / "logs" / "router.log").read_text() for b in c.brokers]
     assert not any("was not stored by" in t or "copy not confirmed" in t for t in logs), "a group copy was refused"
 
+    # rules in etcd that cannot be read leave the last mirrored ones in force (fail static)
+    good = c.etcd.get(c.keys.acls).value
+    c.etcd.put(c.keys.acls, b"{not json")
+    assert wait_until(lambda: all("cannot be read" in (b.data_dir / "logs" / "router.log").read_text() for b in c.brokers), 10)
+    assert all(len(read_rules(str(b.data_dir))) == 3 for b in c.brokers)
+    c.etcd.put(c.keys.acls, good)
+
     # a key the cluster does not know gets into no broker
     for i in range(3):
         with Admin(c.bootstrap(i), **mallory) as a, pytest.raises((AuthenticationFailedError, BrokerUnavailableError)):
