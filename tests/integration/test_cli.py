@@ -409,6 +409,10 @@ def test_serve_refuses_a_busy_port_at_once_and_says_where_logs_are(tmp_path):
     try:
         head = b"".join(p.stdout.readline() for _ in range(3))
         assert b"logs: " in head and b"router" in head, head
+        # Stop it only once every program is up: a SIGTERM that supervisord sends a worker it forked
+        # a moment before is lost (between fork and exec), and then the stop waited out the worker's
+        # stopwaitsecs (20 s) for a SIGKILL, in about half the runs.
+        b.wait_ready()
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(120)
