@@ -222,6 +222,57 @@ class PartitionActor:
         self.producers.record(pid, seq, count, base, t)
         return ErrorCode.OK, "", base, count, t
 
+    def append_replica(self, body, max_batch_bytes: int) -> tuple[int, str]:
+        """A follower's copy (issue 34): append the batches of ``body`` (back-to-back frames, as
+        the leader's FETCH sent them) exactly as the leader stored them: its offsets, append
+        times, leader epoch and max time are kept, only the topic id the stamp carries is this
+        broker's own (catalog ids are per broker; recovery files batches by it). A batch this
+        log already holds (its base below the log end) is skipped, so a fetch answered twice
+        appends once; one that would leave a gap stops the append (OFFSET_OUT_OF_RANGE). Each
+        batch is checked as a produce checks it (CRC, structure) but never recompressed, nor
+        refused for its timestamps or sequence: the leader decided. Returns (code, message)."""
+        row = self.owner_row
+        if not self.check_ownership():
+            if self.writer.fenced:
+                return ErrorCode.NOT_OWNER, "partition moved to another owner"
+            return ErrorCode.NOT_READY, "previous owner still holds the partition"
+        if row.io_error:
+            return ErrorCode.STORAGE_UNAVAILABLE, "journal cannot be written"
+        mv, at, end, w = memoryview(body), 0, len(body), self.writer
+        while at < end:  # one step per batch, never per record
+            try:
+                chk = check_batch(body, at, end, max_batch_bytes, deep=False)
+            except BatchError as exc:
+                code = {"crc": ErrorCode.CORRUPT_BATCH, "too_large": ErrorCode.BATCH_TOO_LARGE}.get(exc.reason, ErrorCode.MALFORMED)
+                return code, f"replicated batch at byte {at}: {exc}"
+            size, count = chk.size, chk.count
+            base, t, _part, _tid = STAMP.unpack_from(body, at + STAMP_AT)
+            nxt = row.next_offset
+            if base + count <= nxt:  # held already
+                at += size
+                continue
+            if base != nxt:
+                return ErrorCode.OFFSET_OUT_OF_RANGE, (f"replicated batch at offset {base} does not start at this log's "
+                                                       f"end {nxt}")
+            if size > self.ring.ring_bytes // 2:
+                return ErrorCode.BATCH_TOO_LARGE, f"replicated batch of {size} bytes over half the ring"
+            try:
+                pos = w.claim(size)
+            except RingFull:
+                return ErrorCode.BACKPRESSURE, "partition ring full; flusher behind"
+            frame = w.copy(pos, mv[at:at + size], base)
+            STAMP.pack_into(frame, STAMP_AT, base, t, self.partition, self.topic_id)
+            if frame[VERSION_AT] == VERSION_2:
+                self.leader_epoch, top = STAMP_V2.unpack_from(frame, STAMP_V2_AT)
+                self.max_time_us = max(self.max_time_us, top)
+            else:
+                self.max_time_us = max(self.max_time_us, t)
+            w.publish(pos, size, LENGTH.unpack_from(body, at)[0], base, count)
+            pid, seq = IDEMPOTENCE.unpack_from(body, at + IDEMPOTENCE_AT)
+            self.producers.record(pid, seq, count, base, t)  # the producer state moves with the log
+            at += size
+        return ErrorCode.OK, ""
+
     # --- fetch ---------------------------------------------------------------------------
     @property
     def high_watermark(self) -> int:

@@ -33,6 +33,7 @@ STORAGE_FULL_MESSAGE = ("the journal's filesystem is fuller than disk_max_used_r
 OFFSETS_TOPIC_BYTES = OFFSETS_TOPIC.encode()  # group commits are still taken when storage is full: a few bytes each
 _produce_dec = ops.DECODERS[P.Op.PRODUCE]
 _multi_dec = ops.DECODERS[P.Op.PRODUCE_MULTI]
+_replica_dec = ops.DECODERS[P.Op.REPLICA_APPEND]
 
 
 @dataclass(slots=True)
@@ -86,7 +87,14 @@ def _store(ctx: ProduceContext, actor, topic: bytes, batch, acks: int):
         if code == P.ErrorCode.BACKPRESSURE:
             ctx.turn.unkicked_bytes = KICK_MIN_BYTES  # a full ring: have the flusher drain it now
         return code, message, base, count, t
-    turn, traffic, slot, size = ctx.turn, ctx.traffic, actor.slot, len(batch)
+    _appended(ctx, actor, len(batch), count)
+    return code, message, base, count, t
+
+
+def _appended(ctx: ProduceContext, actor, size: int, count: int) -> None:
+    """Account for ``size`` bytes of ``count`` records just appended to ``actor``'s ring: wake
+    its readers, count its traffic, and note the bytes the flusher has not been told of."""
+    turn, traffic, slot = ctx.turn, ctx.traffic, actor.slot
     if turn.appended:
         turn.late.add(slot)  # readers are woken for it at the end of the turn
     else:  # the turn's first append wakes the readers now, before its ack goes (see Worker.wake_late)
@@ -98,7 +106,29 @@ def _store(ctx: ProduceContext, actor, topic: bytes, batch, acks: int):
     traffic.totals[0] += count
     traffic.totals[1] += size
     turn.unkicked_bytes += size
-    return code, message, base, count, t
+
+
+def replica_append(ctx: ProduceContext, ident, assign, topic, partition, rest, who, reply) -> None:
+    """REPLICA_APPEND (router -> worker, a cluster's follower; router/replicas.py): the batches
+    the partition's leader sent, appended as the leader stored them (``append_replica``); the
+    reply says where this copy's log ends now (an empty body only asks)."""
+    req = _replica_dec.decode(rest[1])
+    actor = ctx.owned.actor_for(assign, topic, partition, reply)
+    if actor is None:
+        return
+    row = actor.owner_row
+    before = row.next_offset
+    body = rest[2]
+    code, message = actor.append_replica(body, ctx.max_batch_bytes) if len(body) else (P.ErrorCode.OK, "")
+    added = row.next_offset - before
+    if added:
+        _appended(ctx, actor, len(body), added)
+    if code != P.ErrorCode.OK:
+        if code == P.ErrorCode.BACKPRESSURE:
+            ctx.turn.unkicked_bytes = KICK_MIN_BYTES
+        return reply(code, P.ErrorReply(message, log_start_offset=row.log_start_offset, high_watermark=row.next_offset))
+    log_start, end, durable = actor.log.offsets()
+    reply(P.ErrorCode.OK, P.ReplicaAppendReply(end, durable, log_start, req.leader_epoch))
 
 
 def produce_multi(ctx: ProduceContext, ident, assign, topic, partition, rest, who, reply) -> None:

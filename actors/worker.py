@@ -72,7 +72,8 @@ ENVELOPE = Envelope("worker")
 # partition, frames from the routing header on, principal, reply)
 HANDLERS = {P.Op.PRODUCE: produce.produce, P.Op.PRODUCE_MULTI: produce.produce_multi, P.Op.FETCH: fetch.fetch,
             P.Op.FETCH_MULTI: fetch_multi.fetch_multi, P.Op.LIST_OFFSETS: offsets.list_offsets,
-            P.Op.WATCH: watch.watch, P.Op.PING: ping.ping, P.Op.ADOPT: adopt.adopt}
+            P.Op.WATCH: watch.watch, P.Op.PING: ping.ping, P.Op.ADOPT: adopt.adopt,
+            P.Op.REPLICA_APPEND: produce.replica_append}
 _SERVED = {row.op for row in ops.SPEC if row.served in ops.AT_WORKER}
 MANY = frozenset(row.op for row in ops.SPEC if row.many)  # the assign frame: a count, then an entry per partition
 assert set(HANDLERS) == _SERVED, f"worker handlers {sorted(HANDLERS)} != ops a worker serves {sorted(_SERVED)} (client/ops.py)"
@@ -115,6 +116,7 @@ class Worker:
         self.offsets_ctx = offsets.OffsetsContext(self.catalog, table, s.data_dir, self.journal, s.instance)
         contexts = {P.Op.PRODUCE: self.produce_ctx, P.Op.PRODUCE_MULTI: self.produce_ctx, P.Op.FETCH: self.fetch_ctx,
                     P.Op.FETCH_MULTI: self.fetch_ctx, P.Op.LIST_OFFSETS: self.offsets_ctx,
+                    P.Op.REPLICA_APPEND: self.produce_ctx,
                     P.Op.WATCH: self.watchers, P.Op.ADOPT: owned,
                     P.Op.PING: ping.PingContext(worker_id, time.time_ns(), owned, table, self.traffic)}
         self.handlers = {op: (fn, contexts[op]) for op, fn in HANDLERS.items()}  # op -> (handler, its context)

@@ -65,10 +65,10 @@ class Envelope:
         accepted = self.frames.get(op)
         if accepted is None:
             return self.elsewhere.get(op) or (P.ErrorCode.UNKNOWN_OP, f"unknown op {op}")
+        if op in self.internal and not from_router:  # before the frame count: a client learns nothing of its shape
+            return P.ErrorCode.UNKNOWN_OP, f"op {int(op)} ({P.Op(op).name}) is internal: router to worker only"
         if nframes not in accepted:
             return P.ErrorCode.MALFORMED, ops.frame_count_message(op, nframes, len(accepted) > 1)
-        if op in self.internal and not from_router:
-            return P.ErrorCode.UNKNOWN_OP, f"op {int(op)} ({P.Op(op).name}) is internal: router to worker only"
         return None
 
 

@@ -32,9 +32,11 @@ class AdminCalls:
     """The admin operations as ``Call`` values (no I/O)."""
 
     @staticmethod
-    def create_topic(name: str, partitions: int, ring_bytes: int = 0, config: dict | None = None) -> Call:
+    def create_topic(name: str, partitions: int, ring_bytes: int = 0, config: dict | None = None,
+                     replication_factor: int = 0) -> Call:
         conf = {str(k): str(v) for k, v in (config or {}).items()}
-        return Call(P.Op.CREATE_TOPIC, name, -1, P.encode(P.CreateTopicRequest(partitions, ring_bytes, conf)),
+        req = P.CreateTopicRequest(partitions, ring_bytes, conf, int(replication_factor))
+        return Call(P.Op.CREATE_TOPIC, name, -1, P.encode(req),
                     lambda r: P.decoder(P.TopicInfo).decode(r.header))
 
     @staticmethod
@@ -132,10 +134,12 @@ class Admin:
                 conn = self._elsewhere[endpoint] = Connection(endpoint, *self._connect)
             return c.parse(conn.request(c.op, c.topic, c.partition, c.header, timeout_ms=self.timeout_ms))
 
-    def create_topic(self, name: str, partitions: int, ring_bytes: int = 0, config: dict | None = None) -> P.TopicInfo:
+    def create_topic(self, name: str, partitions: int, ring_bytes: int = 0, config: dict | None = None,
+                     replication_factor: int = 0) -> P.TopicInfo:
         """``config``: the topic's own settings, Kafka's names (``{"retention.ms": 3600000}``;
-        ``protocol.TOPIC_CONFIGS`` lists them)."""
-        return self._call(AdminCalls.create_topic(name, partitions, ring_bytes, config))
+        ``protocol.TOPIC_CONFIGS`` lists them). ``replication_factor``: copies of each
+        partition on distinct brokers of a cluster (0: the default, 1)."""
+        return self._call(AdminCalls.create_topic(name, partitions, ring_bytes, config, replication_factor))
 
     def alter_configs(self, name: str, config: dict) -> P.TopicInfo:
         """Set topic settings; a value of None (or "") resets one to the broker's default.

@@ -359,8 +359,9 @@ class AsyncAdmin:
     async def _call(self, c: Call):
         return c.parse(await self.pool.request(c.op, c.topic, c.partition, c.header, timeout_ms=self.timeout_ms))
 
-    async def create_topic(self, name: str, partitions: int, ring_bytes: int = 0, config: dict | None = None) -> P.TopicInfo:
-        return await self._call(AdminCalls.create_topic(name, partitions, ring_bytes, config))
+    async def create_topic(self, name: str, partitions: int, ring_bytes: int = 0, config: dict | None = None,
+                           replication_factor: int = 0) -> P.TopicInfo:
+        return await self._call(AdminCalls.create_topic(name, partitions, ring_bytes, config, replication_factor))
 
     async def list_topics(self, internal: bool = False) -> list[P.TopicInfo]:
         return await self._call(AdminCalls.list_topics(internal))

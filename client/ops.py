@@ -88,6 +88,7 @@ SPEC: tuple[OpSpec, ...] = (
     R(Op.FIND_COORDINATOR,  2, True,  GROUP,   ROUTER,      "group",    None,                      P.FindCoordinatorReply),
     R(Op.PING,              2, False, NOTHING, INTERNAL,    INTERNAL,   None,                      P.PingReply),
     R(Op.ADOPT,             2, False, TOPIC,   INTERNAL,    INTERNAL,   None,                      P.Empty),
+    R(Op.REPLICA_APPEND,    3, False, TOPIC,   INTERNAL,    INTERNAL,   P.ReplicaAppendRequest,    P.ReplicaAppendReply),
 )
 del R
 

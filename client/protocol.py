@@ -75,6 +75,7 @@ class Op(enum.IntEnum):
     # internal: router <-> worker only
     PING = 30
     ADOPT = 31  # take this partition now (assign frame carries slot and epoch)
+    REPLICA_APPEND = 32  # cluster follower: append batches as the partition's leader stored them (router/replicas.py)
 
 
 class GroupHeartbeatRequest(msgspec.Struct, omit_defaults=True):
@@ -273,6 +274,20 @@ class FetchRequest(msgspec.Struct, omit_defaults=True):
     isolation: str = "memory"  # "memory": up to the high watermark; "durable": up to the durable watermark
 
 
+class ReplicaAppendRequest(msgspec.Struct, omit_defaults=True):
+    """REPLICA_APPEND (router -> worker): frame 2 holds whole batches back to back, as the leader's
+    FETCH returned them (empty: only say where the copy ends)."""
+    leader: int = -1  # the broker the batches came from
+    leader_epoch: int = 0  # its leader epoch when the follower asked
+
+
+class ReplicaAppendReply(msgspec.Struct):
+    log_end: int  # the follower's next offset: where its next fetch from the leader starts
+    durable_end: int  # what its flusher has synced
+    log_start: int
+    leader_epoch: int = 0  # echoed
+
+
 class FetchMultiRequest(msgspec.Struct, omit_defaults=True):
     """FETCH_MULTI (docs/PROTOCOL.md 4.2a). ``partitions`` and ``offsets`` pair up: where to read
     each partition from. In a session (``session_id`` > 0) they list only what changed since the
@@ -364,6 +379,8 @@ class CreateTopicRequest(msgspec.Struct, omit_defaults=True):
     partitions: int
     ring_bytes: int = 0  # 0 = broker default
     config: dict[str, str] = {}  # the topic's own settings (TOPIC_CONFIGS), Kafka's --config
+    # copies of each partition, on distinct brokers (cluster only; 0 = the default: 1; a single host holds one)
+    replication_factor: int = 0
 
 
 class TopicInfo(msgspec.Struct):
@@ -372,6 +389,7 @@ class TopicInfo(msgspec.Struct):
     partitions: int
     ring_bytes: int
     config: dict[str, str] = {}  # effective settings: the topic's own, else the broker's default
+    replication_factor: int = 1
 
 
 # Topic settings a client may set (CREATE_TOPIC config, ALTER_CONFIGS), Kafka's names where the
@@ -405,6 +423,8 @@ class PartitionInfo(msgspec.Struct):
     leader: int = -1
     leader_epoch: int = -1
     leader_endpoint: str = ""
+    replicas: list[int] = []  # cluster: the brokers holding a copy, the preferred leader first
+    isr: list[int] = []  # cluster: the replicas in sync with the leader
 
 
 class DescribeReply(msgspec.Struct):

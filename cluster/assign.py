@@ -8,7 +8,10 @@ least cost (ties to the lower id), its count bumped, so ``n`` partitions over ``
 empty brokers land ``ceil(n/b)`` or ``floor(n/b)`` on each, and a broker carrying three times the
 others' traffic takes fewer until its count outweighs it. A new partition has no load yet: load
 only tilts where the counts go. Without loads (none published yet, an idle cluster) it is counts
-alone. Racks matter once partitions have several replicas (the replication issue).
+alone. With a replication factor above 1 (``place_replicas``) each partition takes that many
+distinct brokers, the least costly first (every replica counts as one partition held), and leads
+on the one of them that leads fewest so far, so leaders spread as evenly as replicas. Racks are
+not used yet.
 """
 
 from __future__ import annotations
@@ -51,6 +54,32 @@ def place(counts: Mapping[int, int], n: int, loads: Mapping[int, float] | None =
         chosen.append(b)
         heapq.heappush(heap, ((c + 1) / mean_count + tilt[b], b, c + 1))
     return chosen
+
+
+def place_replicas(counts: Mapping[int, int], n: int, rf: int, loads: Mapping[int, float] | None = None,
+                   leaders: Mapping[int, int] | None = None) -> list[list[int]]:
+    """Replica lists for ``n`` new partitions, ``rf`` distinct brokers each, over the brokers of
+    ``counts`` (broker -> replicas it holds now); each list's first broker is the partition's
+    preferred leader: of the ``rf`` least costly, the one leading fewest (``leaders``: broker ->
+    partitions it leads now; then the cheaper). ``rf`` = 1 is ``place``."""
+    if n and not 1 <= rf <= len(counts):
+        raise ValueError(f"replication factor {rf} needs {rf} live brokers, {len(counts)} are")
+    known = [float(loads[b]) for b in counts if loads and b in loads]
+    mean_load = sum(known) / len(known) if known else 0.0
+    mean_count = max(1.0, sum(counts.values()) / len(counts)) if counts else 1.0
+    tilt = {b: (float(loads.get(b, mean_load)) + LOAD_FLOOR) / (mean_load + LOAD_FLOOR) if loads else 1.0 for b in counts}
+    held = dict(counts)
+    led = {b: int((leaders or {}).get(b, 0)) for b in counts}
+    out = []
+    for _ in range(n):
+        ranked = sorted(held, key=lambda b: (held[b] / mean_count + tilt[b], b))[:rf]
+        lead = min(ranked, key=lambda b: (led[b], ranked.index(b)))
+        replicas = [lead, *(b for b in ranked if b != lead)]
+        for b in replicas:
+            held[b] += 1
+        led[lead] += 1
+        out.append(replicas)
+    return out
 
 
 def rendezvous(key: str, brokers: Iterable[int]) -> list[int]:

@@ -36,8 +36,8 @@ import threading
 import time
 from typing import Iterable
 
-from .assign import partition_counts, place
-from .errors import ClusterError, MetadataConflict, NoLiveBrokers, NotController
+from .assign import partition_counts, place, place_replicas
+from .errors import ClusterError, MetadataConflict, NoLiveBrokers, NotController, NotEnoughBrokers
 from .etcd import Etcd, TxnResult, absent, create_revision_is, delete_op, get_op, mod_revision_is, put_op
 from .membership import Membership
 from .metadata import (NO_LEADER, ControllerInfo, PartitionAssignment, TopicMeta, decode, encode, read_assignments,
@@ -105,21 +105,20 @@ class Controller:
                                 f"create_revision={now}): its write was refused")
         raise MetadataConflict("a compare of the controller write failed (the metadata changed since it was read)")
 
-    def create_topic(self, name: str, partitions: int, config: dict | None = None) -> list[PartitionAssignment]:
-        """Place a new topic's partitions on live brokers by partition count and load and write the topic
-        and its assignments. Raises MetadataConflict if the topic exists."""
+    def create_topic(self, name: str, partitions: int, config: dict | None = None,
+                     replication_factor: int = 1) -> list[PartitionAssignment]:
+        """Place a new topic's partitions, ``replication_factor`` distinct live brokers each (the
+        first the leader), by replica count, leader count and load, and write the topic and its
+        assignments (ISR: every replica, as all start empty). Raises MetadataConflict if the topic
+        exists, NotEnoughBrokers if fewer brokers live than the factor asks."""
         if partitions < 1:
             raise ValueError(f"partitions={partitions} must be >= 1")
         topic_key = self.keys.topic(name)  # checks the name
-        live = read_brokers(self.etcd, self.keys)
-        if not live:
-            raise NoLiveBrokers(f"no broker is registered: topic={name!r} cannot be placed")
-        current, _ = read_assignments(self.etcd, self.keys)
-        counts = partition_counts(live, (a.replicas for a, _ in current.values()))
-        leaders = place(counts, partitions, read_loads(self.etcd, self.keys))
-        assignments = [PartitionAssignment(topic=name, partition=p, replicas=[b], leader=b, leader_epoch=0, isr=[b],
-                                           controller_epoch=self.epoch) for p, b in enumerate(leaders)]
-        meta = TopicMeta(name=name, partitions=partitions, config=dict(config or {}), controller_epoch=self.epoch)
+        replica_sets = self._place(name, partitions, replication_factor)
+        assignments = [PartitionAssignment(topic=name, partition=p, replicas=r, leader=r[0], leader_epoch=0, isr=list(r),
+                                           controller_epoch=self.epoch) for p, r in enumerate(replica_sets)]
+        meta = TopicMeta(name=name, partitions=partitions, replication_factor=replication_factor,
+                         config=dict(config or {}), controller_epoch=self.epoch)
         ops = [put_op(self.keys.partition(name, a.partition), encode(a)) for a in assignments]
         ops.append(put_op(topic_key, encode(meta)))  # last: a topic key means all its partitions are written
         for i in range(0, len(ops), MAX_KEYS_PER_TXN):
@@ -128,6 +127,21 @@ class Controller:
             except MetadataConflict:
                 raise MetadataConflict(f"topic={name!r} exists already") from None
         return assignments
+
+    def _place(self, name: str, n: int, rf: int) -> list[list[int]]:
+        """Replica sets for ``n`` new partitions of ``name`` over the live brokers."""
+        if rf < 1:
+            raise ValueError(f"replication_factor={rf} must be >= 1")
+        live = read_brokers(self.etcd, self.keys)
+        if not live:
+            raise NoLiveBrokers(f"no broker is registered: topic={name!r} cannot be placed")
+        if rf > len(live):
+            raise NotEnoughBrokers(f"replication_factor={rf} for topic={name!r} needs {rf} live brokers; "
+                                   f"{len(live)} are registered ({sorted(live)})")
+        current, _ = read_assignments(self.etcd, self.keys)
+        counts = partition_counts(live, (a.replicas for a, _ in current.values()))
+        leaders = partition_counts(live, ([a.leader] for a, _ in current.values()))
+        return place_replicas(counts, n, rf, read_loads(self.etcd, self.keys), leaders)
 
     def _topic(self, name: str) -> tuple[TopicMeta, int]:
         """The topic's metadata and its key's mod revision; MetadataConflict if it does not exist."""
@@ -150,14 +164,9 @@ class Controller:
         meta, rev = self._topic(name)
         if total <= meta.partitions:
             raise ValueError(f"partitions={total}: a topic only grows; topic {name!r} has {meta.partitions}")
-        live = read_brokers(self.etcd, self.keys)
-        if not live:
-            raise NoLiveBrokers(f"no broker is registered: partitions of topic={name!r} cannot be placed")
-        current, _ = read_assignments(self.etcd, self.keys)
-        counts = partition_counts(live, (a.replicas for a, _ in current.values()))
-        leaders = place(counts, total - meta.partitions, read_loads(self.etcd, self.keys))
-        added = [PartitionAssignment(topic=name, partition=meta.partitions + i, replicas=[b], leader=b, leader_epoch=0,
-                                     isr=[b], controller_epoch=self.epoch) for i, b in enumerate(leaders)]
+        replica_sets = self._place(name, total - meta.partitions, meta.replication_factor)
+        added = [PartitionAssignment(topic=name, partition=meta.partitions + i, replicas=r, leader=r[0], leader_epoch=0,
+                                     isr=list(r), controller_epoch=self.epoch) for i, r in enumerate(replica_sets)]
         grown = TopicMeta(name=name, partitions=total, replication_factor=meta.replication_factor, config=meta.config,
                           controller_epoch=meta.controller_epoch)
         ops = [put_op(self.keys.partition(name, a.partition), encode(a)) for a in added]
@@ -206,8 +215,12 @@ class Controller:
             (b,) = place(counts, 1)
             counts[b] += 1
             return PartitionAssignment(topic=a.topic, partition=a.partition, replicas=[b], leader=b, isr=[b], **bump)
-        back = [b for b in (a.isr or a.replicas) if b in live]
-        if back:  # a replica that was in sync is registered again: it leads
+        # A replica that was in sync is registered again: it leads. Until followers truncate to
+        # the new leader's log (issue 34's failover), a partition of several replicas is led only
+        # by its preferred replica, the one leader it has ever had: a follower is a copy, not a
+        # candidate, so its leader's loss takes it offline as with one replica.
+        back = [b for b in (a.isr or a.replicas) if b in live and (len(a.replicas) == 1 or b == a.replicas[0])]
+        if back:
             return PartitionAssignment(topic=a.topic, partition=a.partition, replicas=a.replicas, leader=back[0],
                                        isr=a.isr, **bump)
         if a.leader == NO_LEADER:

@@ -46,6 +46,11 @@ class NoLiveBrokers(ClusterError):
     """Raised when partitions must be placed and no broker is registered."""
 
 
+class NotEnoughBrokers(ClusterError):
+    """Raised when a topic's replication factor asks for more replicas than brokers are live
+    (Kafka's INVALID_REPLICATION_FACTOR): nothing is written."""
+
+
 class ClusterKeyMismatch(ClusterError):
     """Raised when a broker would join a cluster whose brokers run with another auth mode or
     another CURVE server key (clients give one server key for the whole cluster)."""

@@ -69,6 +69,7 @@ class ClusterAgent:
             info.server_key = auth_mod.server_keys(s.data_dir)[0].decode("ascii")
             info.router_key = auth_mod.router_client_keys(s.data_dir).public.decode("ascii")
         self.membership = Membership(self.etcd, s.cluster_name, info, ttl_s=s.cluster_ttl_s, on_fenced=self._fenced)
+        self.fetcher = None  # the router's ReplicaFetcher (router/replicas.py), for status
         self.keys = self.membership.keys
         self.controller = Controller(self.etcd, self.membership)
         # woken at once by brokers coming and going (its watch); the periodic pass only catches up after
@@ -246,16 +247,20 @@ class ClusterAgent:
             full, self._full_read = self._full_read, False
         return changed, full
 
-    def create_topic(self, name: str, partitions: int, config: dict) -> list[PartitionAssignment]:
+    def replication_factor(self, topic: bytes) -> int:
+        meta = self.topics.get(topic.decode())
+        return meta.replication_factor if meta is not None else 1
+
+    def create_topic(self, name: str, partitions: int, config: dict, replication_factor: int = 1) -> list[PartitionAssignment]:
         """As the controller: place and write a new topic (raises ClusterError subclasses), then
         take it into the view at once (the watch brings the same a moment later)."""
-        placed = self.controller.create_topic(name, partitions, config)
+        placed = self.controller.create_topic(name, partitions, config, replication_factor)
         topic = name.encode()
         assignments = dict(self.assignments)
         assignments.update({(topic, a.partition): a for a in placed})
         topics = dict(self.topics)
-        topics[name] = TopicMeta(name=name, partitions=partitions, config=dict(config),
-                                 controller_epoch=self.controller.epoch)
+        topics[name] = TopicMeta(name=name, partitions=partitions, replication_factor=replication_factor,
+                                 config=dict(config), controller_epoch=self.controller.epoch)
         self.assignments, self.topics = assignments, topics
         return placed
 
@@ -289,7 +294,8 @@ class ClusterAgent:
                 "controller": self.controller_id, "controller_epoch": self.controller_epoch,
                 "fenced": self.membership.fenced, "brokers": {str(b.id): b.endpoints[0] if b.endpoints else ""
                                                              for b in self.brokers.values()},
-                "partitions_led": {str(k): v for k, v in sorted(led.items())}}
+                "partitions_led": {str(k): v for k, v in sorted(led.items())},
+                **({"replication": self.fetcher.status()} if self.fetcher is not None else {})}
 
     # --- the watch thread --------------------------------------------------------------------
     def _read_all(self) -> None:

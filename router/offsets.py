@@ -270,5 +270,7 @@ class OffsetAsks:
                 pi.adopted, pi.slot, pi.local_endpoint = False, -1, ""
                 pi.leader_endpoint = agent.endpoint_of(a.leader)
             pi.leader, pi.leader_epoch = a.leader, a.leader_epoch
+            pi.replicas, pi.isr = list(a.replicas), list(a.isr)
             out.append(pi)
         reply.partitions = out
+        reply.topic.replication_factor = agent.replication_factor(topic)

@@ -45,6 +45,7 @@ from .liveness import HEARTBEAT_S, WorkerLiveness
 from .offsets import AskContext, OffsetAsks
 from .peers import PeerLinks
 from .placement import Placement, next_generation
+from .replicas import ReplicaFetcher
 from .request import Request
 from .scheduler import StickyScheduler
 from .traffic import Traffic
@@ -101,6 +102,7 @@ class Router:
         self.liveness = WorkerLiveness(s, count, self.placement, self.links, self.traffic)
         self.acls = acls  # with --auth curve: who may do what (broker/acl.py)
         self.cluster = None  # with --cluster: router/cluster_agent.py's ClusterAgent (set by main before serving)
+        self.replicas: ReplicaFetcher | None = None  # with --cluster: the follower's copies (router/replicas.py)
         self.port: ReplyPort | None = None
         self.monitor: zmq.Socket | None = None
         self.clients = 0  # client connections to the front socket (its monitor's accepted - disconnected)
@@ -237,6 +239,8 @@ class Router:
         peers = PeerLinks(self.links.ctx, self.links.poller, self.links.keys)
         self.asks.attach_cluster(agent, peers, partial(topics.mirror_topic, self.topic_ctx))
         self.groups.attach_cluster(agent, peers)
+        self.replicas = agent.fetcher = ReplicaFetcher(agent, peers, self.send_internal, self.next_internal_id,
+                                                       partial(topics.mirror_topic, self.topic_ctx))
 
     def mirror(self) -> None:
         """Take the cluster topics whose metadata changed into the catalog (router/topics.py)."""
@@ -250,6 +254,8 @@ class Router:
                 changed |= gone
         for name in sorted(changed):
             topics.mirror_topic(self.topic_ctx, name, watched=True)
+        if changed or full:
+            self.replicas.tick()  # partitions to follow now, or no longer
 
     # --- the router's own requests (the group coordinator's, offsets questions) -----------
     def next_internal_id(self) -> int:
@@ -290,6 +296,8 @@ class Router:
         _v, op, code, _p, rid, topic = P.unpack_routing(frames[1])
         if op == P.Op.PING:
             self.liveness.on_ping_reply(frames[2])
+        elif op == P.Op.REPLICA_APPEND and self.replicas is not None:
+            self.replicas.on_local_reply(rid, code, frames)
         elif op in (P.Op.PRODUCE, P.Op.FETCH):
             try:
                 self.groups.on_reply(rid, op, code, frames[1:])
@@ -312,6 +320,7 @@ class Router:
             rates = self.traffic.rates()
             self.cluster.measured(rates["bytes_in"], rates["bytes_out"])
             self.asks.peers.expire(30.0)
+            self.replicas.tick()
         self.count_clients()
         self.stats.maybe_write(partial(status.stats_parts, self.status_ctx))
 

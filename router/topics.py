@@ -87,7 +87,11 @@ def create_topic(ctx: TopicContext, req: Request) -> None:
         return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
             f"ring_bytes={ring} must be a multiple of 4096, >= {MIN_RING_BYTES} and >= 2 x max_batch_bytes ({s.max_batch_bytes})"))
     if ctx.cluster is not None:
-        return create_in_cluster(ctx, req, body.partitions, ring, config)
+        return create_in_cluster(ctx, req, body.partitions, ring, config, body.replication_factor or 1)
+    if body.replication_factor > 1:
+        return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
+            f"replication_factor={body.replication_factor}: a single host holds one copy of each partition "
+            "(replicas need a cluster: tailrace serve --cluster)"))
     entry, why = add_topic(ctx, name, body.partitions, ring, config)
     if entry is None:
         return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(why))
@@ -111,7 +115,7 @@ def _as_controller(ctx: TopicContext, req: Request, change) -> bool:
     """Run ``change()`` (a controller write) for a topic admin request in a cluster: True if it
     was made; else the request is answered (NOT_CONTROLLER with the controller's endpoint,
     METADATA_UNAVAILABLE, TOPIC_EXISTS or UNKNOWN_TOPIC) and nothing changed."""
-    from tailrace.cluster.errors import ClusterError, MetadataConflict, NotController  # only ever in a cluster
+    from tailrace.cluster.errors import ClusterError, MetadataConflict, NotController, NotEnoughBrokers  # only ever in a cluster
 
     agent = ctx.cluster
     if agent.fenced or (agent.controller_id == agent.me and not agent.controller.is_controller):
@@ -136,6 +140,9 @@ def _as_controller(ctx: TopicContext, req: Request, change) -> bool:
     except NotController as exc:
         req.reply(P.ErrorCode.METADATA_UNAVAILABLE, P.ErrorReply(f"{exc}: try again"))
         return False
+    except NotEnoughBrokers as exc:  # Kafka's INVALID_REPLICATION_FACTOR
+        req.reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(str(exc)))
+        return False
     except ClusterError as exc:
         req.reply(P.ErrorCode.METADATA_UNAVAILABLE, P.ErrorReply(
             f"the cluster's metadata cannot be changed now ({type(exc).__name__}: {exc}): nothing changed, try again"))
@@ -143,20 +150,24 @@ def _as_controller(ctx: TopicContext, req: Request, change) -> bool:
     return True
 
 
-def create_in_cluster(ctx: TopicContext, req: Request, partitions: int, ring: int, config: dict) -> None:
+def create_in_cluster(ctx: TopicContext, req: Request, partitions: int, ring: int, config: dict, rf: int = 1) -> None:
     """CREATE_TOPIC in a cluster: only the controller places a topic (its write fenced by the
     controller epoch, cluster/controller.py); any other broker answers NOT_CONTROLLER with the
     controller's endpoint. The topic is in etcd before the reply, and in this broker's catalog
     (each broker mirrors every cluster topic, router/server.py ``mirror``)."""
     name = req.name
     stored = {**{k: v for k, v in config.items() if v is not None}, "ring.bytes": ring}
-    if not _as_controller(ctx, req, lambda: ctx.cluster.create_topic(name, partitions, stored)):
+    if rf < 1:
+        return req.reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"replication_factor={rf} must be >= 1"))
+    if not _as_controller(ctx, req, lambda: ctx.cluster.create_topic(name, partitions, stored, rf)):
         return
     entry = mirror_topic(ctx, name)
     if entry is None:
         return req.reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(
             f"topic {name!r} was placed in the cluster but does not fit this broker's shared-memory budget"))
-    req.reply(P.ErrorCode.OK, info(ctx.s, entry))
+    out = info(ctx.s, entry)
+    out.replication_factor = rf
+    req.reply(P.ErrorCode.OK, out)
 
 
 def mirror_topic(ctx: TopicContext, name: str, watched: bool = False):

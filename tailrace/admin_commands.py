@@ -28,11 +28,13 @@ def open_admin(args) -> Admin:
 def cmd_topic(args) -> int:
     with open_admin(args) as admin:
         if args.topic_cmd == "create":
-            info = admin.create_topic(args.name, args.partitions, args.ring_bytes, dict(args.config))
+            info = admin.create_topic(args.name, args.partitions, args.ring_bytes, dict(args.config),
+                                      args.replication_factor)
             if args.json:
                 print_json(as_builtins(info))
             else:
-                print(f"created topic {info.name} with {info.partitions} partitions (id {info.topic_id})")
+                copies = f", {info.replication_factor} replicas each" if info.replication_factor > 1 else ""
+                print(f"created topic {info.name} with {info.partitions} partitions{copies} (id {info.topic_id})")
         elif args.topic_cmd == "alter":
             if args.partitions is None and not args.config:
                 print("tailrace topic alter: give --partitions N and/or --config NAME=VALUE", file=sys.stderr)
@@ -72,10 +74,17 @@ def cmd_topic(args) -> int:
                         p.pop(k, None)
                 print_json({"topic": doc["topic"], "partitions": doc["partitions"]})
             else:
-                print_table(["partition", "worker", "log start", "high watermark", "durable watermark", "ring use", "bytes"],
-                            [[p.partition, p.worker, p.log_start_offset, p.high_watermark, p.durable_watermark,
-                              _ring_use(p, d.topic.ring_bytes), human_bytes(getattr(p, "appended_bytes", 0))] for p in d.partitions],
-                            title=f"topic {d.topic.name}: {d.topic.partitions} partitions, ring {human_bytes(d.topic.ring_bytes)} each"
+                cols = ["partition", "worker", "log start", "high watermark", "durable watermark", "ring use", "bytes"]
+                rows = [[p.partition, p.worker, p.log_start_offset, p.high_watermark, p.durable_watermark,
+                         _ring_use(p, d.topic.ring_bytes), human_bytes(getattr(p, "appended_bytes", 0))] for p in d.partitions]
+                if d.broker_id >= 0:  # a cluster: who leads and who holds copies (Kafka's Leader, Replicas, Isr)
+                    cols += ["leader", "epoch", "replicas", "isr"]
+                    for row, p in zip(rows, d.partitions):
+                        row += [p.leader if p.leader >= 0 else "none", p.leader_epoch,
+                                ",".join(map(str, p.replicas)), ",".join(map(str, p.isr))]
+                copies = f", replication factor {d.topic.replication_factor}" if d.broker_id >= 0 else ""
+                print_table(cols, rows,
+                            title=f"topic {d.topic.name}: {d.topic.partitions} partitions{copies}, ring {human_bytes(d.topic.ring_bytes)} each"
                                   + "".join(f", {k}={v}" for k, v in sorted(d.topic.config.items()) if k != "ring.bytes"))
     return EXIT_OK
 

@@ -323,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"number of partitions: at most {MAX_PARTITIONS:,} per topic and {MAX_SLOTS:,} in all topics together")
     c.add_argument("--ring-bytes", type=_natural, default=0,
                    help="shared-memory ring per partition in bytes; 0 takes the broker's default")
+    c.add_argument("--replication-factor", type=_natural, default=0, metavar="N",
+                   help="copies of each partition on distinct brokers of a cluster (0: the default, 1; a single host holds one)")
     c.add_argument("--config", type=_config, action="append", default=[], metavar="NAME=VALUE",
                    help="a topic setting, repeatable: retention.ms (-1: for ever), retention.bytes (per partition), ring.bytes, "
                         "compression.type (producer|uncompressed|gzip|snappy|lz4|zstd), message.timestamp.type "

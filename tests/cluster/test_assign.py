@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tailrace.cluster.assign import partition_counts, place
+from tailrace.cluster.assign import partition_counts, place, place_replicas
 
 
 def test_new_partitions_go_to_the_brokers_holding_the_fewest_ties_to_the_lower_id():
@@ -35,3 +35,27 @@ def test_measured_load_tilts_where_new_partitions_go():
     chosen = place({1: 2, 2: 2, 3: 2}, 12, {1: 2e6, 2: 1e6})
     assert chosen[:2] == [2, 3] and 0 < chosen.count(1) <= chosen.count(2)
     assert place({1: 0, 2: 0, 3: 0}, 6, {1: 9e6, 2: 1e6, 3: 1e6}).count(1) == 1
+
+
+def test_replicas_go_to_distinct_brokers_and_leaders_spread_as_evenly_as_replicas():
+    sets = place_replicas({0: 0, 1: 0, 2: 0}, 6, 3)
+    assert all(sorted(r) == [0, 1, 2] for r in sets)
+    assert [r[0] for r in sets] == [0, 1, 2, 0, 1, 2]  # each leads two
+    sets = place_replicas({0: 0, 1: 0, 2: 0, 3: 0}, 8, 2)
+    assert all(len(set(r)) == 2 for r in sets)
+    held = partition_counts([0, 1, 2, 3], sets)
+    assert held == {0: 4, 1: 4, 2: 4, 3: 4}
+    assert sorted(r[0] for r in sets) == [0, 0, 1, 1, 2, 2, 3, 3]
+    # leaders already held count: a broker leading much gets none of the new leaders
+    assert all(r[0] != 0 for r in place_replicas({0: 3, 1: 3, 2: 3}, 2, 3, leaders={0: 3, 1: 0, 2: 0}))
+    # a factor of 1 is place()
+    assert [r[0] for r in place_replicas({1: 5, 2: 0, 3: 1}, 4, 1)] == place({1: 5, 2: 0, 3: 1}, 4)
+    assert [r[0] for r in place_replicas({1: 4, 2: 4, 3: 4}, 6, 1, {1: 3e6, 2: 1e6, 3: 1e6})] == [2, 3, 2, 3, 2, 3]
+
+
+def test_a_replication_factor_above_the_live_brokers_is_refused():
+    with pytest.raises(ValueError, match="replication factor 3 needs 3 live brokers, 2 are"):
+        place_replicas({0: 0, 1: 0}, 1, 3)
+    with pytest.raises(ValueError):
+        place_replicas({0: 0}, 1, 0)
+    assert place_replicas({0: 0}, 0, 5) == []

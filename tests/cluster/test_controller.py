@@ -18,7 +18,7 @@ import pytest
 
 from tailrace.broker.lifetime import pdeathsig_preexec
 from tailrace.cluster.controller import Controller, ControllerLoop
-from tailrace.cluster.errors import MetadataConflict, NoLiveBrokers, NotController
+from tailrace.cluster.errors import MetadataConflict, NoLiveBrokers, NotController, NotEnoughBrokers
 from tailrace.cluster.metadata import NO_LEADER, BrokerLoad, Keys, encode, read_assignments, read_controller, read_topics
 
 from .conftest import TTL_S, wait_until
@@ -126,6 +126,37 @@ def test_placement_weighs_the_load_brokers_publish(etcd, cluster_name, make_memb
     c.create_topic("tilted", 6)
     got = Counter(leader for leader, _ in leaders(etcd, cluster_name, "tilted").values())
     assert got[1] < got[2] == got[3], got  # the busy broker takes fewer of the new partitions
+
+
+def test_a_replicated_topic_s_partitions_take_distinct_brokers_and_lose_their_leader_only_with_it(
+        etcd, cluster_name, make_member):
+    members = [make_member(i) for i in (1, 2, 3)]
+    c = Controller(etcd, members[0])
+    assert c.campaign()
+    with pytest.raises(NotEnoughBrokers, match="replication_factor=4 .* needs 4 live brokers"):
+        c.create_topic("r", 3, replication_factor=4)
+    assert etcd.get(Keys(cluster_name).topic("r")) is None  # nothing written
+    c.create_topic("r", 3, replication_factor=2)
+    found, _ = read_assignments(etcd, Keys(cluster_name), "r")
+    sets = [found[("r", p)][0] for p in range(3)]
+    assert all(len(set(a.replicas)) == 2 and a.isr == a.replicas and a.leader == a.replicas[0] for a in sets)
+    assert sorted(a.leader for a in sets) == [1, 2, 3]
+    assert read_topics(etcd, Keys(cluster_name))["r"][0].replication_factor == 2
+    c.create_partitions("r", 5)  # grown with the topic's factor
+    found, _ = read_assignments(etcd, Keys(cluster_name), "r")
+    assert [len(found[("r", p)][0].replicas) for p in range(5)] == [2] * 5
+    # a follower is a copy, not a candidate, until failover exists: a leader lost takes its
+    # partitions offline, and the same broker leads them when it is back
+    lost = next(a for a in sets if a.leader != 1)
+    members[lost.leader - 1].close(revoke=True)
+    c.reconcile()
+    found, _ = read_assignments(etcd, Keys(cluster_name), "r")
+    now = found[("r", lost.partition)][0]
+    assert (now.leader, now.leader_epoch, now.replicas) == (NO_LEADER, 1, lost.replicas)
+    members[lost.leader - 1].register()
+    c.reconcile()
+    found, _ = read_assignments(etcd, Keys(cluster_name), "r")
+    assert (found[("r", lost.partition)][0].leader, found[("r", lost.partition)][0].leader_epoch) == (lost.leader, 2)
 
 
 def test_a_topic_is_created_once_and_only_with_a_live_broker(etcd, cluster_name, make_member):

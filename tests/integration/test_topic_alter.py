@@ -51,6 +51,9 @@ def test_a_topic_grows_under_load_and_keeps_what_it_had(broker, monkeypatch):
             a.create_partitions("g", 4)
         with pytest.raises(UnknownTopicError):
             a.create_partitions("nope", 8)
+        with pytest.raises(InvalidRequestError, match="a single host holds one copy"):  # replicas need a cluster
+            a.create_topic("copied", 1, replication_factor=2)
+        assert a.create_topic("copied", 1, replication_factor=1).replication_factor == 1
         assert a.create_partitions("g", 5).partitions == 5
     with Consumer(broker.bootstrap, max_wait_ms=100) as c:  # old partitions: their records, their offsets
         c.assign("g", start="earliest")

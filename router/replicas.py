@@ -1,0 +1,177 @@
+"""A cluster follower's copies (issue 34): this broker's router pulls, for every partition it
+holds a replica of and does not lead, the leader's batches and has its own worker append them as
+the leader stored them.
+
+Kafka's replica fetcher in the router's loop, driven by replies: per followed partition, one
+question at a time. First a REPLICA_APPEND with no batches asks the local worker where the copy
+ends (it adopts the partition on the router's word, as for any request); then a FETCH to the
+leader's router (``PeerLinks``, the brokers' own link: ``broker/<id>`` under ``--auth curve``)
+from that offset, long-polled (``FETCH_WAIT_MS``); its batches go to the local worker in one
+REPLICA_APPEND (actors/partition.py ``append_replica``), whose reply gives the new end, and the
+next FETCH goes out at once. The copy goes through this broker's own ring, flusher and journal,
+so it is as durable here as anything produced here.
+
+Which partitions: those whose assignment lists this broker among its replicas with another, live,
+broker as leader (``refresh``, from the cluster view on every tick and after every metadata
+change). A leader or leader epoch that changed starts the partition over (the local end asked
+again). A question unanswered for ``STALL_S`` (a lost reply, a dead peer) is asked again.
+
+Not yet (issue 34's later parts): the leader does not count its followers (no high watermark,
+no ISR changes, no ``acks=all``), and a follower whose log diverged from its leader's (it ends
+past the leader's end after a failover) is not truncated: it stops with OFFSET_OUT_OF_RANGE,
+logged, since the controller does not elect followers yet (cluster/controller.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from tailrace.client import protocol as P
+
+log = logging.getLogger("tailrace.router.replicas")
+
+FETCH_WAIT_MS = 500  # a follower's FETCH waits this long at the leader for data (long poll)
+FETCH_MAX_BYTES = 1 << 20  # per FETCH: a batch larger than this still comes whole
+STALL_S = 5.0  # a question unanswered this long is given up and asked again
+_append_reply = P.decoder(P.ReplicaAppendReply)
+_error_reply = P.decoder(P.ErrorReply)
+_fetch_reply = P.decoder(P.FetchReply)
+
+
+@dataclass(slots=True)
+class Follow:
+    """One followed partition."""
+    topic: bytes
+    partition: int
+    leader: int
+    leader_epoch: int
+    end: int = -1  # where the local copy ends (-1: not asked yet)
+    busy: str = ""  # "" (nothing out), "local" (a REPLICA_APPEND), "fetch" (a FETCH at the leader)
+    rid: int = 0  # the request id of the question out
+    since: float = 0.0  # monotonic time it went out
+    fetched: int = 0  # records taken from the leader since this broker started following
+    failures: int = 0  # answers that were not OK in a row
+    said: str = ""  # the last refusal logged (each new one is logged once)
+
+
+class ReplicaFetcher:
+    def __init__(self, agent, peers, send_internal: Callable[[bytes, int, list], bool], next_id: Callable[[], int],
+                 mirror: Callable[[str], object]):
+        self.agent, self.peers = agent, peers
+        self.send_internal, self.next_id, self.mirror = send_internal, next_id, mirror
+        self.follows: dict[tuple[bytes, int], Follow] = {}
+        self.local: dict[int, Follow] = {}  # request id -> the partition of a REPLICA_APPEND out
+
+    # --- which partitions ------------------------------------------------------------------
+    def refresh(self) -> None:
+        agent = self.agent
+        me, live = agent.me, agent.brokers
+        want = {}
+        for key, a in agent.assignments.items():
+            if a.leader != me and a.leader in live and me in a.replicas:
+                want[key] = a
+        for key in [k for k in self.follows if k not in want]:
+            f = self.follows.pop(key)
+            log.info("partition %s/%d: no longer followed here (at %d)", f.topic.decode(), f.partition, f.end)
+        for key, a in want.items():
+            f = self.follows.get(key)
+            if f is not None and (f.leader, f.leader_epoch) == (a.leader, a.leader_epoch):
+                continue
+            if f is None:
+                log.info("partition %s/%d: following broker %d (leader epoch %d)", key[0].decode(), key[1], a.leader,
+                         a.leader_epoch)
+            self.follows[key] = Follow(key[0], key[1], a.leader, a.leader_epoch)
+
+    def tick(self, now: float | None = None) -> None:
+        """Take the view's changes, give up stalled questions, and start every idle partition."""
+        now = time.monotonic() if now is None else now
+        self.refresh()
+        for f in self.follows.values():
+            if f.busy and now - f.since > STALL_S:
+                self.local.pop(f.rid, None)
+                f.busy = ""
+            if not f.busy:
+                self._step(f, now)
+
+    def _step(self, f: Follow, now: float) -> None:
+        if f.end < 0:
+            self._append(f, b"", now)
+        else:
+            self._fetch(f, now)
+
+    # --- the local copy --------------------------------------------------------------------
+    def _append(self, f: Follow, body, now: float) -> None:
+        rid = self.next_id()
+        frames = [P.pack_routing(P.Op.REPLICA_APPEND, f.partition, rid, f.topic),
+                  P.encode(P.ReplicaAppendRequest(f.leader, f.leader_epoch)), body]
+        if not self.send_internal(f.topic, f.partition, frames):
+            if self.mirror(f.topic.decode()) is None or not self.send_internal(f.topic, f.partition, frames):
+                return  # not in this broker's catalog (yet): the next tick tries again
+        f.busy, f.rid, f.since = "local", rid, now
+        self.local[rid] = f
+
+    def on_local_reply(self, rid: int, code: int, frames: list[bytes]) -> None:
+        """The local worker's answer to a REPLICA_APPEND (router.on_internal_reply)."""
+        f = self.local.pop(rid, None)
+        if f is None or f.rid != rid or self.follows.get((f.topic, f.partition)) is not f:
+            return
+        f.busy = ""
+        now = time.monotonic()
+        if code == P.ErrorCode.OK:
+            f.end = _append_reply.decode(frames[2]).log_end
+            f.failures = 0
+            self._fetch(f, now)
+            return
+        self._refused(f, "append here", code, frames[2] if len(frames) > 2 else b"")
+
+    # --- the leader ------------------------------------------------------------------------
+    def _fetch(self, f: Follow, now: float) -> None:
+        endpoint = self.agent.endpoint_of(f.leader)
+        if not endpoint:
+            return
+        rid = self.next_id()
+        frames = [P.pack_routing(P.Op.FETCH, f.partition, rid, f.topic),
+                  P.encode(P.FetchRequest(f.end, FETCH_MAX_BYTES, max_wait_ms=FETCH_WAIT_MS))]
+        if self.peers.send(endpoint, frames, rid, lambda _ep, reply, f=f, rid=rid: self.on_fetch_reply(f, rid, reply)):
+            f.busy, f.rid, f.since = "fetch", rid, now
+
+    def on_fetch_reply(self, f: Follow, rid: int, frames: list[bytes]) -> None:
+        if f.rid != rid or f.busy != "fetch" or self.follows.get((f.topic, f.partition)) is not f:
+            return
+        f.busy = ""
+        now = time.monotonic()
+        code = P.unpack_routing(frames[0])[2]
+        if code != P.ErrorCode.OK:
+            self._refused(f, f"fetch from broker {f.leader}", code, frames[1] if len(frames) > 1 else b"")
+            return
+        f.failures = 0
+        body = frames[2] if len(frames) > 2 else b""
+        if len(body):
+            f.fetched += max(0, _fetch_reply.decode(frames[1]).next_offset - f.end)
+            self._append(f, body, now)
+        else:
+            self._fetch(f, now)
+
+    def _refused(self, f: Follow, what: str, code: int, body: bytes) -> None:
+        """A refusal: logged once per new reason; the partition waits for the next tick."""
+        f.failures += 1
+        try:
+            message = _error_reply.decode(body).message
+        except Exception:  # noqa: BLE001 - an unreadable reason is still a refusal
+            message = ""
+        said = f"{P.ErrorCode(code).name if code in P.ErrorCode._value2member_map_ else code}: {message}"
+        if said != f.said:
+            f.said = said
+            level = logging.INFO if code in P.RETRIABLE else logging.WARNING
+            log.log(level, "partition %s/%d at %d: %s refused: %s", f.topic.decode(), f.partition, f.end, what, said)
+        if code == P.ErrorCode.OFFSET_OUT_OF_RANGE and what.startswith("append"):
+            f.end = -1  # ask the local end again
+
+    def status(self) -> dict:
+        """What STATUS shows of the copies: partitions followed, and those not copying now."""
+        stuck = [f"{f.topic.decode()}/{f.partition}" for f in self.follows.values() if f.failures]
+        return {"following": len(self.follows), "records_copied": sum(f.fetched for f in self.follows.values()),
+                "not_copying": sorted(stuck)[:20]}
