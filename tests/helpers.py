@@ -51,6 +51,23 @@ def supervisorctl(broker, *args: str) -> str:
                           env=env, capture_output=True, text=True, timeout=60).stdout
 
 
+def running_pids(broker) -> dict[str, int]:
+    """Program name -> pid of every RUNNING program, as ``broker.pids()`` reads them, but asked of
+    supervisord's socket from this process (supervisorctl's own XML-RPC call), not by starting
+    supervisorctl: about 10 ms instead of 0.4-1 s, for tests that poll it."""
+    import xmlrpc.client
+
+    from supervisor.xmlrpc import SupervisorTransport
+
+    transport = SupervisorTransport(None, None, f"unix://{broker.run_dir}/supervisor.sock")
+    proxy = xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+    try:
+        infos = proxy.supervisor.getAllProcessInfo()
+    finally:
+        transport.close()
+    return {i["name"]: i["pid"] for i in infos if i["statename"] == "RUNNING"}
+
+
 def router_generation(broker) -> int:
     return int(json.loads((broker.data_dir / ROUTER_FILE).read_text())["generation"])
 
