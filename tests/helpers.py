@@ -68,6 +68,36 @@ def running_pids(broker) -> dict[str, int]:
     return {i["name"]: i["pid"] for i in infos if i["statename"] == "RUNNING"}
 
 
+# What a load's producer holds queued or unacknowledged in bounded_producer. The default (32 MiB,
+# ~1M of bench/audit.py's 32-byte records) went on being drained for 4-35 s after a test stopped
+# its load, load with nothing more happening, all of it then read back by the audit; 4 MiB still
+# keeps a batch in flight on every partition.
+LOAD_BUFFER_BYTES = 4 << 20
+
+
+def bounded_producer(producer_class, buffer_bytes: int = LOAD_BUFFER_BYTES):
+    """A factory for ``produce_until(producer=...)``: ``producer_class`` with a ``buffer_bytes``
+    buffer, whose ``send_buffers`` waits while the buffer is full. The blocking Producer does that
+    itself; the asyncio one (tests/clients.py) holds such sends back as futures, without limit,
+    so here its caller waits for them too, as a blocking caller would."""
+
+    def make(bootstrap, **options):
+        prod = producer_class(bootstrap, buffer_memory=buffer_bytes, **options)
+        inner = getattr(prod, "inner", None)
+        if inner is not None:
+            send_buffers = prod.send_buffers
+
+            def send_buffers_waiting(*args, **kwargs):
+                send_buffers(*args, **kwargs)
+                while inner._blocked:  # sends waiting for room in buffer_memory (client/aio.py)
+                    prod.poll(5)
+
+            prod.send_buffers = send_buffers_waiting
+        return prod
+
+    return make
+
+
 def router_generation(broker) -> int:
     return int(json.loads((broker.data_dir / ROUTER_FILE).read_text())["generation"])
 

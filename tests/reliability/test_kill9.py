@@ -14,7 +14,7 @@ from tailrace import Admin
 
 from tailrace.bench.audit import Produced, audit, produce_until
 from tests.clients import CLIENTS
-from tests.helpers import running_pids
+from tests.helpers import bounded_producer, running_pids
 
 VICTIMS = ["worker-0", "flusher", "router", "worker-1", "all", "flusher", "all"]
 
@@ -23,34 +23,6 @@ def _kill(pids: dict, victim: str) -> None:
     targets = list(pids.values()) if victim == "all" else [pids[victim]]
     for pid in targets:
         os.kill(pid, signal.SIGKILL)
-
-
-# What the producer holds queued or unacknowledged. Its default (32 MiB, ~1M of these records)
-# was still being drained for 10-35 s after the last kill, more load with nothing killed, then
-# read back by the audit; 4 MiB still keeps a batch in flight on every partition at every kill.
-BUFFER_BYTES = 4 << 20
-
-
-def bounded(producer_class):
-    """``producer_class`` with a ``BUFFER_BYTES`` buffer, whose ``send_buffers`` waits while the
-    buffer is full. The blocking Producer does that itself; the asyncio one (tests/clients.py)
-    holds such sends back as futures, without limit, so here its caller waits for them too."""
-
-    def make(bootstrap, **options):
-        prod = producer_class(bootstrap, buffer_memory=BUFFER_BYTES, **options)
-        inner = getattr(prod, "inner", None)
-        if inner is not None:
-            send_buffers = prod.send_buffers
-
-            def send_buffers_waiting(*args, **kwargs):
-                send_buffers(*args, **kwargs)
-                while inner._blocked:
-                    prod.poll(5)
-
-            prod.send_buffers = send_buffers_waiting
-        return prod
-
-    return make
 
 
 def _wait_restarted(broker, old: dict, victim: str, timeout_s: float = 30) -> None:
@@ -75,7 +47,7 @@ def test_kill9_of_every_process_kind_under_load_loses_no_acknowledged_record(mak
     Admin(b.bootstrap).create_topic("crash", 4)
     stop = threading.Event()
     produced = Produced()
-    producer = threading.Thread(target=produce_until, args=(b.bootstrap, "crash", 4, acks, stop), kwargs={"out": produced, "producer": bounded(clients.Producer)})
+    producer = threading.Thread(target=produce_until, args=(b.bootstrap, "crash", 4, acks, stop), kwargs={"out": produced, "producer": bounded_producer(clients.Producer)})
     tail_seen = {}
     tail_errors = []  # collected here: an assert inside the thread would not fail the test
 

@@ -25,7 +25,7 @@ from tailrace.client.records import encode_batch
 from tailrace.shm import region
 from tailrace.bench.launcher import Broker
 
-from tests.helpers import Raw, _alive, reply_code, rss_kib, running_pids
+from tests.helpers import Raw, _alive, bounded_producer, reply_code, rss_kib, running_pids
 from tailrace.bench.audit import Produced, audit, produce_until
 
 NOBODY = 65534
@@ -67,13 +67,6 @@ def open_tmp():
 # --- no orphans ----------------------------------------------------------------------------
 
 
-def _bounded_producer(bootstrap, **options) -> Producer:
-    """The load's producer, holding at most 4 MiB queued or unacknowledged: with the default
-    32 MiB (~1M records) it went on draining for 6 s after the load was stopped, and the audit
-    read all of that back."""
-    return Producer(bootstrap, buffer_memory=4 << 20, **options)
-
-
 def test_supervisord_killed_under_durable_load_takes_every_program_with_it_and_loses_no_durable_ack(make_broker):
     # Workers linger 2.5 s in their stop: orphans that still live when the second start comes.
     b = make_broker(workers=2, ring_bytes=1 << 20, max_batch_bytes=256 * 1024, debug_stop_delay_ms=2500)
@@ -81,7 +74,7 @@ def test_supervisord_killed_under_durable_load_takes_every_program_with_it_and_l
     stop = threading.Event()
     produced = Produced()
     producer = threading.Thread(target=produce_until, args=(b.bootstrap, "owned", 4, "durable", stop),
-                                kwargs={"out": produced, "producer": _bounded_producer})
+                                kwargs={"out": produced, "producer": bounded_producer(Producer)})
     producer.start()
     try:
         time.sleep(1.5)
