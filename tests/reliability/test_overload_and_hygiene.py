@@ -26,7 +26,7 @@ from tailrace.client import protocol as P
 from tailrace.broker.catalog import Catalog
 from tailrace.shm import region
 
-from tests.helpers import Raw, broker_rss_kib, hard_kill_all, wait_restarted
+from tests.helpers import LOAD_BUFFER_BYTES, Raw, broker_rss_kib, hard_kill_all, running_pids, wait_restarted
 from tailrace.bench.audit import Produced, audit, records
 
 RSS_GROWTH_LIMIT_KIB = 200 * 1024
@@ -72,7 +72,10 @@ def test_backpressure_from_full_rings_is_retried_by_the_producer_and_nothing_is_
         produced.acked[p] += n
 
     rng = np.random.default_rng(3)
-    prod = Producer(b.bootstrap, acks="memory", on_ack=on_ack, retry_backoff_ms=1, delivery_timeout_ms=60_000)
+    # buffer_memory: 4 MiB queued or unacknowledged (tests/helpers.LOAD_BUFFER_BYTES) keeps both
+    # partitions busy; the default 32 MiB was ~1M more records to flush and audit after the stalls
+    prod = Producer(b.bootstrap, acks="memory", on_ack=on_ack, retry_backoff_ms=1, delivery_timeout_ms=60_000,
+                    buffer_memory=LOAD_BUFFER_BYTES)
     codes = _count_codes(prod)
     # Warm up (every process has imported and mapped what it needs), then measure.
     t = time.monotonic()
@@ -83,7 +86,7 @@ def test_backpressure_from_full_rings_is_retried_by_the_producer_and_nothing_is_
     _produce_audited(prod, "ovl", 2, produced, lambda: time.monotonic() - t > 1.5, rng)
     natural = {k: codes[k] - natural.get(k, 0) for k in codes}
     # Now pause the flusher in bursts: the rings fill, the workers answer BACKPRESSURE.
-    flusher = b.pids()["flusher"]
+    flusher = running_pids(b)["flusher"]
     stalls = 0
     done = threading.Event()
 
