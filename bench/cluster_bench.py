@@ -40,6 +40,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -129,10 +130,20 @@ def broker_pair(root: Path, etcd: EtcdServer, tag: str):
             b.wait_ready(90)
         yield brokers
     finally:
+        tell_to_stop(brokers.values())
         for b in brokers.values():
             b.stop()
         for b in brokers.values():
             b.cleanup_shm()
+
+
+def tell_to_stop(brokers) -> None:
+    """SIGTERM every running broker's ``tailrace serve`` at once, so that their clean stops run
+    side by side (``Broker.stop`` then waits for each; ``serve`` acts on the first signal only).
+    One after the other they took 2-3 s each."""
+    for b in brokers:
+        if b.proc is not None and b.proc.poll() is None:
+            b.proc.send_signal(signal.SIGTERM)
 
 
 def step_single_vs_cluster(root: Path, etcd: EtcdServer, args) -> dict:
@@ -223,6 +234,7 @@ class Cluster:
         return {p: a.leader for (_t, p), (a, _rev) in current.items()}
 
     def stop(self) -> None:
+        tell_to_stop(self.brokers)
         for b in self.brokers:
             try:
                 b.stop()
