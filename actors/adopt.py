@@ -106,7 +106,7 @@ class Owned:
     def drop_actor(self, slot: int, why: str) -> None:
         actor = self.actors.pop(slot)
         out, code = self.out, P.ErrorCode.UNKNOWN_TOPIC
-        for _end, frames, _due in actor.durable_waiters:
+        for _end, frames, _due in (*actor.durable_waiters, *actor.hw_waiters):
             if not isinstance(frames, list):  # one partition of a PRODUCE_MULTI (actors/produce.py MultiPart)
                 frames = frames.settle(code, f"batch not durable: {why}")
                 if frames is not None:
@@ -119,6 +119,7 @@ class Owned:
             out.count(P.Op.FETCH, code)
             out.port.send([*ident, with_code(routing, code), P.encode(P.ErrorReply(why))])
         actor.durable_waiters.clear()
+        actor.hw_waiters.clear()
         actor.parked = []
         self.turn.parked_slots.discard(slot)
         self.turn.waiting_slots.discard(slot)
@@ -129,7 +130,8 @@ class Owned:
     def check_fences(self) -> None:
         """Let go of partitions another owner has fenced us out of (also when idle)."""
         for slot, actor in list(self.actors.items()):
-            if not actor.check_ownership() and actor.writer.fenced and not actor.durable_waiters and not actor.parked:
+            if not actor.check_ownership() and actor.writer.fenced and not actor.durable_waiters and not actor.hw_waiters \
+                    and not actor.parked:
                 actor.close()
                 del self.actors[slot]
 

@@ -24,6 +24,7 @@ from tailrace.persistence.log import DiskRead, FetchResult
 from .adopt import Owned
 from .context import Outbox, Traffic, Turn
 from .diskreader import DiskReader
+from . import replication
 from .partition import PartitionActor
 
 log = logging.getLogger("tailrace.worker")
@@ -49,6 +50,11 @@ def fetch(ctx: FetchContext, ident, assign, topic, partition, rest, who, reply) 
     actor = ctx.owned.actor_for(assign, topic, partition, reply)
     if actor is None:
         return
+    if req.replica >= 0:  # a follower broker: its position counts toward the high watermark; it reads the whole log
+        why = replication.follower_fetch(ctx.turn, actor, req, who)
+        if why is not None:
+            return reply(P.ErrorCode.NOT_AUTHORIZED, P.ErrorReply(why))
+        req.isolation = "log"
     if not answer(ctx, actor, ident, rest[0], req, who, final=req.max_wait_ms == 0):
         deadline = time.monotonic_ns() + min(req.max_wait_ms, MAX_WAIT_MS) * 1_000_000
         actor.parked.append((deadline, ident, rest[0], req, who))
@@ -107,6 +113,8 @@ def send(ctx: FetchContext, actor: PartitionActor, ident, routing: bytes, req: P
     body = res.parts[0] if len(res.parts) == 1 else b"".join(res.parts)
     hold_ms = ctx.throttle.charge(who, quota.FETCH, len(body), time.monotonic()) if ctx.throttle is not None else 0
     log_start, hw, durable = actor.log.offsets()
+    if actor.repl is not None:  # a replicated partition: what every in-sync replica holds
+        hw, durable = actor.watermark("memory"), actor.watermark("durable")
     info = P.FetchReply(high_watermark=hw, durable_watermark=durable, log_start_offset=log_start,
                         next_offset=res.next_offset, source=res.source, throttle_ms=hold_ms)
     records = max(0, res.next_offset - req.offset)
@@ -145,7 +153,7 @@ def service_parked(ctx: FetchContext, now_ns: int, synced: bool = False) -> int:
         for item in actor.parked:
             deadline, ident, routing, req, who = item
             expired = now_ns >= deadline
-            has_new = appended if req.isolation == "memory" else synced
+            has_new = synced if req.isolation == "durable" else appended  # (a follower's "log" reads as memory)
             if (has_new or expired) and answer(ctx, actor, ident, routing, req, who, final=expired):
                 continue
             keep.append(item)

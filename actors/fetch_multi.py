@@ -235,6 +235,8 @@ def _send(ctx: FetchContext, m: MultiFetch) -> None:
             continue
         p, actor, offset = where
         log_start, hw, durable = actor.log.offsets()
+        if actor.repl is not None:  # a replicated partition: what every in-sync replica holds
+            hw, durable = actor.watermark("memory"), actor.watermark("durable")
         if res.code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
             watermark = actor.log.watermark(req.isolation)
             if res.source == "disk" and log_start <= offset < watermark:

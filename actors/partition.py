@@ -75,6 +75,8 @@ class PartitionActor:
         self.leader_epoch = 0  # stamped into every v2 batch; 0 until replication
         self.max_time_us = 0  # the largest record time appended so far: v2's max_time_us (FORMAT.md 1.6)
         self.durable_waiters: deque = deque()  # of (end_offset, reply frames)
+        self.hw_waiters: deque = deque()  # acks=all: of (end_offset, reply frames), answered as the high watermark covers them
+        self.repl = None  # a replicated partition led here: its followers and watermarks (actors/replication.py)
         self.parked: list = []  # of (deadline_ns, ident frames, routing, FetchRequest)
         self.check_ownership()
 
@@ -276,10 +278,18 @@ class PartitionActor:
     # --- fetch ---------------------------------------------------------------------------
     @property
     def high_watermark(self) -> int:
-        return self.owner_row.next_offset
+        return self.watermark("memory")
 
     def watermark(self, isolation: str) -> int:
-        return self.owner_row.durable_offset if isolation == "durable" else self.owner_row.next_offset
+        """How far a reader may read: ``memory`` (a replicated partition's high watermark, else the
+        log end), ``durable`` (synced: on every in-sync replica when replicated), ``log`` (the log
+        end whatever: a follower's fetch)."""
+        row, repl = self.owner_row, self.repl
+        if isolation == "durable":
+            return row.durable_offset if repl is None else repl.durable_hw_at(row.durable_offset)
+        if repl is None or isolation == "log":
+            return row.next_offset
+        return repl.hw_at(row.next_offset)
 
     def read(self, offset: int, max_bytes: int, max_records: int, isolation: str) -> FetchResult:
         """Serve a fetch here and now, from the ring or (below it) the journal."""
@@ -301,9 +311,10 @@ class PartitionActor:
         row = self.owner_row
         hw = self.watermark(isolation)
         log_start = row.log_start_offset
-        if offset < log_start or offset > hw:
+        # past the high watermark of a replicated partition but within its log: nothing yet (Kafka's)
+        if offset < log_start or offset > (hw if self.repl is None else row.next_offset):
             return FetchResult(ErrorCode.OFFSET_OUT_OF_RANGE, [], offset, "")
-        if offset == hw:
+        if offset >= hw:
             return FetchResult(ErrorCode.OK, [], offset, "")
         max_records = max(1, min(max_records, hw - offset))
         if offset >= row.ring_start_offset:

@@ -5,6 +5,7 @@ scheduler (router/load.py): bytes appended per slot since the last PING, the req
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from tailrace.client import protocol as P
@@ -28,10 +29,18 @@ class PingContext:
 
 def ping(ctx: PingContext, ident, assign, topic, partition, rest, who, reply) -> None:
     actors, traffic = ctx.owned.actors, ctx.traffic
-    held = {slot: len(a.parked) + len(a.durable_waiters) for slot, a in actors.items() if a.parked or a.durable_waiters}
+    held = {slot: len(a.parked) + len(a.durable_waiters) + len(a.hw_waiters) for slot, a in actors.items()
+            if a.parked or a.durable_waiters or a.hw_waiters}
     rows = ctx.table.rows
     slots = list(actors)
     unflushed = int((rows[slots, _NEXT] - rows[slots, _DURABLE]).sum()) if slots else 0
+    now = time.monotonic_ns()
+    isr = {}  # the replicated partitions led here whose ISR should change (actors/replication.py)
+    for slot, a in actors.items():
+        if a.repl is not None:
+            want = a.repl.wanted_isr(now)
+            if want is not None:
+                isr[slot] = want
     reply(P.ErrorCode.OK, P.PingReply(ctx.worker_id, os.getpid(), ctx.boot_ns, len(actors),
-                                      traffic.appended_bytes, list(held), held, traffic.totals, unflushed))
+                                      traffic.appended_bytes, list(held), held, traffic.totals, unflushed, isr))
     traffic.appended_bytes = {}

@@ -52,29 +52,55 @@ class ProduceContext:
 
 def produce(ctx: ProduceContext, ident, assign, topic, partition, rest, who, reply) -> None:
     req = _produce_dec.decode(rest[1])
-    if req.acks not in (P.Acks.NONE, P.Acks.MEMORY, P.Acks.DURABLE):
-        return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"acks={req.acks} must be 0 (none), 1 (memory) or 2 (durable)"))
+    if req.acks not in ACKS:
+        return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(ACKS_MESSAGE.format(req.acks)))
     actor = ctx.owned.actor_for(assign, topic, partition, reply)
     if actor is None:
         return
-    code, message, base, count, t = _store(ctx, actor, topic, rest[2], req.acks)
+    acks = _acks_here(actor, req.acks)
+    if acks < 0:
+        return reply(P.ErrorCode.NOT_ENOUGH_REPLICAS, P.ErrorReply(_short_message(actor)))
+    code, message, base, count, t = _store(ctx, actor, topic, rest[2], acks)
     if code != P.ErrorCode.OK:
         return reply(code, P.ErrorReply(message))
     hold_ms = 0
     if ctx.throttle is not None and message != "duplicate":  # a retry is not charged twice
         hold_ms = ctx.throttle.charge(who, quota.PRODUCE, len(rest[2]), time.monotonic())
-    if req.acks == P.Acks.NONE:
+    if acks == P.Acks.NONE:
         ctx.out.count(P.Op.PRODUCE, P.ErrorCode.OK)  # stored; nobody is answered (nor held)
-    elif req.acks == P.Acks.MEMORY:
+    elif acks == P.Acks.MEMORY:
         head = P.pack_routing(P.Op.PRODUCE, partition, _request_id(rest[0]), topic)
         ctx.out.count(P.Op.PRODUCE, P.ErrorCode.OK)
         ctx.out.send_after([*ident, head, P.encode(P.ProduceReply(base, count, t, hold_ms))], hold_ms)
-    elif req.acks == P.Acks.DURABLE:
+    else:  # durable: once synced (on min.insync.replicas replicas when replicated); all: once the high watermark covers it
         head = P.pack_routing(P.Op.PRODUCE, partition, _request_id(rest[0]), topic)
         due = time.monotonic_ns() + hold_ms * 1_000_000 if hold_ms else 0
-        actor.durable_waiters.append((base + count, [*ident, head, P.encode(P.ProduceReply(base, count, t, hold_ms))], due))
+        waiting = (base + count, [*ident, head, P.encode(P.ProduceReply(base, count, t, hold_ms))], due)
+        (actor.durable_waiters if acks == P.Acks.DURABLE else actor.hw_waiters).append(waiting)
         ctx.turn.waiting_slots.add(actor.slot)
-        ctx.turn.durable_added = True
+        ctx.turn.durable_added |= acks == P.Acks.DURABLE
+
+
+ACKS = (P.Acks.NONE, P.Acks.MEMORY, P.Acks.DURABLE, P.Acks.ALL)
+ACKS_MESSAGE = "acks={} must be 0 (none), 1 (memory), 2 (durable) or 3 (all)"
+
+
+def _acks_here(actor, acks: int) -> int:
+    """The acks a batch gets at ``actor``: ``all`` is ``memory`` where the partition is not
+    replicated (its leader is its whole ISR, Kafka's meaning); -1 when a replicated partition has
+    fewer in-sync replicas than min.insync.replicas for an acks=all or durable batch."""
+    repl = actor.repl
+    if repl is None:
+        return P.Acks.MEMORY if acks == P.Acks.ALL else acks
+    if acks in (P.Acks.ALL, P.Acks.DURABLE) and repl.short():
+        return -1
+    return acks
+
+
+def _short_message(actor) -> str:
+    repl = actor.repl
+    return (f"{len(repl.isr)} in-sync replicas ({repl.isr}) of {len(repl.replicas)}, fewer than min.insync.replicas="
+            f"{repl.min_isr}: nothing stored (retriable once a follower is back in sync)")
 
 
 def _store(ctx: ProduceContext, actor, topic: bytes, batch, acks: int):
@@ -111,11 +137,15 @@ def _appended(ctx: ProduceContext, actor, size: int, count: int) -> None:
 def replica_append(ctx: ProduceContext, ident, assign, topic, partition, rest, who, reply) -> None:
     """REPLICA_APPEND (router -> worker, a cluster's follower; router/replicas.py): the batches
     the partition's leader sent, appended as the leader stored them (``append_replica``); the
-    reply says where this copy's log ends now (an empty body only asks)."""
+    reply says where this copy's log ends now, sent once the flusher has synced it (an empty body
+    only asks, and is answered at once)."""
     req = _replica_dec.decode(rest[1])
     actor = ctx.owned.actor_for(assign, topic, partition, reply)
     if actor is None:
         return
+    if actor.repl is not None:  # it led here, and follows now: what waited on its followers is not known to be replicated
+        fail_waiters(ctx, actor, P.ErrorCode.NOT_LEADER_OR_FOLLOWER, "this broker no longer leads the partition")
+        actor.repl = None
     row = actor.owner_row
     before = row.next_offset
     body = rest[2]
@@ -128,7 +158,14 @@ def replica_append(ctx: ProduceContext, ident, assign, topic, partition, rest, w
             ctx.turn.unkicked_bytes = KICK_MIN_BYTES
         return reply(code, P.ErrorReply(message, log_start_offset=row.log_start_offset, high_watermark=row.next_offset))
     log_start, end, durable = actor.log.offsets()
-    reply(P.ErrorCode.OK, P.ReplicaAppendReply(end, durable, log_start, req.leader_epoch))
+    if durable >= end:
+        return reply(P.ErrorCode.OK, P.ReplicaAppendReply(end, durable, log_start, req.leader_epoch))
+    # answered once synced: the follower's next FETCH then tells the leader it holds all of it on disk,
+    # and the leader counts it toward its watermarks only then (reference/REPLICATION.md 2.2, point 6)
+    head = P.pack_routing(P.Op.REPLICA_APPEND, partition, _request_id(rest[0]), topic)
+    actor.durable_waiters.append((end, [*ident, head, P.encode(P.ReplicaAppendReply(end, end, log_start, req.leader_epoch))], 0))
+    ctx.turn.waiting_slots.add(actor.slot)
+    ctx.turn.durable_added = True
 
 
 def produce_multi(ctx: ProduceContext, ident, assign, topic, partition, rest, who, reply) -> None:
@@ -139,8 +176,8 @@ def produce_multi(ctx: ProduceContext, ident, assign, topic, partition, rest, wh
     req = _multi_dec.decode(rest[1])
     batches = rest[2:]
     parts = req.partitions
-    if req.acks not in (P.Acks.NONE, P.Acks.MEMORY, P.Acks.DURABLE):
-        return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"acks={req.acks} must be 0 (none), 1 (memory) or 2 (durable)"))
+    if req.acks not in ACKS:
+        return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(ACKS_MESSAGE.format(req.acks)))
     if len(parts) != len(batches):
         return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
             f"header lists {len(parts)} partitions for {len(batches)} batch frames: one batch frame per partition"))
@@ -166,15 +203,19 @@ def produce_multi(ctx: ProduceContext, ident, assign, topic, partition, rest, wh
             code, body = said[0]
             results.append(P.PartitionOutcome(p, code, message=body.message if body is not None else ""))
             continue
-        code, message, base, count, t = _store(ctx, actor, topic, batches[i], req.acks)
+        acks = _acks_here(actor, req.acks)
+        if acks < 0:
+            results.append(P.PartitionOutcome(p, P.ErrorCode.NOT_ENOUGH_REPLICAS, message=_short_message(actor)))
+            continue
+        code, message, base, count, t = _store(ctx, actor, topic, batches[i], acks)
         if code != P.ErrorCode.OK:
             results.append(P.PartitionOutcome(p, code, message=message))
             continue
         if message != "duplicate":
             stored += len(batches[i])
         results.append(P.PartitionOutcome(p, P.ErrorCode.OK, base, count, t))
-        if req.acks == P.Acks.DURABLE:
-            durable.append((actor, base + count, i))
+        if acks in (P.Acks.DURABLE, P.Acks.ALL):
+            durable.append((actor, base + count, i, acks))
     hold_ms = 0
     if ctx.throttle is not None and stored:
         hold_ms = ctx.throttle.charge(who, quota.PRODUCE, stored, time.monotonic())
@@ -190,7 +231,7 @@ def produce_multi(ctx: ProduceContext, ident, assign, topic, partition, rest, wh
     due = time.monotonic_ns() + hold_ms * 1_000_000 if hold_ms else 0
     pending = MultiAck([*ident, head], results, len(durable), hold_ms)
     turn, live = ctx.turn, owned.actors
-    for actor, end, i in durable:
+    for actor, end, i, acks in durable:
         part = MultiPart(pending, i)
         if live.get(actor.slot) is not actor:  # let go by a later partition's adoption (its topic deleted)
             frames = part.settle(P.ErrorCode.UNKNOWN_TOPIC, "batch not durable: its topic was deleted")
@@ -198,9 +239,9 @@ def produce_multi(ctx: ProduceContext, ident, assign, topic, partition, rest, wh
                 out.count(P.Op.PRODUCE_MULTI, P.ErrorCode.OK)
                 out.port.send(frames)
             continue
-        actor.durable_waiters.append((end, part, due))
+        (actor.durable_waiters if acks == P.Acks.DURABLE else actor.hw_waiters).append((end, part, due))
         turn.waiting_slots.add(actor.slot)
-    turn.durable_added = True
+        turn.durable_added |= acks == P.Acks.DURABLE
 
 
 _NOT_ROUTED = {P.ErrorCode.UNKNOWN_PARTITION: "unknown partition",
@@ -241,46 +282,72 @@ class MultiPart:
 
 
 def release_durable(ctx: ProduceContext) -> None:
-    """Answer the durable waiters the row's ``durable_offset`` now covers (or, once the journal
-    failed, every waiter: STORAGE_UNAVAILABLE for those not synced)."""
-    actors, out, waiting = ctx.owned.actors, ctx.out, ctx.turn.waiting_slots
+    """Answer the durable waiters the row's ``durable_offset`` now covers (on a replicated
+    partition: synced here and on min.insync.replicas - 1 followers), and the acks=all waiters
+    its high watermark covers; once the journal failed, every durable waiter (STORAGE_UNAVAILABLE
+    for those not synced)."""
+    actors, waiting = ctx.owned.actors, ctx.turn.waiting_slots
     done = []
     for slot in waiting:
         actor = actors.get(slot)
         if actor is None:
             done.append(slot)
             continue
-        plog = actor.log
-        durable = plog.durable_watermark
-        failed = actor.owner_row.io_error
-        q = actor.durable_waiters
-        while q and (q[0][0] <= durable or failed):
-            end, frames, due = q.popleft()
-            if type(frames) is MultiPart:  # one partition of a PRODUCE_MULTI: its reply waits for the last
-                frames = (frames.settle() if end <= durable else
-                          frames.settle(P.ErrorCode.STORAGE_UNAVAILABLE, "journal cannot be written; batch not durable"))
-                if frames is None:
-                    continue
-                out.count(P.Op.PRODUCE_MULTI, P.ErrorCode.OK)
-                if due:
-                    out.hold_until(due, frames)
-                else:
-                    out.port.send(frames)
+        durable = actor.log.durable_watermark
+        repl = actor.repl
+        if repl is not None:
+            durable = repl.durable_ack_mark(durable)
+            if actor.hw_waiters:
+                _release(ctx, actor.hw_waiters, actor.watermark("memory"), False)
+        if actor.durable_waiters:
+            _release(ctx, actor.durable_waiters, durable, actor.owner_row.io_error)
+        if not actor.durable_waiters and not actor.hw_waiters:
+            done.append(slot)
+    waiting.difference_update(done)
+
+
+def _release(ctx: ProduceContext, q, mark: int, failed: bool) -> None:
+    """Answer the waiters of ``q`` whose end ``mark`` covers (all of them once ``failed``)."""
+    out = ctx.out
+    while q and (q[0][0] <= mark or failed):
+        end, frames, due = q.popleft()
+        if type(frames) is MultiPart:  # one partition of a PRODUCE_MULTI: its reply waits for the last
+            frames = (frames.settle() if end <= mark else
+                      frames.settle(P.ErrorCode.STORAGE_UNAVAILABLE, "journal cannot be written; batch not durable"))
+            if frames is None:
                 continue
-            if end > durable:  # storage failed before this batch was synced
-                frames = frames[:-2] + [with_code(frames[-2], P.ErrorCode.STORAGE_UNAVAILABLE),
-                                        P.encode(P.ErrorReply("journal cannot be written; batch not durable"))]
-                out.count(P.Op.PRODUCE, P.ErrorCode.STORAGE_UNAVAILABLE)
-                out.port.send(frames)
-                continue
-            out.count(P.Op.PRODUCE, P.ErrorCode.OK)
-            if due:  # held by a quota: until ``due``, if the sync came sooner
+            out.count(P.Op.PRODUCE_MULTI, P.ErrorCode.OK)
+            if due:
                 out.hold_until(due, frames)
             else:
                 out.port.send(frames)
-        if not q:
-            done.append(slot)
-    waiting.difference_update(done)
+            continue
+        if end > mark:  # storage failed before this batch was synced
+            frames = frames[:-2] + [with_code(frames[-2], P.ErrorCode.STORAGE_UNAVAILABLE),
+                                    P.encode(P.ErrorReply("journal cannot be written; batch not durable"))]
+            out.count(frames[-2][1], P.ErrorCode.STORAGE_UNAVAILABLE)  # the routing header's op: PRODUCE, REPLICA_APPEND
+            out.port.send(frames)
+            continue
+        out.count(frames[-2][1], P.ErrorCode.OK)
+        if due:  # held by a quota: until ``due``, if the sync came sooner
+            out.hold_until(due, frames)
+        else:
+            out.port.send(frames)
+
+
+def fail_waiters(ctx: ProduceContext, actor, code: int, message: str) -> None:
+    """Answer every waiter of ``actor`` with ``code``: it stopped leading (a follower now)."""
+    for q in (actor.hw_waiters, actor.durable_waiters):
+        while q:
+            _end, frames, _due = q.popleft()
+            if type(frames) is MultiPart:
+                frames = frames.settle(code, message)
+                if frames is not None:
+                    ctx.out.count(P.Op.PRODUCE_MULTI, P.ErrorCode.OK)
+                    ctx.out.port.send(frames)
+                continue
+            ctx.out.count(P.Op.PRODUCE, code)
+            ctx.out.port.send(frames[:-2] + [with_code(frames[-2], code), P.encode(P.ErrorReply(message))])
 
 
 def _request_id(routing: bytes) -> int:

@@ -52,7 +52,7 @@ from tailrace.persistence import log as log_mod
 from tailrace.persistence.journal import JournalReader
 from tailrace.persistence.recovery import data_dir_id
 
-from . import adopt, fetch, fetch_multi, offsets, ping, produce, watch
+from . import adopt, fetch, fetch_multi, offsets, ping, produce, replication, watch
 from .context import Outbox, Traffic, Turn
 from .diskreader import READS_ENDPOINT, UNLINKED_SWEEP_S, DiskReader
 from .produce import KICK_MIN_BYTES
@@ -73,7 +73,7 @@ ENVELOPE = Envelope("worker")
 HANDLERS = {P.Op.PRODUCE: produce.produce, P.Op.PRODUCE_MULTI: produce.produce_multi, P.Op.FETCH: fetch.fetch,
             P.Op.FETCH_MULTI: fetch_multi.fetch_multi, P.Op.LIST_OFFSETS: offsets.list_offsets,
             P.Op.WATCH: watch.watch, P.Op.PING: ping.ping, P.Op.ADOPT: adopt.adopt,
-            P.Op.REPLICA_APPEND: produce.replica_append}
+            P.Op.REPLICA_APPEND: produce.replica_append, P.Op.LEADER_AND_ISR: replication.leader_and_isr}
 _SERVED = {row.op for row in ops.SPEC if row.served in ops.AT_WORKER}
 MANY = frozenset(row.op for row in ops.SPEC if row.many)  # the assign frame: a count, then an entry per partition
 assert set(HANDLERS) == _SERVED, f"worker handlers {sorted(HANDLERS)} != ops a worker serves {sorted(_SERVED)} (client/ops.py)"
@@ -117,6 +117,7 @@ class Worker:
         contexts = {P.Op.PRODUCE: self.produce_ctx, P.Op.PRODUCE_MULTI: self.produce_ctx, P.Op.FETCH: self.fetch_ctx,
                     P.Op.FETCH_MULTI: self.fetch_ctx, P.Op.LIST_OFFSETS: self.offsets_ctx,
                     P.Op.REPLICA_APPEND: self.produce_ctx,
+                    P.Op.LEADER_AND_ISR: replication.ReplicationContext(owned, self.turn),
                     P.Op.WATCH: self.watchers, P.Op.ADOPT: owned,
                     P.Op.PING: ping.PingContext(worker_id, time.time_ns(), owned, table, self.traffic)}
         self.handlers = {op: (fn, contexts[op]) for op, fn in HANDLERS.items()}  # op -> (handler, its context)

@@ -66,6 +66,7 @@ class Settings(msgspec.Struct, kw_only=True):
     cluster_name: str = "tailrace"  # several clusters may share one etcd: each under /tailrace/<name>/
     cluster_ttl_s: int = 10  # the broker's registration lease: dead brokers are noticed within this long
     rack: str = ""  # optional: the broker's rack (placement may spread over racks)
+    replica_lag_time_max_ms: int = 30_000  # a follower not caught up to its leader's log end this long leaves the ISR (Kafka's)
     debug_read_delay_ms: int = 0  # fault injection for tests: each journal read on a worker waits this long
     debug_stop_delay_ms: int = 0  # fault injection for tests: a stopping worker lingers this long before it exits
     debug_crash_at: str = ""  # fault injection for tests: the flusher dies (once) at this step of retention
@@ -126,6 +127,8 @@ class Settings(msgspec.Struct, kw_only=True):
 
     def validate(self) -> None:
         self.metrics_address()
+        if self.replica_lag_time_max_ms < 100:
+            raise ValueError(f"replica_lag_time_max_ms={self.replica_lag_time_max_ms} must be >= 100")
         if self.max_batch_bytes * 4 > self.segment_bytes:
             raise ValueError(f"segment_bytes={self.segment_bytes} must be >= 4 x max_batch_bytes={self.max_batch_bytes}")
         if self.segment_bytes % 4096 or self.write_buffer_bytes % 4096:

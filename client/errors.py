@@ -61,6 +61,9 @@ NotCoordinatorError = _make(ErrorCode.NOT_COORDINATOR, "Raised when a group op r
                             "coordinate the group; the reply names the coordinator's endpoint (retriable there).")
 MetadataUnavailableError = _make(ErrorCode.METADATA_UNAVAILABLE, "Raised when a cluster's metadata cannot be changed now "
                                  "(etcd unreachable, or no controller yet); nothing changed. Retriable.")
+NotEnoughReplicasError = _make(ErrorCode.NOT_ENOUGH_REPLICAS, "Raised when an acks=all or durable batch reached a "
+                               "replicated partition with fewer in-sync replicas than its min.insync.replicas; nothing "
+                               "stored. Retriable (a follower back in sync).")
 
 
 
@@ -95,7 +98,7 @@ BY_CODE: dict[int, type[TailraceError]] = {
         NotReadyError, InternalError, NotAuthorizedError, AuthenticationFailedError, UnknownMemberIdError,
         FencedMemberEpochError, GroupNotEmptyError, UnknownGroupError, OutOfOrderSequenceError, InternalTopicError,
         StorageFullError, InvalidTimestampError, NotLeaderOrFollowerError, NotControllerError,
-        MetadataUnavailableError, NotCoordinatorError,
+        MetadataUnavailableError, NotCoordinatorError, NotEnoughReplicasError,
     )
 }
 

@@ -89,6 +89,7 @@ SPEC: tuple[OpSpec, ...] = (
     R(Op.PING,              2, False, NOTHING, INTERNAL,    INTERNAL,   None,                      P.PingReply),
     R(Op.ADOPT,             2, False, TOPIC,   INTERNAL,    INTERNAL,   None,                      P.Empty),
     R(Op.REPLICA_APPEND,    3, False, TOPIC,   INTERNAL,    INTERNAL,   P.ReplicaAppendRequest,    P.ReplicaAppendReply),
+    R(Op.LEADER_AND_ISR,    2, False, TOPIC,   INTERNAL,    INTERNAL,   P.LeaderAndIsrRequest,     P.Empty),
 )
 del R
 

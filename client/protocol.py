@@ -76,6 +76,7 @@ class Op(enum.IntEnum):
     PING = 30
     ADOPT = 31  # take this partition now (assign frame carries slot and epoch)
     REPLICA_APPEND = 32  # cluster follower: append batches as the partition's leader stored them (router/replicas.py)
+    LEADER_AND_ISR = 33  # cluster leader: the partition's replicas, ISR and leader epoch (actors/replication.py)
 
 
 class GroupHeartbeatRequest(msgspec.Struct, omit_defaults=True):
@@ -161,10 +162,11 @@ class AlterConfigsRequest(msgspec.Struct):
 class Acks(enum.IntEnum):
     NONE = 0  # no reply at all (one-way)
     MEMORY = 1  # replied once the batch is in the shared-memory ring
-    DURABLE = 2  # replied once the flusher's fsync covers the batch
+    DURABLE = 2  # replied once the flusher's fsync covers the batch (a replicated partition: on min.insync.replicas replicas)
+    ALL = 3  # replied once every in-sync replica holds the batch (the high watermark covers it; Kafka's acks=all)
 
 
-ACKS_BY_NAME = {"none": Acks.NONE, "memory": Acks.MEMORY, "durable": Acks.DURABLE}
+ACKS_BY_NAME = {"none": Acks.NONE, "memory": Acks.MEMORY, "durable": Acks.DURABLE, "all": Acks.ALL}
 
 
 class ErrorCode(enum.IntEnum):
@@ -201,11 +203,13 @@ class ErrorCode(enum.IntEnum):
     NOT_CONTROLLER = 30  # cluster: topic admin goes to the controller broker (ErrorReply.endpoint: its endpoint)
     NOT_COORDINATOR = 32  # cluster: another broker coordinates this group (ErrorReply.endpoint: its endpoint)
     METADATA_UNAVAILABLE = 31  # cluster: etcd cannot be reached or has no controller now: the metadata change was not made (retriable)
+    NOT_ENOUGH_REPLICAS = 33  # cluster: fewer in-sync replicas than min.insync.replicas: an acks=all/durable batch is refused, nothing stored (retriable)
 
 
 RETRIABLE = frozenset({ErrorCode.NOT_OWNER, ErrorCode.BACKPRESSURE, ErrorCode.NOT_READY, ErrorCode.TIMEOUT,
                        ErrorCode.STORAGE_FULL, ErrorCode.FETCH_SESSION_NOT_FOUND, ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                       ErrorCode.NOT_CONTROLLER, ErrorCode.METADATA_UNAVAILABLE, ErrorCode.NOT_COORDINATOR})
+                       ErrorCode.NOT_CONTROLLER, ErrorCode.METADATA_UNAVAILABLE, ErrorCode.NOT_COORDINATOR,
+                       ErrorCode.NOT_ENOUGH_REPLICAS})
 
 
 def pack_routing(op: int, partition: int, request_id: int, topic: bytes, code: int = 0) -> bytes:
@@ -272,6 +276,21 @@ class FetchRequest(msgspec.Struct, omit_defaults=True):
     max_records: int = 1 << 20
     max_wait_ms: int = 0
     isolation: str = "memory"  # "memory": up to the high watermark; "durable": up to the durable watermark
+    # cluster, broker to broker only: the follower broker asking (its log ends at ``offset``), and
+    # what it has synced; it reads the leader's whole log, past the high watermark
+    replica: int = -1
+    replica_durable: int = -1
+
+
+class LeaderAndIsrRequest(msgspec.Struct, omit_defaults=True):
+    """LEADER_AND_ISR (router -> worker): this broker leads a replicated partition; who else holds
+    it and which of them are in sync (Kafka's LeaderAndIsr)."""
+    leader: int  # this broker's id
+    leader_epoch: int
+    replicas: list[int]
+    isr: list[int]
+    min_isr: int = 1  # the topic's min.insync.replicas
+    lag_ms: int = 30_000  # replica.lag.time.max.ms: a follower not caught up this long leaves the ISR
 
 
 class ReplicaAppendRequest(msgspec.Struct, omit_defaults=True):
@@ -403,6 +422,7 @@ TOPIC_CONFIGS = {
     "compression.type": "producer (keep what came, default), uncompressed, gzip, snappy, lz4 or zstd (recompressed on the broker)",
     "message.timestamp.before.max.ms": "a CreateTime record at most this many ms older than the broker's clock, -1 no limit (default)",
     "message.timestamp.after.max.ms": "a CreateTime record at most this many ms ahead of the broker's clock, -1 no limit (default 3600000)",
+    "min.insync.replicas": "cluster: in-sync replicas an acks=all or durable batch needs, else refused NOT_ENOUGH_REPLICAS (default 2, at most the replication factor)",
 }
 
 
@@ -481,6 +501,7 @@ class PingReply(msgspec.Struct):
     held: dict[int, int] = {}  # slot -> how many of those
     totals: list[int] = []  # TOTALS since the worker started: records and bytes in (produced) and out (fetched)
     unflushed: int = 0  # records its partitions hold that are not yet durable
+    isr: dict[int, list[int]] = {}  # slot -> the ISR its leader wants now, where it differs (actors/replication.py)
 
 
 TOTALS = ("records_in", "bytes_in", "records_out", "bytes_out")

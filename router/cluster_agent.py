@@ -38,6 +38,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from tailrace.broker import acl as acl_mod
 from tailrace.broker import auth as auth_mod
@@ -46,7 +47,7 @@ from tailrace.broker import quota as quota_mod
 from tailrace.broker import settings as settings_mod
 from tailrace.cluster.controller import Controller, ControllerLoop
 from tailrace.cluster.errors import ClusterError, ClusterIdentityMismatch, ClusterKeyMismatch
-from tailrace.cluster.etcd import Etcd, Event
+from tailrace.cluster.etcd import Etcd, Event, mod_revision_is, put_op
 from tailrace.cluster.membership import Membership
 from tailrace.cluster.metadata import (NO_LEADER, BrokerInfo, BrokerLoad, ControllerInfo, PartitionAssignment, TopicMeta,
                                        decode, encode, read_brokers)
@@ -56,6 +57,7 @@ log = logging.getLogger("tailrace.router")
 ETCD_TIMEOUT_S = 1.0  # an etcd call the router thread makes (topic creation) waits at most this long
 LOAD_PUBLISH_S = 10.0  # how often the broker writes its measured traffic for the controller's placement
 RESYNC_S = 15.0  # the controller reconciles at least this often (cluster/controller.py ControllerLoop)
+DEFAULT_MIN_ISR = 2  # min.insync.replicas when a topic does not set it (at most its replication factor)
 
 
 class ClusterAgent:
@@ -70,6 +72,8 @@ class ClusterAgent:
             info.router_key = auth_mod.router_client_keys(s.data_dir).public.decode("ascii")
         self.membership = Membership(self.etcd, s.cluster_name, info, ttl_s=s.cluster_ttl_s, on_fenced=self._fenced)
         self.fetcher = None  # the router's ReplicaFetcher (router/replicas.py), for status
+        self._isr_writes: set = set()  # (topic, partition) whose ISR write is out
+        self._isr_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isr writes")
         self.keys = self.membership.keys
         self.controller = Controller(self.etcd, self.membership)
         # woken at once by brokers coming and going (its watch); the periodic pass only catches up after
@@ -118,6 +122,7 @@ class ClusterAgent:
                 self.controller.resign()
             except ClusterError:
                 pass
+        self._isr_pool.shutdown(wait=False, cancel_futures=True)
         self.membership.close(revoke=True)
         self._thread.join(timeout=5)
 
@@ -246,6 +251,42 @@ class ClusterAgent:
             changed, self._changed = self._changed, set()
             full, self._full_read = self._full_read, False
         return changed, full
+
+    def min_isr(self, topic: bytes) -> int:
+        """The topic's min.insync.replicas (default 2, at most its replication factor)."""
+        meta = self.topics.get(topic.decode())
+        if meta is None:
+            return 1
+        return int(meta.config.get("min.insync.replicas", min(DEFAULT_MIN_ISR, meta.replication_factor)))
+
+    def propose_isr(self, topic: bytes, partition: int, isr: list[int]) -> None:
+        """As a partition's leader: write the ISR its worker wants (actors/replication.py) to etcd,
+        on the ISR thread; one write per partition at a time (the next PING asks again)."""
+        key = (topic, partition)
+        if key in self._isr_writes or self.membership.fenced:
+            return
+        self._isr_writes.add(key)
+        self._isr_pool.submit(self._write_isr, topic.decode(), partition, list(isr), key)
+
+    def _write_isr(self, topic: str, partition: int, isr: list[int], key) -> None:
+        """A compare-and-swap of the partition's assignment: only while this broker leads it
+        at the leader epoch read (the controller's writes compare the same revision)."""
+        try:
+            kv = self.etcd.get(self.keys.partition(topic, partition))
+            if kv is None:
+                return
+            a = decode(kv, PartitionAssignment)
+            if a.leader != self.me or sorted(a.isr) == sorted(isr) or self.membership.fenced:
+                return
+            new = PartitionAssignment(topic=a.topic, partition=a.partition, replicas=a.replicas, leader=a.leader,
+                                      leader_epoch=a.leader_epoch, isr=isr, controller_epoch=a.controller_epoch)
+            r = self.etcd.txn([mod_revision_is(kv.key, kv.mod_revision)], [put_op(kv.key, encode(new))])
+            if r.succeeded:
+                log.info("partition %s/%d: ISR %s -> %s (leader epoch %d)", topic, partition, a.isr, isr, a.leader_epoch)
+        except (ClusterError, ValueError) as exc:
+            log.warning("partition %s/%d: ISR %s not written: %s", topic, partition, isr, exc)
+        finally:
+            self._isr_writes.discard(key)
 
     def replication_factor(self, topic: bytes) -> int:
         meta = self.topics.get(topic.decode())

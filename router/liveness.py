@@ -54,8 +54,10 @@ class WorkerLiveness:
         self.load = LoadModel()  # per-slot load from the heartbeats (router/load.py)
         self.moves: list[tuple[int, int, int]] = []  # (slot, from, to), for status and tests
 
-    def on_ping_reply(self, body: bytes) -> None:
-        self.on_heartbeat(_ping_dec.decode(body))
+    def on_ping_reply(self, body: bytes) -> P.PingReply:
+        info = _ping_dec.decode(body)
+        self.on_heartbeat(info)
+        return info
 
     def tick(self) -> None:
         """Once per HEARTBEAT_S: ping, declare the silent dead, drain, spread, rebalance."""

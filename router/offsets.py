@@ -269,6 +269,8 @@ class OffsetAsks:
                 pi = theirs.get(pi.partition, pi)
                 pi.adopted, pi.slot, pi.local_endpoint = False, -1, ""
                 pi.leader_endpoint = agent.endpoint_of(a.leader)
+            elif len(a.replicas) > 1:  # replicated, led here: its rings run past the high watermark, and its
+                pi.adopted, pi.slot, pi.local_endpoint = False, -1, ""  # first request goes through the router (LeaderDuties)
             pi.leader, pi.leader_epoch = a.leader, a.leader_epoch
             pi.replicas, pi.isr = list(a.replicas), list(a.isr)
             out.append(pi)

@@ -16,10 +16,19 @@ broker as leader (``refresh``, from the cluster view on every tick and after eve
 change). A leader or leader epoch that changed starts the partition over (the local end asked
 again). A question unanswered for ``STALL_S`` (a lost reply, a dead peer) is asked again.
 
-Not yet (issue 34's later parts): the leader does not count its followers (no high watermark,
-no ISR changes, no ``acks=all``), and a follower whose log diverged from its leader's (it ends
-past the leader's end after a failover) is not truncated: it stops with OFFSET_OUT_OF_RANGE,
-logged, since the controller does not elect followers yet (cluster/controller.py).
+Each FETCH says who asks (``replica``) and what the copy has synced (``replica_durable``): the
+leader's worker counts both toward its high watermarks and its ISR (actors/replication.py).
+
+``LeaderDuties`` is the other side: for each replicated partition this broker leads, its worker
+is told the leader epoch, replicas, ISR and min.insync.replicas (LEADER_AND_ISR) before any
+request the router forwards to it, again whenever they change or the worker restarted, and on
+every tick for what was not told yet; the ISR a worker asks for in its PING reply is written to
+etcd by the leader (``ClusterAgent.propose_isr``), and comes back through the view as a new
+LEADER_AND_ISR.
+
+Not yet (issue 34's later parts): a follower whose log diverged from its leader's (it ends past
+the leader's end after a failover) is not truncated: it stops with OFFSET_OUT_OF_RANGE, logged,
+since the controller does not elect followers yet (cluster/controller.py).
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ class Follow:
     busy: str = ""  # "" (nothing out), "local" (a REPLICA_APPEND), "fetch" (a FETCH at the leader)
     rid: int = 0  # the request id of the question out
     since: float = 0.0  # monotonic time it went out
+    durable: int = -1  # what the local copy has synced
     fetched: int = 0  # records taken from the leader since this broker started following
     failures: int = 0  # answers that were not OK in a row
     said: str = ""  # the last refusal logged (each new one is logged once)
@@ -121,7 +131,8 @@ class ReplicaFetcher:
         f.busy = ""
         now = time.monotonic()
         if code == P.ErrorCode.OK:
-            f.end = _append_reply.decode(frames[2]).log_end
+            r = _append_reply.decode(frames[2])
+            f.end, f.durable = r.log_end, r.durable_end
             f.failures = 0
             self._fetch(f, now)
             return
@@ -134,7 +145,8 @@ class ReplicaFetcher:
             return
         rid = self.next_id()
         frames = [P.pack_routing(P.Op.FETCH, f.partition, rid, f.topic),
-                  P.encode(P.FetchRequest(f.end, FETCH_MAX_BYTES, max_wait_ms=FETCH_WAIT_MS))]
+                  P.encode(P.FetchRequest(f.end, FETCH_MAX_BYTES, max_wait_ms=FETCH_WAIT_MS, replica=self.agent.me,
+                                          replica_durable=f.durable))]
         if self.peers.send(endpoint, frames, rid, lambda _ep, reply, f=f, rid=rid: self.on_fetch_reply(f, rid, reply)):
             f.busy, f.rid, f.since = "fetch", rid, now
 
@@ -175,3 +187,54 @@ class ReplicaFetcher:
         stuck = [f"{f.topic.decode()}/{f.partition}" for f in self.follows.values() if f.failures]
         return {"following": len(self.follows), "records_copied": sum(f.fetched for f in self.follows.values()),
                 "not_copying": sorted(stuck)[:20]}
+
+
+class LeaderDuties:
+    """The leader's side: its workers told who follows each replicated partition it leads, and
+    the ISR they want written to etcd."""
+
+    def __init__(self, agent, placement, catalog, send_internal: Callable[[bytes, int, list], bool],
+                 boot_of: Callable[[int], int], lag_ms: int):
+        self.agent, self.placement, self.catalog = agent, placement, catalog
+        self.send_internal, self.boot_of, self.lag_ms = send_internal, boot_of, lag_ms
+        self.told: dict[tuple[bytes, int], tuple] = {}  # (topic, p) -> what its worker was told, and where
+
+    def ensure(self, topic: bytes, partition: int) -> None:
+        """Tell the partition's worker, if it leads a replicated partition here and was not told
+        this yet (ahead of the request the router is about to forward: one link, in order)."""
+        a = self.agent.assignments.get((topic, partition))
+        if a is None or len(a.replicas) < 2 or a.leader != self.agent.me:
+            return
+        route = self.placement.route(topic, partition)
+        if route is None:
+            return
+        worker, assign = route
+        min_isr = self.agent.min_isr(topic)
+        said = (worker, assign, self.boot_of(worker), a.leader_epoch, tuple(a.replicas), tuple(a.isr), min_isr)
+        if self.told.get((topic, partition)) == said:
+            return
+        req = P.LeaderAndIsrRequest(a.leader, a.leader_epoch, list(a.replicas), list(a.isr), min_isr, self.lag_ms)
+        frames = [P.pack_routing(P.Op.LEADER_AND_ISR, partition, 0, topic), P.encode(req)]
+        if self.send_internal(topic, partition, frames):
+            self.told[(topic, partition)] = said
+
+    def tick(self) -> None:
+        me = self.agent.me
+        led = [k for k, a in self.agent.assignments.items() if a.leader == me and len(a.replicas) > 1]
+        for key in [k for k in self.told if k not in set(led)]:
+            del self.told[key]
+        for topic, partition in led:
+            self.ensure(topic, partition)
+
+    def on_ping(self, info: P.PingReply) -> None:
+        """The ISR changes a worker asks for (its PING reply): each written to etcd by the leader."""
+        for slot, isr in info.isr.items():
+            found = self.catalog.topic_of_slot(int(slot))
+            if found is None:
+                continue
+            entry, partition = found
+            topic = entry.name.encode()
+            a = self.agent.assignments.get((topic, partition))
+            if a is None or a.leader != self.agent.me or sorted(a.isr) == sorted(isr):
+                continue
+            self.agent.propose_isr(topic, partition, isr)

@@ -45,7 +45,7 @@ from .liveness import HEARTBEAT_S, WorkerLiveness
 from .offsets import AskContext, OffsetAsks
 from .peers import PeerLinks
 from .placement import Placement, next_generation
-from .replicas import ReplicaFetcher
+from .replicas import LeaderDuties, ReplicaFetcher
 from .request import Request
 from .scheduler import StickyScheduler
 from .traffic import Traffic
@@ -103,6 +103,7 @@ class Router:
         self.acls = acls  # with --auth curve: who may do what (broker/acl.py)
         self.cluster = None  # with --cluster: router/cluster_agent.py's ClusterAgent (set by main before serving)
         self.replicas: ReplicaFetcher | None = None  # with --cluster: the follower's copies (router/replicas.py)
+        self.leaders: LeaderDuties | None = None  # with --cluster: the leader's side of them
         self.port: ReplyPort | None = None
         self.monitor: zmq.Socket | None = None
         self.clients = 0  # client connections to the front socket (its monitor's accepted - disconnected)
@@ -178,6 +179,8 @@ class Router:
             return req.reply(code, P.ErrorReply(f"unknown topic or partition: topic={req.name!r} partition={req.partition}"))
         worker, assign = route
         self.forwarded += 1
+        if self.leaders is not None:
+            self.leaders.ensure(req.topic, req.partition)  # a replicated partition's worker knows its followers first
         self.placement.told[(req.topic, req.partition)] = assign
         # with --auth curve the owner hears who the client is (its quotas, broker/quota.py)
         said = assign if req.principal is None else assign + req.principal.encode()
@@ -225,6 +228,8 @@ class Router:
             else:
                 entries.append(r[1])
                 told[(req.topic, p)] = r[1]
+                if self.leaders is not None:
+                    self.leaders.ensure(req.topic, p)
         self.forwarded += 1
         said = P.ASSIGN_COUNT.pack(len(entries)) + b"".join(entries)
         if req.principal is not None:
@@ -241,6 +246,8 @@ class Router:
         self.groups.attach_cluster(agent, peers)
         self.replicas = agent.fetcher = ReplicaFetcher(agent, peers, self.send_internal, self.next_internal_id,
                                                        partial(topics.mirror_topic, self.topic_ctx))
+        self.leaders = LeaderDuties(agent, self.placement, self.catalog, self.send_internal,
+                                    lambda w: self.traffic.current.get(w, (0,))[0], self.s.replica_lag_time_max_ms)
 
     def mirror(self) -> None:
         """Take the cluster topics whose metadata changed into the catalog (router/topics.py)."""
@@ -256,6 +263,7 @@ class Router:
             topics.mirror_topic(self.topic_ctx, name, watched=True)
         if changed or full:
             self.replicas.tick()  # partitions to follow now, or no longer
+            self.leaders.tick()  # replicated partitions led here: their workers told
 
     # --- the router's own requests (the group coordinator's, offsets questions) -----------
     def next_internal_id(self) -> int:
@@ -295,7 +303,11 @@ class Router:
     def on_internal_reply(self, frames: list[bytes]) -> None:
         _v, op, code, _p, rid, topic = P.unpack_routing(frames[1])
         if op == P.Op.PING:
-            self.liveness.on_ping_reply(frames[2])
+            info = self.liveness.on_ping_reply(frames[2])
+            if self.leaders is not None and info.isr:
+                self.leaders.on_ping(info)
+        elif op == P.Op.LEADER_AND_ISR:
+            pass
         elif op == P.Op.REPLICA_APPEND and self.replicas is not None:
             self.replicas.on_local_reply(rid, code, frames)
         elif op in (P.Op.PRODUCE, P.Op.FETCH):
@@ -321,6 +333,7 @@ class Router:
             self.cluster.measured(rates["bytes_in"], rates["bytes_out"])
             self.asks.peers.expire(30.0)
             self.replicas.tick()
+            self.leaders.tick()
         self.count_clients()
         self.stats.maybe_write(partial(status.stats_parts, self.status_ctx))
 

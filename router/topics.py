@@ -372,6 +372,8 @@ def check_config(config: dict[str, str], creating: bool) -> tuple[dict[str, int 
             return {}, f"{name}={raw!r}: an integer"
         if name in ("retention.ms", "retention.bytes") and value < -1:
             return {}, f"{name}={value}: a count, or -1 for no limit"
+        if name == "min.insync.replicas" and value < 1:
+            return {}, f"{name}={value}: at least 1"
         out[name] = value
     return out, None
 

@@ -75,6 +75,7 @@ def cmd_serve(args) -> int:
             advertise=args.advertise,
             cluster_name=args.cluster_name,
             rack=args.rack,
+            replica_lag_time_max_ms=args.replica_lag_time_max_ms,
         )
         if s.cluster:
             from tailrace.cluster.etcd import parse_endpoints  # the cluster extra: etcd's client
@@ -310,6 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--cluster-name", default=None, metavar="NAME",
                     help="the cluster's name: several clusters may share one etcd (default tailrace)")
     sv.add_argument("--rack", default=None, metavar="RACK", help="this broker's rack (cluster placement)")
+    sv.add_argument("--replica-lag-time-max-ms", type=_natural, default=None, metavar="MS",
+                    help="a follower not caught up to its leader's log end this long leaves the ISR (default 30000, Kafka's)")
     sv.add_argument("--print-env", action="store_true",
                     help="make the data, log and run directories, print the environment supervisord.conf needs and "
                          "the supervisord command line, and exit")
@@ -372,8 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="split each line at the first SEP into key and value (Kafka's parse.key); a line without it is an error")
     pr.add_argument("--partition", type=_partition, default=None,
                     help="send every message to this partition (default: by key hash, else round robin)")
-    pr.add_argument("--acks", default="memory", choices=["none", "memory", "durable"],
-                    help="none: no reply; memory: acked once in the broker's memory; durable: once fsynced to disk")
+    pr.add_argument("--acks", default="memory", choices=["none", "memory", "durable", "all"],
+                    help="none: no reply; memory: acked once in the broker's memory; durable: once fsynced to disk (on "
+                         "min.insync.replicas replicas of a replicated partition); all: once every in-sync replica holds it")
     pr.add_argument("--linger-ms", type=console.float_above(0.0, or_equal=True, maximum=60_000.0), default=5.0,
                     help="a line waits at most this long for others to share its batch")
     pr.add_argument("--header", type=console.parse_header, action="append", default=None, metavar="KEY=VALUE",

@@ -120,13 +120,16 @@ def read_cluster(etcd, keys) -> dict:
             a = decode(kv, PartitionAssignment)
             assignments[(a.topic, a.partition)] = (a, kv.mod_revision)
     led: dict[int, int] = {}
-    partitions, unavailable = [], []
+    partitions, unavailable, under = [], [], []
     for (topic, p), (a, _mod) in sorted(assignments.items()):
         available = a.leader != NO_LEADER and a.leader in brokers
         if available:
             led[a.leader] = led.get(a.leader, 0) + 1
         else:
             unavailable.append({"topic": topic, "partition": p, "leader": a.leader, "replicas": list(a.replicas)})
+        if available and len(a.isr) < len(a.replicas):  # Kafka's under-replicated partitions
+            under.append({"topic": topic, "partition": p, "leader": a.leader, "replicas": list(a.replicas),
+                          "isr": list(a.isr)})
         partitions.append({"topic": topic, "partition": p, "leader": a.leader, "leader_epoch": a.leader_epoch,
                            "replicas": list(a.replicas), "isr": list(a.isr), "available": available})
     # brokers that are registered, and those that hold replicas but are not (down)
@@ -151,6 +154,7 @@ def read_cluster(etcd, keys) -> dict:
                    for name, (meta, tid) in sorted(topics.items())],
         "partitions": partitions,
         "unavailable": unavailable,
+        "under_replicated": under,
     }
 
 
@@ -221,11 +225,17 @@ def print_status(doc: dict) -> None:
         print()
         print_table(["topic", "partition", "leader", "replicas"],
                     [[u["topic"], u["partition"], u["leader"], ",".join(map(str, u["replicas"]))] for u in doc["unavailable"]],
-                    title=f"{_n(len(doc['unavailable']), 'partition')} unavailable (no live leader: replication factor 1, "
-                          "they come back with their broker)")
+                    title=f"{_n(len(doc['unavailable']), 'partition')} unavailable (no live leader: they come back with "
+                          "their broker)")
     elif doc["partitions"]:
         n = len(doc["partitions"])
         print(f"\nall {n} partitions have a live leader" if n > 1 else "\nthe one partition has a live leader")
+    if doc.get("under_replicated"):
+        print()
+        print_table(["topic", "partition", "leader", "replicas", "isr"],
+                    [[u["topic"], u["partition"], u["leader"], ",".join(map(str, u["replicas"])), ",".join(map(str, u["isr"]))]
+                     for u in doc["under_replicated"]],
+                    title=f"{_n(len(doc['under_replicated']), 'partition')} under-replicated (fewer in-sync replicas than replicas)")
 
 
 # --- dev-cluster ---------------------------------------------------------------------------------

@@ -8,19 +8,24 @@ only): every batch as the leader's, but for the topic id its stamp carries (each
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 
 from tailrace.client import protocol as P
 from tailrace.client.admin import Admin
 from tailrace.client.connection import Connection
-from tailrace.client.errors import InvalidRequestError
+from tailrace.client.consumer import Consumer
+from tailrace.client.errors import InvalidRequestError, NotEnoughReplicasError
 from tailrace.client.producer import Producer
 from tailrace.client.records import LENGTH, STAMP_AT, align8
 from tailrace.cluster.metadata import read_assignments
 
 from ..helpers import hard_kill_all
 from .conftest import wait_until
-from .test_cluster_cli import tailrace
+from .test_cluster_cli import status_json, tailrace
 from .harness import cluster_fixture
 
 _fetch_reply = P.decoder(P.FetchReply)
@@ -106,6 +111,9 @@ def test_replicas_on_distinct_brokers_copy_the_leader_s_batches_and_catch_up_aft
         assert ",".join(map(str, a.replicas)) in line and str(a.leader) in line, line
 
     assert produce(c.bootstrap(0), "copies", 3, 200, b"first") == 600
+    for a in assigned:  # acks=durable on a replicated partition: synced on min.insync.replicas (2) replicas when answered
+        held = [b for b in a.replicas if b != a.leader and read_copy(c.brokers[b], "copies", a.partition)[1] == 200]
+        assert held, f"partition {a.partition}: no follower held the durable records when they were acknowledged"
     assert wait_until(lambda: copies_match(c, "copies", 3, 200), 20), "followers did not copy the leaders' batches"
     st = c.status(0)["cluster"]["replication"]
     assert st["following"] == 2 and st["records_copied"] == 400 and st["not_copying"] == []
@@ -133,3 +141,88 @@ def test_replicas_on_distinct_brokers_copy_the_leader_s_batches_and_catch_up_aft
                 return False
         return True
     assert wait_until(caught_up, 30), "the restarted follower did not catch up from its own log end"
+
+
+def isr_of(c, topic: str, partition: int) -> list[int]:
+    current, _ = read_assignments(c.etcd, c.keys, topic)
+    return sorted(current[(topic, partition)][0].isr)
+
+
+def consumed(bootstrap: str, topic: str, seconds: float) -> list:
+    with Consumer(bootstrap, max_wait_ms=100) as c:
+        c.assign(topic, start="earliest")
+        got, until = [], time.monotonic() + seconds
+        while time.monotonic() < until:
+            got += c.poll(100)
+        return got
+
+
+def test_acks_all_waits_for_the_isr_consumers_stop_at_the_high_watermark_and_the_isr_shrinks_and_grows(
+        make_cluster, etcd_server):
+    c = make_cluster(etcd_server.endpoint, replica_lag_time_max_ms=1500)
+    with Admin(c.bootstrap(0)) as a:
+        a.create_topic("all", 1, replication_factor=3)  # min.insync.replicas: 2 by default
+    current, _ = read_assignments(c.etcd, c.keys, "all")
+    leader = current[("all", 0)][0].leader
+    controller = c.controller()[0]
+    followers = [b for b in range(3) if b != leader]
+    followers.sort(key=lambda b: b == controller)  # the first one stopped is not the controller if it can be helped
+    boot = c.bootstrap(leader)
+    # acks=all: once acknowledged, every in-sync replica holds the records (no waiting here)
+    with Producer(boot, acks="all") as p:
+        for i in range(100):
+            p.send("all", b"a%d" % i, partition=0)
+        assert p.flush(20_000) == 100
+    leader_copy = read_copy(c.brokers[leader], "all", 0)
+    assert leader_copy[1] == 100
+    for b in followers:
+        assert read_copy(c.brokers[b], "all", 0) == leader_copy, f"broker {b} lacks acknowledged records"
+
+    # one follower stops fetching (its router paused): the high watermark stays where the ISR is,
+    # so what the leader alone holds is not served ...
+    paused = c.brokers[followers[0]].pids()["router"]
+    os.kill(paused, signal.SIGSTOP)
+    try:
+        with Producer(boot, acks="memory") as p:
+            for i in range(10):
+                p.send("all", b"m%d" % i, partition=0)
+            assert p.flush(10_000) == 10
+        seen = consumed(boot, "all", 0.3)
+        assert len(seen) == 100 or isr_of(c, "all", 0) == sorted([leader, followers[1]]), \
+            f"{len(seen)} records served past the high watermark while the ISR was {isr_of(c, 'all', 0)}"
+        # ... until the follower has lagged replica.lag.time.max.ms: it leaves the ISR, and acks=all
+        # and reads go on with the two left (min.insync.replicas=2)
+        assert wait_until(lambda: isr_of(c, "all", 0) == sorted([leader, followers[1]]), 15), isr_of(c, "all", 0)
+        doc = status_json(etcd_server.endpoint, c.name)  # `tailrace cluster status`: Kafka's under-replicated partitions
+        assert [(u["topic"], u["partition"], sorted(u["isr"])) for u in doc["under_replicated"]] == \
+            [("all", 0, sorted([leader, followers[1]]))], doc["under_replicated"]
+        with Producer(boot, acks="all") as p:
+            for i in range(50):
+                p.send("all", b"b%d" % i, partition=0)
+            assert p.flush(20_000) == 50
+        assert len(consumed(boot, "all", 1.0)) == 160
+        # a second follower gone: fewer in-sync replicas than min.insync.replicas, acks=all refused
+        os.kill(c.brokers[followers[1]].pids()["router"], signal.SIGSTOP)
+        try:
+            assert wait_until(lambda: isr_of(c, "all", 0) == [leader], 15), isr_of(c, "all", 0)
+            with Producer(boot, acks="all", delivery_timeout_ms=1500) as p:
+                p.send("all", b"refused", partition=0)
+                with pytest.raises(NotEnoughReplicasError, match="fewer than min.insync.replicas=2"):
+                    p.flush(10_000)
+        finally:
+            os.kill(c.brokers[followers[1]].pids()["router"], signal.SIGCONT)
+    finally:
+        os.kill(paused, signal.SIGCONT)
+    # both back: they catch up from where they stopped and rejoin the ISR
+    assert wait_until(lambda: isr_of(c, "all", 0) == [0, 1, 2], 30), isr_of(c, "all", 0)
+    with Producer(boot, acks="all") as p:
+        for i in range(20):
+            p.send("all", b"c%d" % i, partition=0)
+        assert p.flush(20_000) == 20
+    leader_copy = read_copy(c.brokers[leader], "all", 0)
+    assert leader_copy[1] == 180
+    for b in followers:
+        assert read_copy(c.brokers[b], "all", 0) == leader_copy
+    values = [r.value for r in consumed(boot, "all", 1.0)]
+    assert values == ([b"a%d" % i for i in range(100)] + [b"m%d" % i for i in range(10)] + [b"b%d" % i for i in range(50)]
+                      + [b"c%d" % i for i in range(20)])

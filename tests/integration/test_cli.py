@@ -75,7 +75,8 @@ CASES = [
     (["produce", TOPIC, "--key-separator", ":"], b"k1:v1\nnokey\n", 1, b"", b"line 2 has no key separator"),
     (["produce", TOPIC, "--partition", "7"], b"a\n", 1, b"", b"no partition 7"),
     (["produce", "nope"], b"a\n", 1, b"", b"UNKNOWN_TOPIC"),
-    (["produce", TOPIC, "--acks", "all"], b"", 2, b"", b"invalid choice"),
+    (["produce", TOPIC, "--acks", "most"], b"", 2, b"", b"invalid choice"),
+    (["produce", TOPIC, "--acks", "all"], b"f\n", 0, b"", b"produced 1 message"),  # one replica: its leader is its ISR
     # consume
     (["consume", TOPIC, "--timeout-ms", "300", "--partition", "7"], b"", 1, b"", b"no partition 7"),
     (["consume", TOPIC, "--from", "nope"], b"", 2, b"", b"--from"),

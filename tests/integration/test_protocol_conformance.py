@@ -239,14 +239,14 @@ def test_a_topic_over_200_bytes_gets_invalid_request_with_the_topic_left_out_of_
 # --- sections 4.1 and 6: acks ----------------------------------------------------------------------
 
 
-def test_acks_other_than_0_1_2_get_invalid_request_and_nothing_is_appended(router):
+def test_acks_other_than_0_1_2_3_get_invalid_request_and_nothing_is_appended(router):
     create_topic(router, "acks")
     batch = encode_batch([b"never"] * 3)
     produce(router, "acks", encode_batch([b"first"]))  # adopted, so the worker can be asked directly too
     worker = Wire(described(router, "acks").endpoint)
     try:
         for wire in (router, worker):
-            for acks in (3, 255, -1):
+            for acks in (4, 255, -1):
                 code, message = error(wire, [routing(P.Op.PRODUCE, "acks", 0), P.encode(P.ProduceRequest(acks=acks)), batch])
                 assert code == E.INVALID_REQUEST, f"acks={acks}: got {E(code).name} ({message})"
                 assert f"acks={acks}" in message
