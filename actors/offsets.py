@@ -17,6 +17,7 @@ from tailrace.shm.ring import ControlTable
 
 _list_offsets_dec = ops.DECODERS[P.Op.LIST_OFFSETS]
 _WRITE, _FLUSHED_POS = COL["write_position"], COL["flushed_position"]
+_REPLICATED_HW = COL["replicated_hw"]
 
 
 class OffsetsContext:
@@ -51,7 +52,9 @@ def list_offsets(ctx: OffsetsContext, ident, assign, topic, partition, rest, who
         plog = PartitionLog(rows[slot], ctx.data_dir, slot, ctx.journal)
         try:
             row = plog.row
-            po = P.PartitionOffsets(p, plog.log_start_offset, plog.high_watermark, plog.durable_watermark,
+            replicated = int(row[_REPLICATED_HW])  # a replicated partition led here: its high watermark + 1
+            po = P.PartitionOffsets(p, plog.log_start_offset, replicated - 1 if replicated else plog.high_watermark,
+                                    plog.durable_watermark,
                                     int(row[_WRITE] - row[_FLUSHED_POS]), int(row[_WRITE]))
             if ts_ms >= 0:
                 tail = lambda slot=slot, p=p: ctx.ring_tail(slot, entry.topic_id, p)  # noqa: E731

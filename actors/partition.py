@@ -291,6 +291,14 @@ class PartitionActor:
             return row.next_offset
         return repl.hw_at(row.next_offset)
 
+    def publish_hw(self) -> None:
+        """Store a replicated partition's high watermark in its row (+1; 0: not replicated), where
+        LIST_OFFSETS, served by any worker, reads it (actors/offsets.py)."""
+        row = self.owner_row
+        value = 0 if self.repl is None else self.repl.hw_at(row.next_offset) + 1
+        if row.replicated_hw != value:
+            row.replicated_hw = value
+
     def read(self, offset: int, max_bytes: int, max_records: int, isolation: str) -> FetchResult:
         """Serve a fetch here and now, from the ring or (below it) the journal."""
         res = self.read_cached(offset, max_bytes, max_records, isolation)

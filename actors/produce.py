@@ -132,6 +132,8 @@ def _appended(ctx: ProduceContext, actor, size: int, count: int) -> None:
     traffic.totals[0] += count
     traffic.totals[1] += size
     turn.unkicked_bytes += size
+    if actor.repl is not None:  # an ISR of the leader alone: its high watermark follows its appends
+        actor.publish_hw()
 
 
 def replica_append(ctx: ProduceContext, ident, assign, topic, partition, rest, who, reply) -> None:
@@ -146,6 +148,7 @@ def replica_append(ctx: ProduceContext, ident, assign, topic, partition, rest, w
     if actor.repl is not None:  # it led here, and follows now: what waited on its followers is not known to be replicated
         fail_waiters(ctx, actor, P.ErrorCode.NOT_LEADER_OR_FOLLOWER, "this broker no longer leads the partition")
         actor.repl = None
+        actor.publish_hw()
     row = actor.owner_row
     before = row.next_offset
     body = rest[2]

@@ -153,6 +153,7 @@ def leader_and_isr(ctx: ReplicationContext, ident, assign, topic, partition, res
         actor.repl.update(req, now)
     actor.leader_epoch = req.leader_epoch  # stamped into every batch it appends from now
     moved(ctx.turn, actor)  # an ISR that shrank may let the watermarks move
+    actor.publish_hw()
     reply(P.ErrorCode.OK, P.Empty())
 
 
@@ -172,4 +173,5 @@ def follower_fetch(turn: Turn, actor, req: P.FetchRequest, who: str | None) -> s
     if repl is not None and repl.fetched(req.replica, req.offset, req.replica_durable, actor.owner_row.next_offset,
                                          time.monotonic_ns()):
         moved(turn, actor)
+        actor.publish_hw()
     return None

@@ -92,7 +92,8 @@ ROW_FIELDS = [
     "slot", "topic_id", "partition", "active", "ring_bytes", "desc_capacity", "log_start_offset", "_r0",
     # line 1: the owning actor
     "owner_epoch", "write_position", "next_offset", "desc_head", "desc_tail", "ring_start_offset",
-    "_r1a", "_r1",  # _r1a (byte 112) was durable_wanted, never used: reserved, zero
+    "_r1a",  # _r1a (byte 112) was durable_wanted, never used: reserved, zero
+    "replicated_hw",  # a replicated partition's high watermark + 1 (0: not replicated, the log end is it)
     # line 2: the flusher
     "flushed_desc", "flushed_position", "flushed_offset", "durable_offset", "io_error", "_r2", "_r3", "_r4",
 ]

@@ -94,6 +94,7 @@ class RowView:
     desc_head = _field("desc_head", False)
     desc_tail = _field("desc_tail", False)
     ring_start_offset = _field("ring_start_offset", False)
+    replicated_hw = _field("replicated_hw", False)
     # line 2: the flusher
     flushed_desc = _field("flushed_desc", False)
     flushed_position = _field("flushed_position", False)
@@ -113,6 +114,7 @@ class OwnerRow(RowView):
     desc_head = _field("desc_head", True)
     desc_tail = _field("desc_tail", True)
     ring_start_offset = _field("ring_start_offset", True)
+    replicated_hw = _field("replicated_hw", True)
 
     def init_identity(self, slot: int, topic_id: int, partition: int, ring_bytes: int, desc_capacity: int) -> None:
         """Describe a partition created after boot in a row no one uses yet (``active`` is 0:

@@ -188,8 +188,10 @@ def test_acks_all_waits_for_the_isr_consumers_stop_at_the_high_watermark_and_the
                 p.send("all", b"m%d" % i, partition=0)
             assert p.flush(10_000) == 10
         seen = consumed(boot, "all", 0.3)
-        assert len(seen) == 100 or isr_of(c, "all", 0) == sorted([leader, followers[1]]), \
-            f"{len(seen)} records served past the high watermark while the ISR was {isr_of(c, 'all', 0)}"
+        with Admin(boot) as a:
+            listed = a.list_offsets("all")[0].high_watermark
+        assert (len(seen), listed) == (100, 100) or isr_of(c, "all", 0) == sorted([leader, followers[1]]), \
+            f"{len(seen)} records served, high watermark {listed}, past the ISR's while it was {isr_of(c, 'all', 0)}"
         # ... until the follower has lagged replica.lag.time.max.ms: it leaves the ISR, and acks=all
         # and reads go on with the two left (min.insync.replicas=2)
         assert wait_until(lambda: isr_of(c, "all", 0) == sorted([leader, followers[1]]), 15), isr_of(c, "all", 0)
@@ -221,6 +223,9 @@ def test_acks_all_waits_for_the_isr_consumers_stop_at_the_high_watermark_and_the
         assert p.flush(20_000) == 20
     leader_copy = read_copy(c.brokers[leader], "all", 0)
     assert leader_copy[1] == 180
+    for b in range(3):  # any broker lists the leader's high watermark
+        with Admin(c.bootstrap(b)) as a:
+            assert wait_until(lambda: a.list_offsets("all")[0].high_watermark == 180, 5)
     for b in followers:
         assert read_copy(c.brokers[b], "all", 0) == leader_copy
     values = [r.value for r in consumed(boot, "all", 1.0)]
