@@ -72,7 +72,7 @@ def produce(ctx: ProduceContext, ident, assign, topic, partition, rest, who, rep
         head = P.pack_routing(P.Op.PRODUCE, partition, _request_id(rest[0]), topic)
         ctx.out.count(P.Op.PRODUCE, P.ErrorCode.OK)
         ctx.out.send_after([*ident, head, P.encode(P.ProduceReply(base, count, t, hold_ms))], hold_ms)
-    else:  # durable: once synced (on min.insync.replicas replicas when replicated); all: once the high watermark covers it
+    else:  # durable: once synced (here and on every in-sync follower when replicated); all: once the high watermark covers it
         head = P.pack_routing(P.Op.PRODUCE, partition, _request_id(rest[0]), topic)
         due = time.monotonic_ns() + hold_ms * 1_000_000 if hold_ms else 0
         waiting = (base + count, [*ident, head, P.encode(P.ProduceReply(base, count, t, hold_ms))], due)
@@ -286,7 +286,7 @@ class MultiPart:
 
 def release_durable(ctx: ProduceContext) -> None:
     """Answer the durable waiters the row's ``durable_offset`` now covers (on a replicated
-    partition: synced here and on min.insync.replicas - 1 followers), and the acks=all waiters
+    partition: synced here and on every in-sync follower), and the acks=all waiters
     its high watermark covers; once the journal failed, every durable waiter (STORAGE_UNAVAILABLE
     for those not synced)."""
     actors, waiting = ctx.owned.actors, ctx.turn.waiting_slots
@@ -299,7 +299,7 @@ def release_durable(ctx: ProduceContext) -> None:
         durable = actor.log.durable_watermark
         repl = actor.repl
         if repl is not None:
-            durable = repl.durable_ack_mark(durable)
+            durable = repl.durable_hw_at(durable)
             if actor.hw_waiters:
                 _release(ctx, actor.hw_waiters, actor.watermark("memory"), False)
         if actor.durable_waiters:

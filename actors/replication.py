@@ -13,8 +13,9 @@ then on the actor has a ``Replication``:
 - **High watermark** = the least log end over the in-sync replicas (the leader's own included),
   never lower than it was: what every ISR member holds. Consumers read up to it (memory
   isolation); acks=all is answered once it covers the batch. **Durable high watermark** = the
-  least synced end over the ISR: what durable-isolation consumers read up to. acks=durable is
-  answered once the batch is synced on the leader and on ``min.insync.replicas`` - 1 followers.
+  least synced end over the ISR: what durable-isolation consumers read up to, and what acks=durable
+  waits for: synced on the leader and on every in-sync follower (at least min.insync.replicas - 1
+  of them, else refused), since a new leader may be any ISR member.
   Both count the union of the ISR and the one proposed while a change is pending (a joining
   follower counts from the moment it is proposed, a leaving one until etcd has it).
 - **ISR** (``wanted_isr``, asked on every PING): the leader, and every follower that has been
@@ -97,14 +98,6 @@ class Replication:
         if low > self._durable_hw:
             self._durable_hw = low
         return self._durable_hw
-
-    def durable_ack_mark(self, own_durable: int) -> int:
-        """What a durable ack may cover: synced here and on min.insync.replicas - 1 followers."""
-        need = self.min_isr - 1
-        if need <= 0:
-            return own_durable
-        synced = sorted((self.durables.get(b, -1) for b in self.counted()), reverse=True)
-        return min(own_durable, synced[need - 1]) if len(synced) >= need else -1
 
     def fetched(self, broker: int, offset: int, durable: int, log_end: int, now_ns: int) -> bool:
         """A follower's FETCH: where it ends and what it synced. False if it is no replica of ours."""

@@ -162,7 +162,7 @@ class AlterConfigsRequest(msgspec.Struct):
 class Acks(enum.IntEnum):
     NONE = 0  # no reply at all (one-way)
     MEMORY = 1  # replied once the batch is in the shared-memory ring
-    DURABLE = 2  # replied once the flusher's fsync covers the batch (a replicated partition: on min.insync.replicas replicas)
+    DURABLE = 2  # replied once the flusher's fsync covers the batch (a replicated partition: on every in-sync replica)
     ALL = 3  # replied once every in-sync replica holds the batch (the high watermark covers it; Kafka's acks=all)
 
 

@@ -377,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="send every message to this partition (default: by key hash, else round robin)")
     pr.add_argument("--acks", default="memory", choices=["none", "memory", "durable", "all"],
                     help="none: no reply; memory: acked once in the broker's memory; durable: once fsynced to disk (on "
-                         "min.insync.replicas replicas of a replicated partition); all: once every in-sync replica holds it")
+                         "every in-sync replica of a replicated partition); all: once every in-sync replica holds it")
     pr.add_argument("--linger-ms", type=console.float_above(0.0, or_equal=True, maximum=60_000.0), default=5.0,
                     help="a line waits at most this long for others to share its batch")
     pr.add_argument("--header", type=console.parse_header, action="append", default=None, metavar="KEY=VALUE",

@@ -26,14 +26,15 @@ def test_the_high_watermark_is_the_least_log_end_over_the_isr_and_never_goes_bac
     assert not r.fetched(0, 100, 100, 100, 2 * MS)  # the leader itself
 
 
-def test_durable_acks_need_min_isr_replicas_synced_and_the_isr_must_be_big_enough():
+def test_durable_acks_need_every_isr_replica_synced_and_the_isr_must_be_big_enough():
     r = leader(min_isr=2)
     r.fetched(1, 80, 30, 100, 0)
     r.fetched(2, 90, 70, 100, 0)
-    assert r.durable_ack_mark(100) == 70  # the leader and one follower (the best synced)
-    assert r.durable_ack_mark(50) == 50  # never past the leader's own sync
-    assert leader(min_isr=3).durable_ack_mark(100) == -1  # no follower has synced anything yet
-    assert leader(min_isr=1).durable_ack_mark(100) == 100
+    assert r.durable_hw_at(100) == 30  # synced on the leader and every in-sync follower
+    r.fetched(1, 100, 100, 100, 0)
+    assert r.durable_hw_at(100) == 70 and r.durable_hw_at(50) == 70  # never back
+    assert leader(min_isr=3).durable_hw_at(100) == 0  # no follower has synced anything yet
+    assert leader(isr=(0,), min_isr=1).durable_hw_at(100) == 100
     assert not leader(isr=(0, 1), min_isr=2).short() and leader(isr=(0,), min_isr=2).short()
 
 
