@@ -77,6 +77,14 @@ PROCESS_METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "worker_up": ("gauge", ("worker",), "1 if the worker answers heartbeats."),
     "partition_owner_worker": ("gauge", ("topic", "partition"), "The worker that owns the partition."),
     "clients_connected": ("gauge", (), "Client connections to the router."),
+    "replica_isr_size": ("gauge", ("topic", "partition"), "Cluster: in-sync replicas of a replicated partition this broker leads."),
+    "replica_under_replicated": ("gauge", ("topic", "partition"),
+                                 "Cluster: 1 if a replicated partition this broker leads has fewer in-sync replicas than replicas."),
+    "replica_follower_lag_records": ("gauge", ("topic", "partition"),
+                                     "Cluster: records this broker's copy of a partition it follows is behind the leader's high watermark."),
+    "replica_follower_lag_seconds": ("gauge", ("topic", "partition"),
+                                     "Cluster: seconds since this broker's copy of a partition it follows last reached the leader's high watermark."),
+    "replica_leader_changes": ("counter", (), "Cluster: leader changes of partitions this broker holds a replica of, as its view saw them."),
     "group_committed_offset": ("gauge", ("topic", "partition", "group"), "The group's committed offset of the partition."),
 }
 EXIT_NO_PORT = 2  # listed in supervisord.conf's exitcodes: not restarted in a loop

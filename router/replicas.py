@@ -62,6 +62,8 @@ class Follow:
     rid: int = 0  # the request id of the question out
     since: float = 0.0  # monotonic time it went out
     durable: int = -1  # what the local copy has synced
+    leader_hw: int = -1  # the leader's high watermark as its last fetch reply said
+    caught_at: float = 0.0  # monotonic time the copy last reached it
     fetched: int = 0  # records taken from the leader since this broker started following
     failures: int = 0  # answers that were not OK in a row
     said: str = ""  # the last refusal logged (each new one is logged once)
@@ -74,15 +76,24 @@ class ReplicaFetcher:
         self.send_internal, self.next_id, self.mirror = send_internal, next_id, mirror
         self.follows: dict[tuple[bytes, int], Follow] = {}
         self.local: dict[int, Follow] = {}  # request id -> the partition of a REPLICA_APPEND out
+        self.leaders_seen: dict[tuple[bytes, int], int] = {}  # partitions with a replica here -> their leader
+        self.leader_changes = 0
 
     # --- which partitions ------------------------------------------------------------------
     def refresh(self) -> None:
         agent = self.agent
         me, live = agent.me, agent.brokers
-        want = {}
+        want, seen = {}, {}
         for key, a in agent.assignments.items():
-            if a.leader != me and a.leader in live and me in a.replicas:
+            if me not in a.replicas:
+                continue
+            seen[key] = a.leader
+            before = self.leaders_seen.get(key)
+            if before is not None and before != a.leader:
+                self.leader_changes += 1
+            if a.leader != me and a.leader in live:
                 want[key] = a
+        self.leaders_seen = seen
         for key in [k for k in self.follows if k not in want]:
             f = self.follows.pop(key)
             log.info("partition %s/%d: no longer followed here (at %d)", f.topic.decode(), f.partition, f.end)
@@ -161,8 +172,12 @@ class ReplicaFetcher:
             return
         f.failures = 0
         body = frames[2] if len(frames) > 2 else b""
+        info = _fetch_reply.decode(frames[1])
+        f.leader_hw = info.high_watermark
+        if f.end >= f.leader_hw:
+            f.caught_at = now
         if len(body):
-            f.fetched += max(0, _fetch_reply.decode(frames[1]).next_offset - f.end)
+            f.fetched += max(0, info.next_offset - f.end)
             self._append(f, body, now)
         else:
             self._fetch(f, now)
@@ -181,6 +196,30 @@ class ReplicaFetcher:
             log.log(level, "partition %s/%d at %d: %s refused: %s", f.topic.decode(), f.partition, f.end, what, said)
         if code == P.ErrorCode.OFFSET_OUT_OF_RANGE and what.startswith("append"):
             f.end = -1  # ask the local end again
+
+    def stats(self, catalog) -> tuple[dict, dict]:
+        """Gauges and counters for the metrics exporter (ops/metrics.py), keyed by slot: the ISR
+        of each replicated partition led here, and each followed partition's lag."""
+        agent, now = self.agent, time.monotonic()
+        isr, under, lag, lag_s = {}, {}, {}, {}
+
+        def slot_of(topic: bytes, p: int) -> str | None:
+            entry = catalog.get(topic.decode())
+            return str(entry.slots[p]) if entry is not None and p < len(entry.slots) else None
+
+        for (topic, p), a in agent.assignments.items():
+            if a.leader == agent.me and len(a.replicas) > 1:
+                slot = slot_of(topic, p)
+                if slot is not None:
+                    isr[slot], under[slot] = len(a.isr), int(len(a.isr) < len(a.replicas))
+        for f in self.follows.values():
+            slot = slot_of(f.topic, f.partition)
+            if slot is not None and f.end >= 0 and f.leader_hw >= 0:
+                lag[slot] = max(0, f.leader_hw - f.end)
+                lag_s[slot] = 0.0 if f.end >= f.leader_hw else round(now - f.caught_at, 3) if f.caught_at else -1.0
+        gauges = {"replica_isr_size": isr, "replica_under_replicated": under, "replica_follower_lag_records": lag,
+                  "replica_follower_lag_seconds": lag_s}
+        return gauges, {"replica_leader_changes": {"": self.leader_changes}}
 
     def status(self) -> dict:
         """What STATUS shows of the copies: partitions followed, and those not copying now."""

@@ -246,6 +246,7 @@ class Router:
         self.groups.attach_cluster(agent, peers)
         self.replicas = agent.fetcher = ReplicaFetcher(agent, peers, self.send_internal, self.next_internal_id,
                                                        partial(topics.mirror_topic, self.topic_ctx))
+        self.status_ctx.replicas = self.replicas
         self.leaders = LeaderDuties(agent, self.placement, self.catalog, self.send_internal,
                                     lambda w: self.traffic.current.get(w, (0,))[0], self.s.replica_lag_time_max_ms)
 

@@ -40,6 +40,7 @@ class StatusContext:
     forwarded: Callable[[], int]  # produce and fetch requests forwarded to workers so far
     clients: Callable[[], int]  # client connections to the front socket now
     cluster: object | None = None  # --cluster: the ClusterAgent (router/cluster_agent.py)
+    replicas: object | None = None  # --cluster: the ReplicaFetcher (router/replicas.py)
 
 
 def status(ctx: StatusContext, req: Request) -> None:
@@ -101,7 +102,12 @@ def stats_parts(ctx: StatusContext) -> tuple[dict, dict, dict]:
         "partition_owner_worker": {str(slot): w for slot, w in scheduler.owner.items()},
         "clients_connected": {"": ctx.clients()},
     }
-    return {"worker_restarts": {str(w): n for w, n in ctx.traffic.restarts.items()}}, gauges, {}
+    counters = {"worker_restarts": {str(w): n for w, n in ctx.traffic.restarts.items()}}
+    if ctx.replicas is not None:  # a cluster: router/replicas.py
+        g, c = ctx.replicas.stats(ctx.catalog)
+        gauges.update(g)
+        counters.update(c)
+    return counters, gauges, {}
 
 
 # op -> handler(ctx, req): the broker admin rows of client/ops.py SPEC served by the router

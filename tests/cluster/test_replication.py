@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.request
 
 import pytest
 
@@ -158,6 +159,11 @@ def consumed(bootstrap: str, topic: str, seconds: float) -> list:
         return got
 
 
+def metrics(c, b: int) -> str:
+    with urllib.request.urlopen(c.brokers[b].metrics_url, timeout=10) as r:
+        return r.read().decode()
+
+
 def test_acks_all_waits_for_the_isr_consumers_stop_at_the_high_watermark_and_the_isr_shrinks_and_grows(
         make_cluster, etcd_server):
     c = make_cluster(etcd_server.endpoint, replica_lag_time_max_ms=1500)
@@ -196,6 +202,8 @@ def test_acks_all_waits_for_the_isr_consumers_stop_at_the_high_watermark_and_the
         # ... until the follower has lagged replica.lag.time.max.ms: it leaves the ISR, and acks=all
         # and reads go on with the two left (min.insync.replicas=2)
         assert wait_until(lambda: isr_of(c, "all", 0) == sorted([leader, followers[1]]), 15), isr_of(c, "all", 0)
+        assert wait_until(lambda: 'tailrace_replica_under_replicated{partition="0",topic="all"} 1.0' in metrics(c, leader), 10), \
+            metrics(c, leader)
         doc = status_json(etcd_server.endpoint, c.name)  # `tailrace cluster status`: Kafka's under-replicated partitions
         assert [(u["topic"], u["partition"], sorted(u["isr"])) for u in doc["under_replicated"]] == \
             [("all", 0, sorted([leader, followers[1]]))], doc["under_replicated"]
@@ -224,6 +232,11 @@ def test_acks_all_waits_for_the_isr_consumers_stop_at_the_high_watermark_and_the
         assert p.flush(20_000) == 20
     leader_copy = read_copy(c.brokers[leader], "all", 0)
     assert leader_copy[1] == 180
+    # the metrics: the leader's ISR size, each follower's lag (none now), the leader changes seen
+    assert wait_until(lambda: 'tailrace_replica_isr_size{partition="0",topic="all"} 3.0' in metrics(c, leader), 10)
+    for b in followers:
+        assert wait_until(lambda b=b: 'tailrace_replica_follower_lag_records{partition="0",topic="all"} 0.0'
+                          in metrics(c, b), 10), metrics(c, b)
     for b in range(3):  # any broker lists the leader's high watermark
         with Admin(c.bootstrap(b)) as a:
             assert wait_until(lambda: a.list_offsets("all")[0].high_watermark == 180, 5)
