@@ -128,3 +128,29 @@ def test_the_cluster_bench_loads_metadata_and_times_a_broker_and_a_controller_de
     assert f["notes"] == [], f
     assert 0 < f["broker_death_to_unavailable_s"]["median"] < 2 + 3
     assert 0 < f["controller_death_to_new_controller_s"]["median"] < 2 + 3
+
+
+def test_the_replication_bench_produces_with_every_acks_level_and_times_a_follower_s_catch_up():
+    """bench/replication_bench.py (docs/BENCHMARKS.md "Replication (issue 34)") end to end, tiny,
+    on three brokers: acks=all leaves every record on all three, the 64 durable single senders
+    get every answer OK, and a follower whose router was paused copies nothing meanwhile and then
+    catches up to exactly the leaders' ends."""
+    pytest.importorskip("etcd3gw")
+    from tailrace.cluster.etcd_server import etcd_binary
+    try:
+        etcd_binary()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    from tailrace.bench import replication_bench
+    out = replication_bench.main(["--messages", "20000", "--rounds", "1", "--single-seconds", "1",
+                                  "--catchup-messages", "20000"])
+    modes = out["produce"]["modes"]
+    assert set(modes) == {"all/RF3", "memory/RF1", "durable/RF3"}
+    assert modes["all/RF3"]["runs"][0]["held_by_broker"] == [20000] * 3
+    assert all(r > 0 for r in out["produce"]["ratio_to_memory_rf1"].values())
+    for rf in ("RF3", "RF1"):
+        s = out["single"][rf]
+        assert s["errors"] == 0 and s["acked"] == s["sent"] > 0, s
+    k = out["catchup"]
+    assert "error" not in k, k
+    assert k["copied_while_paused"] == 0 and k["behind_at_resume"] == 20000 and k["records_per_s"] > 0
