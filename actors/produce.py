@@ -139,8 +139,8 @@ def _appended(ctx: ProduceContext, actor, size: int, count: int) -> None:
 def replica_append(ctx: ProduceContext, ident, assign, topic, partition, rest, who, reply) -> None:
     """REPLICA_APPEND (router -> worker, a cluster's follower; router/replicas.py): the batches
     the partition's leader sent, appended as the leader stored them (``append_replica``); the
-    reply says where this copy's log ends now, sent once the flusher has synced it (an empty body
-    only asks, and is answered at once)."""
+    reply says where this copy's log ends now and what of it is synced (an empty body only asks;
+    with ``wait_sync`` it is answered once all of it is synced)."""
     req = _replica_dec.decode(rest[1])
     actor = ctx.owned.actor_for(assign, topic, partition, reply)
     if actor is None:
@@ -156,15 +156,15 @@ def replica_append(ctx: ProduceContext, ident, assign, topic, partition, rest, w
     added = row.next_offset - before
     if added:
         _appended(ctx, actor, len(body), added)
+        ctx.turn.durable_added = True  # a copy is synced at once: the leader's durable watermark waits on it
     if code != P.ErrorCode.OK:
         if code == P.ErrorCode.BACKPRESSURE:
             ctx.turn.unkicked_bytes = KICK_MIN_BYTES
         return reply(code, P.ErrorReply(message, log_start_offset=row.log_start_offset, high_watermark=row.next_offset))
     log_start, end, durable = actor.log.offsets()
-    if durable >= end:
+    if not req.wait_sync or durable >= end:
         return reply(P.ErrorCode.OK, P.ReplicaAppendReply(end, durable, log_start, req.leader_epoch))
-    # answered once synced: the follower's next FETCH then tells the leader it holds all of it on disk,
-    # and the leader counts it toward its watermarks only then (reference/REPLICATION.md 2.2, point 6)
+    # asked to wait: answered as a durable ack is, once the flusher's sync covers the copy's end
     head = P.pack_routing(P.Op.REPLICA_APPEND, partition, _request_id(rest[0]), topic)
     actor.durable_waiters.append((end, [*ident, head, P.encode(P.ReplicaAppendReply(end, end, log_start, req.leader_epoch))], 0))
     ctx.turn.waiting_slots.add(actor.slot)

@@ -298,6 +298,7 @@ class ReplicaAppendRequest(msgspec.Struct, omit_defaults=True):
     FETCH returned them (empty: only say where the copy ends)."""
     leader: int = -1  # the broker the batches came from
     leader_epoch: int = 0  # its leader epoch when the follower asked
+    wait_sync: bool = False  # with no batches: answer once the copy is synced to its end (router/replicas.py)
 
 
 class ReplicaAppendReply(msgspec.Struct):

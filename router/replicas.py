@@ -7,8 +7,12 @@ question at a time. First a REPLICA_APPEND with no batches asks the local worker
 ends (it adopts the partition on the router's word, as for any request); then a FETCH to the
 leader's router (``PeerLinks``, the brokers' own link: ``broker/<id>`` under ``--auth curve``)
 from that offset, long-polled (``FETCH_WAIT_MS``); its batches go to the local worker in one
-REPLICA_APPEND (actors/partition.py ``append_replica``), whose reply gives the new end, and the
-next FETCH goes out at once. The copy goes through this broker's own ring, flusher and journal,
+REPLICA_APPEND (actors/partition.py ``append_replica``), whose reply gives the new end and what
+of the copy is synced, and the next FETCH goes out at once, telling the leader both. Beside it,
+while the copy is not all synced, one REPLICA_APPEND with ``wait_sync`` waits at the worker for
+the flusher's sync, and its answer goes to the leader at once in a FETCH of its own (answered at
+once and not read), so the leader's durable watermark follows the follower's flusher within a
+hop. The copy goes through this broker's own ring, flusher and journal,
 so it is as durable here as anything produced here.
 
 Which partitions: those whose assignment lists this broker among its replicas with another, live,
@@ -63,6 +67,8 @@ class Follow:
     since: float = 0.0  # monotonic time it went out
     durable: int = -1  # what the local copy has synced
     leader_hw: int = -1  # the leader's high watermark as its last fetch reply said
+    syncing: int = 0  # the request id of a REPLICA_APPEND waiting for the sync (0: none)
+    sync_since: float = 0.0
     caught_at: float = 0.0  # monotonic time the copy last reached it
     fetched: int = 0  # records taken from the leader since this broker started following
     failures: int = 0  # answers that were not OK in a row
@@ -76,6 +82,7 @@ class ReplicaFetcher:
         self.send_internal, self.next_id, self.mirror = send_internal, next_id, mirror
         self.follows: dict[tuple[bytes, int], Follow] = {}
         self.local: dict[int, Follow] = {}  # request id -> the partition of a REPLICA_APPEND out
+        self.syncs: dict[int, Follow] = {}  # request id -> the partition of a sync wait out
         self.leaders_seen: dict[tuple[bytes, int], int] = {}  # partitions with a replica here -> their leader
         self.leader_changes = 0
 
@@ -114,6 +121,9 @@ class ReplicaFetcher:
             if f.busy and now - f.since > STALL_S:
                 self.local.pop(f.rid, None)
                 f.busy = ""
+            if f.syncing and now - f.sync_since > STALL_S:
+                self.syncs.pop(f.syncing, None)
+                f.syncing = 0
             if not f.busy:
                 self._step(f, now)
 
@@ -134,8 +144,38 @@ class ReplicaFetcher:
         f.busy, f.rid, f.since = "local", rid, now
         self.local[rid] = f
 
+    def _wait_sync(self, f: Follow, now: float) -> None:
+        """Ask the local worker to answer once the copy is synced to its end (beside the FETCH
+        out: the sync's news goes to the leader in a FETCH of its own, ``_report``)."""
+        rid = self.next_id()
+        frames = [P.pack_routing(P.Op.REPLICA_APPEND, f.partition, rid, f.topic),
+                  P.encode(P.ReplicaAppendRequest(f.leader, f.leader_epoch, wait_sync=True)), b""]
+        if self.send_internal(f.topic, f.partition, frames):
+            f.syncing, f.sync_since = rid, now
+            self.syncs[rid] = f
+
+    def _report(self, f: Follow) -> None:
+        """Tell the leader what the copy has synced now: a FETCH of its own, answered at once and
+        not read (the leader takes the position from any FETCH of a replica)."""
+        endpoint = self.agent.endpoint_of(f.leader)
+        if endpoint:
+            rid = self.next_id()
+            self.peers.send(endpoint, [P.pack_routing(P.Op.FETCH, f.partition, rid, f.topic),
+                                       P.encode(P.FetchRequest(f.end, 1, max_records=1, replica=self.agent.me,
+                                                               replica_durable=f.durable))])
+
     def on_local_reply(self, rid: int, code: int, frames: list[bytes]) -> None:
         """The local worker's answer to a REPLICA_APPEND (router.on_internal_reply)."""
+        f = self.syncs.pop(rid, None)
+        if f is not None:
+            if f.syncing == rid and self.follows.get((f.topic, f.partition)) is f:
+                f.syncing = 0
+                if code == P.ErrorCode.OK:
+                    f.durable = max(f.durable, _append_reply.decode(frames[2]).durable_end)
+                    self._report(f)
+                if f.durable < f.end:
+                    self._wait_sync(f, time.monotonic())
+            return
         f = self.local.pop(rid, None)
         if f is None or f.rid != rid or self.follows.get((f.topic, f.partition)) is not f:
             return
@@ -143,9 +183,11 @@ class ReplicaFetcher:
         now = time.monotonic()
         if code == P.ErrorCode.OK:
             r = _append_reply.decode(frames[2])
-            f.end, f.durable = r.log_end, r.durable_end
+            f.end, f.durable = r.log_end, max(f.durable, r.durable_end) if f.end >= 0 else r.durable_end
             f.failures = 0
             self._fetch(f, now)
+            if f.durable < f.end and not f.syncing:
+                self._wait_sync(f, now)
             return
         self._refused(f, "append here", code, frames[2] if len(frames) > 2 else b"")
 
