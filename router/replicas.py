@@ -124,6 +124,8 @@ class ReplicaFetcher:
             if f.syncing and now - f.sync_since > STALL_S:
                 self.syncs.pop(f.syncing, None)
                 f.syncing = 0
+            if not f.syncing and f.end >= 0 and f.durable < f.end:
+                self._wait_sync(f, now)
             if not f.busy:
                 self._step(f, now)
 
@@ -170,11 +172,11 @@ class ReplicaFetcher:
         if f is not None:
             if f.syncing == rid and self.follows.get((f.topic, f.partition)) is f:
                 f.syncing = 0
-                if code == P.ErrorCode.OK:
+                if code == P.ErrorCode.OK:  # (a refusal, e.g. a failed journal: the next tick asks again)
                     f.durable = max(f.durable, _append_reply.decode(frames[2]).durable_end)
                     self._report(f)
-                if f.durable < f.end:
-                    self._wait_sync(f, time.monotonic())
+                    if f.durable < f.end:
+                        self._wait_sync(f, time.monotonic())
             return
         f = self.local.pop(rid, None)
         if f is None or f.rid != rid or self.follows.get((f.topic, f.partition)) is not f:
@@ -302,7 +304,8 @@ class LeaderDuties:
     def tick(self) -> None:
         me = self.agent.me
         led = [k for k, a in self.agent.assignments.items() if a.leader == me and len(a.replicas) > 1]
-        for key in [k for k in self.told if k not in set(led)]:
+        keep = set(led)
+        for key in [k for k in self.told if k not in keep]:
             del self.told[key]
         for topic, partition in led:
             self.ensure(topic, partition)
