@@ -65,8 +65,9 @@ def test_read_options_mirror_kafka_defaults_and_forbidden_combinations():
 def test_write_options_default_to_durable_acks_and_reject_unknown_levels():
     assert parse_write_options({"topic": "t"}).acks == "durable"
     assert parse_write_options({"acks": "NONE"}).acks == "none"
+    assert parse_write_options({"acks": "all"}).acks == "all"  # every in-sync replica (memory on one replica)
     with pytest.raises(OptionError, match="acks must be one of"):
-        parse_write_options({"acks": "all"})
+        parse_write_options({"acks": "most"})
     with pytest.raises(OptionError, match="one topic"):
         parse_write_options({"topic": "a,b"})
 
