@@ -82,22 +82,19 @@ class Replication:
         return len(self.isr) < self.min_isr
 
     def hw_at(self, log_end: int) -> int:
-        ends = self.ends
-        low = log_end
-        for b in self.counted():
-            low = min(low, ends.get(b, -1))
-        if low > self._hw:
-            self._hw = low
+        """The high watermark, given the leader's own log end."""
+        self._hw = max(self._hw, self._least(self.ends, log_end))
         return self._hw
 
     def durable_hw_at(self, own_durable: int) -> int:
-        durables = self.durables
-        low = own_durable
-        for b in self.counted():
-            low = min(low, durables.get(b, -1))
-        if low > self._durable_hw:
-            self._durable_hw = low
+        """The durable high watermark, given what the leader itself has synced."""
+        self._durable_hw = max(self._durable_hw, self._least(self.durables, own_durable))
         return self._durable_hw
+
+    def _least(self, by_follower: dict[int, int], own: int) -> int:
+        """The least of ``own`` and each counted follower's value (-1 for one not heard from)."""
+        counted = self.counted()
+        return min(own, *(by_follower.get(b, -1) for b in counted)) if counted else own
 
     def fetched(self, broker: int, offset: int, durable: int, log_end: int, now_ns: int) -> bool:
         """A follower's FETCH: where it ends and what it synced. False if it is no replica of ours."""

@@ -159,6 +159,14 @@ def consumed(bootstrap: str, topic: str, seconds: float) -> list:
         return got
 
 
+def send_all(bootstrap: str, acks: str, tag: bytes, n: int) -> int:
+    """``n`` records ``tag0``, ``tag1``... to partition 0 of topic ``all``; how many were acknowledged."""
+    with Producer(bootstrap, acks=acks) as p:
+        for i in range(n):
+            p.send("all", tag + b"%d" % i, partition=0)
+        return p.flush(20_000)
+
+
 def metrics(c, b: int) -> str:
     with urllib.request.urlopen(c.brokers[b].metrics_url, timeout=10) as r:
         return r.read().decode()
@@ -176,10 +184,7 @@ def test_acks_all_waits_for_the_isr_consumers_stop_at_the_high_watermark_and_the
     followers.sort(key=lambda b: b == controller)  # the first one stopped is not the controller if it can be helped
     boot = c.bootstrap(leader)
     # acks=all: once acknowledged, every in-sync replica holds the records (no waiting here)
-    with Producer(boot, acks="all") as p:
-        for i in range(100):
-            p.send("all", b"a%d" % i, partition=0)
-        assert p.flush(20_000) == 100
+    assert send_all(boot, "all", b"a", 100) == 100
     leader_copy = read_copy(c.brokers[leader], "all", 0)
     assert leader_copy[1] == 100
     for b in followers:
@@ -190,10 +195,7 @@ def test_acks_all_waits_for_the_isr_consumers_stop_at_the_high_watermark_and_the
     paused = c.brokers[followers[0]].pids()["router"]
     os.kill(paused, signal.SIGSTOP)
     try:
-        with Producer(boot, acks="memory") as p:
-            for i in range(10):
-                p.send("all", b"m%d" % i, partition=0)
-            assert p.flush(10_000) == 10
+        assert send_all(boot, "memory", b"m", 10) == 10
         seen = consumed(boot, "all", 0.3)
         with Admin(boot) as a:
             listed = a.list_offsets("all")[0].high_watermark
@@ -207,10 +209,7 @@ def test_acks_all_waits_for_the_isr_consumers_stop_at_the_high_watermark_and_the
         doc = status_json(etcd_server.endpoint, c.name)  # `tailrace cluster status`: Kafka's under-replicated partitions
         assert [(u["topic"], u["partition"], sorted(u["isr"])) for u in doc["under_replicated"]] == \
             [("all", 0, sorted([leader, followers[1]]))], doc["under_replicated"]
-        with Producer(boot, acks="all") as p:
-            for i in range(50):
-                p.send("all", b"b%d" % i, partition=0)
-            assert p.flush(20_000) == 50
+        assert send_all(boot, "all", b"b", 50) == 50
         assert len(consumed(boot, "all", 1.0)) == 160
         # a second follower gone: fewer in-sync replicas than min.insync.replicas, acks=all refused
         os.kill(c.brokers[followers[1]].pids()["router"], signal.SIGSTOP)
@@ -226,10 +225,7 @@ def test_acks_all_waits_for_the_isr_consumers_stop_at_the_high_watermark_and_the
         os.kill(paused, signal.SIGCONT)
     # both back: they catch up from where they stopped and rejoin the ISR
     assert wait_until(lambda: isr_of(c, "all", 0) == [0, 1, 2], 30), isr_of(c, "all", 0)
-    with Producer(boot, acks="all") as p:
-        for i in range(20):
-            p.send("all", b"c%d" % i, partition=0)
-        assert p.flush(20_000) == 20
+    assert send_all(boot, "all", b"c", 20) == 20
     leader_copy = read_copy(c.brokers[leader], "all", 0)
     assert leader_copy[1] == 180
     # the metrics: the leader's ISR size, each follower's lag (none now), the leader changes seen
