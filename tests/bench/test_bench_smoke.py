@@ -105,17 +105,22 @@ def test_the_format_bench_runs_every_variant_and_reports_ratios():
     assert v["zstd"]["ratio_to_none"]["bytes_per_record"] < 0.5 < v["headers3"]["ratio_to_none"]["bytes_per_record"]
 
 
-def test_the_cluster_bench_loads_metadata_and_times_a_broker_and_a_controller_death():
-    """bench/cluster_bench.py (docs/BENCHMARKS.md "Cluster (issue 33)") end to end, tiny, its two
-    cluster-only steps and the consume-alone one (the single-vs-cluster step runs format_bench's produce and consume and the
-    e2e probe, smoke-tested above): a 3-broker cluster describes every partition; a killed broker's
-    partitions go to NO_LEADER and a killed controller is replaced, within the ttl plus a margin."""
+def needs_etcd() -> None:
+    """Skip, saying why, where the cluster extra or an etcd binary is missing."""
     pytest.importorskip("etcd3gw")
     from tailrace.cluster.etcd_server import etcd_binary
     try:
         etcd_binary()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
+
+
+def test_the_cluster_bench_loads_metadata_and_times_a_broker_and_a_controller_death():
+    """bench/cluster_bench.py (docs/BENCHMARKS.md "Cluster (issue 33)") end to end, tiny, its two
+    cluster-only steps and the consume-alone one (the single-vs-cluster step runs format_bench's produce and consume and the
+    e2e probe, smoke-tested above): a 3-broker cluster describes every partition; a killed broker's
+    partitions go to NO_LEADER and a killed controller is replaced, within the ttl plus a margin."""
+    needs_etcd()
     from tailrace.bench import cluster_bench
     out = cluster_bench.main(["--steps", "consume,metadata,failover", "--messages", "20000", "--read-rounds", "1",
                               "--meta-partitions", "30", "--meta-loads", "1", "--ttls", "2", "--deaths", "1"])
@@ -135,12 +140,7 @@ def test_the_replication_bench_produces_with_every_acks_level_and_times_a_follow
     on three brokers: acks=all leaves every record on all three, the 64 durable single senders
     get every answer OK, and a follower whose router was paused copies nothing meanwhile and then
     catches up to exactly the leaders' ends."""
-    pytest.importorskip("etcd3gw")
-    from tailrace.cluster.etcd_server import etcd_binary
-    try:
-        etcd_binary()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+    needs_etcd()
     from tailrace.bench import replication_bench
     out = replication_bench.main(["--messages", "20000", "--rounds", "1", "--single-seconds", "1",
                                   "--catchup-messages", "20000"])
