@@ -20,7 +20,7 @@ Two kinds of POSIX shared-memory region exist per broker instance (one instance 
         slot | topic_id | partition | active | ring_bytes | desc_capacity | log_start_offset | -
     line 1  (written only by the actor that owns the partition)
         owner_epoch | write_position | next_offset | desc_head | desc_tail | ring_start_offset
-        | - | -
+        | - | replicated_hw (a replicated partition led here: its high watermark + 1, else 0)
     line 2  (written only by the flusher)
         flushed_desc | flushed_position | flushed_offset | durable_offset | io_error | - | - | -
 
