@@ -51,9 +51,9 @@ def fetch(ctx: FetchContext, ident, assign, topic, partition, rest, who, reply) 
     if actor is None:
         return
     if req.replica >= 0:  # a follower broker: its position counts toward the high watermark; it reads the whole log
-        why = replication.follower_fetch(ctx.turn, actor, req, who)
-        if why is not None:
-            return reply(P.ErrorCode.NOT_AUTHORIZED, P.ErrorReply(why))
+        now = replication.follower_fetch(ctx.turn, actor, req, who)
+        if now is not None:  # refused, or a copy that diverged: told where to cut it
+            return reply(*now)
         req.isolation = "log"
     if not answer(ctx, actor, ident, rest[0], req, who, final=req.max_wait_ms == 0):
         deadline = time.monotonic_ns() + min(req.max_wait_ms, MAX_WAIT_MS) * 1_000_000

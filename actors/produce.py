@@ -23,6 +23,7 @@ from tailrace.persistence.flusher import STAGE_MIN_BYTES
 from tailrace.shm.ring import ControlTable
 from tailrace.shm.rows import HeaderView
 
+from . import epochs
 from .adopt import Owned, with_code
 from .context import Outbox, Traffic, Turn
 from .watch import Watchers
@@ -162,11 +163,15 @@ def replica_append(ctx: ProduceContext, ident, assign, topic, partition, rest, w
             ctx.turn.unkicked_bytes = KICK_MIN_BYTES
         return reply(code, P.ErrorReply(message, log_start_offset=row.log_start_offset, high_watermark=row.next_offset))
     log_start, end, durable = actor.log.offsets()
+    try:  # after an append, the last batch's epoch is the one it carried; else read from the log
+        last = actor.leader_epoch if added else epochs.last_epoch(actor)
+    except OSError as exc:
+        return reply(P.ErrorCode.NOT_READY, P.ErrorReply(f"the copy's last batch cannot be read: {exc}"))
     if not req.wait_sync or durable >= end:
-        return reply(P.ErrorCode.OK, P.ReplicaAppendReply(end, durable, log_start, req.leader_epoch))
+        return reply(P.ErrorCode.OK, P.ReplicaAppendReply(end, durable, log_start, req.leader_epoch, last))
     # asked to wait: answered as a durable ack is, once the flusher's sync covers the copy's end
     head = P.pack_routing(P.Op.REPLICA_APPEND, partition, _request_id(rest[0]), topic)
-    actor.durable_waiters.append((end, [*ident, head, P.encode(P.ReplicaAppendReply(end, end, log_start, req.leader_epoch))], 0))
+    actor.durable_waiters.append((end, [*ident, head, P.encode(P.ReplicaAppendReply(end, end, log_start, req.leader_epoch, last))], 0))
     ctx.turn.waiting_slots.add(actor.slot)
     ctx.turn.durable_added = True
 

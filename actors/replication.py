@@ -37,6 +37,7 @@ from tailrace.broker import acl
 from tailrace.client import ops
 from tailrace.client import protocol as P
 
+from . import epochs
 from .adopt import Owned
 from .context import Turn
 
@@ -45,7 +46,7 @@ _leader_dec = ops.DECODERS[P.Op.LEADER_AND_ISR]
 
 class Replication:
     __slots__ = ("me", "leader_epoch", "replicas", "isr", "min_isr", "lag_ns", "ends", "durables", "caught_up",
-                 "last_fetch", "proposed", "_hw", "_durable_hw")
+                 "last_fetch", "proposed", "epoch_ends", "_hw", "_durable_hw")
 
     def __init__(self, req: P.LeaderAndIsrRequest, log_start: int, now_ns: int):
         self.ends: dict[int, int] = {}  # follower -> where its log ended at its last fetch
@@ -53,19 +54,28 @@ class Replication:
         self.caught_up: dict[int, int] = {}  # follower -> monotonic ns it last held all we held (see ``fetched``)
         self.last_fetch: dict[int, tuple[int, int]] = {}  # follower -> (our log end, monotonic ns) at its last fetch
         self.proposed: list[int] | None = None  # the ISR asked for and not yet confirmed
+        self.epoch_ends: dict[int, tuple[int, int]] = {}  # an earlier epoch -> epochs.end_of_epoch of it here
         self._hw = self._durable_hw = log_start
         self.isr: list[int] = []
         self.update(req, now_ns)
 
     def update(self, req: P.LeaderAndIsrRequest, now_ns: int) -> None:
+        if getattr(self, "leader_epoch", req.leader_epoch) != req.leader_epoch:
+            # led again at a later epoch: what followers said before is of another epoch's logs
+            for d in (self.ends, self.durables, self.caught_up, self.last_fetch, self.epoch_ends):
+                d.clear()
         self.me, self.leader_epoch = req.leader, req.leader_epoch
         self.replicas = list(req.replicas)
         joined = [b for b in req.isr if b not in self.isr]
+        left = [b for b in self.isr if b not in req.isr and b != req.leader]
         self.isr = list(req.isr) if req.leader in req.isr else [req.leader, *req.isr]
         self.min_isr = max(1, req.min_isr)
         self.lag_ns = max(1, req.lag_ms) * 1_000_000
         for b in joined:  # in the ISR as told: it has the lag time from now to show it keeps up
             self.caught_up[b] = max(self.caught_up.get(b, 0), now_ns)
+        for b in left:  # taken out (its broker is gone: the controller): back only once it has caught up again
+            self.caught_up.pop(b, None)
+            self.last_fetch.pop(b, None)
         if self.proposed is not None and sorted(self.proposed) == sorted(self.isr):
             self.proposed = None
 
@@ -154,14 +164,48 @@ def moved(turn: Turn, actor) -> None:
         turn.waiting_slots.add(actor.slot)
 
 
-def follower_fetch(turn: Turn, actor, req: P.FetchRequest, who: str | None) -> str | None:
-    """A follower's FETCH at the leader: take its position (the watermarks may move); None, or
-    why it is refused (under --auth curve only brokers may fetch as a replica)."""
+def follower_fetch(turn: Turn, actor, req: P.FetchRequest, who: str | None) -> tuple | None:
+    """A follower's FETCH at the leader: check it, and take its position (the watermarks may
+    move). None to go on and read, or (code, reply body) to answer at once: refused (under
+    --auth curve only brokers fetch as a replica; a follower of another leader epoch), or a copy
+    that diverged from this log, told where it stops agreeing (``diverging``)."""
     if who is not None and not acl.is_broker(who):
-        return f"principal {who!r} is not a broker: only brokers fetch as a replica"
+        return P.ErrorCode.NOT_AUTHORIZED, P.ErrorReply(f"principal {who!r} is not a broker: only brokers fetch as a replica")
     repl = actor.repl
-    if repl is not None and repl.fetched(req.replica, req.offset, req.replica_durable, actor.owner_row.next_offset,
-                                         time.monotonic_ns()):
+    if repl is None:
+        return None
+    if req.leader_epoch >= 0 and req.leader_epoch != repl.leader_epoch:
+        return P.ErrorCode.NOT_LEADER_OR_FOLLOWER, P.ErrorReply(
+            f"follower at leader epoch {req.leader_epoch}, this leader at {repl.leader_epoch}")
+    cut = diverging(actor, repl, req.last_epoch, req.offset)
+    if cut is not None:  # its position is not counted: its log is not a prefix of ours
+        row = actor.owner_row
+        return P.ErrorCode.OK, P.FetchReply(high_watermark=actor.watermark("memory"),
+                                            durable_watermark=actor.watermark("durable"),
+                                            log_start_offset=row.log_start_offset, next_offset=req.offset,
+                                            diverging_epoch=cut[0], diverging_end=cut[1])
+    if repl.fetched(req.replica, req.offset, req.replica_durable, actor.owner_row.next_offset, time.monotonic_ns()):
         moved(turn, actor)
         actor.publish_hw()
     return None
+
+
+def diverging(actor, repl: Replication, last_epoch: int, offset: int) -> tuple[int, int] | None:
+    """None if a copy ending at ``offset`` with a last batch of ``last_epoch`` is a prefix of this
+    log; else (the largest epoch at or below ``last_epoch`` this log holds, where it ends here):
+    KIP-320's diverging epoch. Answers for epochs below the leader's own are kept (they cannot
+    change while it leads)."""
+    if last_epoch < 0 or offset <= actor.owner_row.log_start_offset:
+        return None  # an empty copy (or none of it left here to compare): nothing to cut
+    if last_epoch == repl.leader_epoch:
+        return None if offset <= actor.owner_row.next_offset else (last_epoch, actor.owner_row.next_offset)
+    found = repl.epoch_ends.get(last_epoch)
+    if found is None:
+        try:
+            found = epochs.end_of_epoch(actor, last_epoch)
+        except OSError:
+            return None  # expired under the search (retention): the next fetch asks again
+        if last_epoch < repl.leader_epoch:
+            repl.epoch_ends[last_epoch] = found
+    epoch, end = found
+    return None if epoch == last_epoch and offset <= end else found

@@ -278,6 +278,11 @@ class FetchRequest(msgspec.Struct, omit_defaults=True):
     # what it has synced; it reads the leader's whole log, past the high watermark
     replica: int = -1
     replica_durable: int = -1
+    # ... and the leader epoch of its batch just below ``offset`` (-1: its copy is empty), which
+    # the leader checks against its own log (KIP-320's last fetched epoch): a copy that diverged
+    # is answered with where to cut it (FetchReply.diverging_*), not with batches
+    last_epoch: int = -1
+    leader_epoch: int = -1  # the leader epoch the follower follows: a leader at another refuses (NOT_LEADER_OR_FOLLOWER)
 
 
 class LeaderAndIsrRequest(msgspec.Struct, omit_defaults=True):
@@ -297,6 +302,10 @@ class ReplicaAppendRequest(msgspec.Struct, omit_defaults=True):
     leader: int = -1  # the broker the batches came from
     leader_epoch: int = 0  # its leader epoch when the follower asked
     wait_sync: bool = False  # with no batches: answer once the copy is synced to its end (router/replicas.py)
+    truncate_to: int = -1  # cut the copy back to this offset (a batch boundary at or below, see actors/truncate.py) before appending; -1: no cut
+    # ... or less: to where the copy's own batches of this epoch end, if that is lower (the
+    # leader's diverging epoch: FetchReply.diverging_epoch; -1: truncate_to as it is)
+    truncate_epoch: int = -1
 
 
 class ReplicaAppendReply(msgspec.Struct):
@@ -304,6 +313,7 @@ class ReplicaAppendReply(msgspec.Struct):
     durable_end: int  # what its flusher has synced
     log_start: int
     leader_epoch: int = 0  # echoed
+    last_epoch: int = -1  # the leader epoch of the copy's batch just below log_end (-1: empty)
 
 
 class FetchMultiRequest(msgspec.Struct, omit_defaults=True):
@@ -348,6 +358,11 @@ class FetchReply(msgspec.Struct):
     next_offset: int  # where the next fetch should start
     source: str = ""  # "ring" or "disk" (diagnostic)
     throttle_ms: int = 0  # how long the broker held this reply back: the client is over its quota
+    # a replica's FETCH whose copy diverged from the leader's log: the largest epoch at or below
+    # its last_epoch that the leader's log holds, and where that epoch ends there; the follower
+    # cuts its copy to min(diverging_end, its own end of that epoch) and fetches again (-1: no divergence)
+    diverging_epoch: int = -1
+    diverging_end: int = -1
 
 
 class ListOffsetsRequest(msgspec.Struct, omit_defaults=True):
@@ -422,6 +437,7 @@ TOPIC_CONFIGS = {
     "message.timestamp.before.max.ms": "a CreateTime record at most this many ms older than the broker's clock, -1 no limit (default)",
     "message.timestamp.after.max.ms": "a CreateTime record at most this many ms ahead of the broker's clock, -1 no limit (default 3600000)",
     "min.insync.replicas": "cluster: in-sync replicas an acks=all or durable batch needs, else refused NOT_ENOUGH_REPLICAS (default 2, at most the replication factor)",
+    "unclean.leader.election.enable": "cluster: 1 lets a replica outside the ISR lead when no in-sync one lives (records may be lost, logged loudly); 0 keeps the partition offline (default)",
 }
 
 

@@ -12,15 +12,18 @@ controller's late write changes nothing, and it learns it was deposed (``NotCont
 same round trip. A controller that only *thinks* it still leads (paused, partitioned) can
 therefore never overwrite its successor's decisions, whatever the clocks say.
 
-What it decides (``Controller``, one thread): a new topic's partitions, one replica each for now,
-placed on live brokers by partition count and the load they publish (cluster/assign.py), leader
+What it decides (``Controller``, one thread): a new topic's partitions, ``replication_factor``
+replicas each, placed on live brokers by partition count and the load they publish (cluster/assign.py), leader
 epoch 0; and, when a broker's registration disappears, what becomes of the partitions it led, by
 ``lost_policy``:
 
-- ``"offline"`` (the default): the partition keeps its replica and loses its leader
-  (``NO_LEADER``, leader epoch + 1): unavailable, as Kafka does with one replica, since its
-  records are on the lost broker's disk. When that broker registers again it leads them again
-  (leader epoch + 1).
+- ``"offline"`` (the default): Kafka's election. The first replica (in the preferred order) that
+  is in the ISR and lives leads (leader epoch + 1), and the ISR loses the brokers that are gone.
+  With none (one replica, or an ISR down to the lost broker) the partition loses its leader
+  (``NO_LEADER``, leader epoch + 1) and keeps its ISR: unavailable, as Kafka is, until an ISR
+  member registers again and leads; or, with the topic's ``unclean.leader.election.enable``, a
+  live replica outside the ISR leads at once and what only the ISR held is lost (logged loudly).
+  A follower whose broker is gone leaves the ISR at once while its leader lives.
 - ``"reassign"``: the partition moves to the least loaded live broker (leader epoch + 1). With one
   replica the new leader starts from an empty log: only right for partitions whose data does not
   matter, or once replicas exist (the replication issue picks from the ISR).
@@ -32,17 +35,21 @@ campaign and reconcile on a thread, woken by a watch of the brokers and the cont
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Iterable
+
+import msgspec
 
 from .assign import partition_counts, place, place_replicas
 from .errors import ClusterError, MetadataConflict, NoLiveBrokers, NotController, NotEnoughBrokers
 from .etcd import Etcd, TxnResult, absent, create_revision_is, delete_op, get_op, mod_revision_is, put_op
 from .membership import Membership
 from .metadata import (NO_LEADER, ControllerInfo, PartitionAssignment, TopicMeta, decode, encode, read_assignments,
-                       read_brokers, read_controller, read_loads)
+                       read_brokers, read_controller, read_loads, read_topics)
 
+log = logging.getLogger("tailrace.cluster.controller")
 LOST_POLICIES = ("offline", "reassign")
 STOP_POLL_S = 0.25  # ControllerLoop waits for changes in slices this long, so stop() returns at once
 MAX_KEYS_PER_TXN = 100  # etcd refuses a transaction of more than --max-txn-ops (128 by default) ops
@@ -58,6 +65,8 @@ class Controller:
         self.broker_id = membership.info.id
         self.lost_policy = lost_policy
         self.epoch = 0  # our controller epoch while we believe we are controller, else 0
+        self.elections: list[tuple[str, int, int, int]] = []  # (topic, partition, leader, leader epoch) written, newest last
+        self.unclean: list[dict] = []  # the unclean elections this controller made, newest last (STATUS shows them)
 
     @property
     def is_controller(self) -> bool:
@@ -192,41 +201,63 @@ class Controller:
         assignments written. Raises NotController if deposed meanwhile."""
         live = read_brokers(self.etcd, self.keys)
         current, _ = read_assignments(self.etcd, self.keys)
+        unclean = {name for name, (meta, _) in read_topics(self.etcd, self.keys).items()
+                   if int(meta.config.get("unclean.leader.election.enable", 0) or 0)}
         counts = partition_counts(live, (a.replicas for a, _ in current.values()))
         changed: list[tuple[PartitionAssignment, int]] = []
         for (_topic, _p), (a, mod_revision) in sorted(current.items()):
-            new = self._decide(a, live, counts)
+            new = self._decide(a, live, counts, a.topic in unclean)
             if new is not None:
                 changed.append((new, mod_revision))
         for i in range(0, len(changed), MAX_KEYS_PER_TXN):
             chunk = changed[i:i + MAX_KEYS_PER_TXN]
             self.write([mod_revision_is(self.keys.partition(a.topic, a.partition), rev) for a, rev in chunk],
                        [put_op(self.keys.partition(a.topic, a.partition), encode(a)) for a, _ in chunk])
+        for a, _ in changed:
+            self.elections.append((a.topic, a.partition, a.leader, a.leader_epoch))
+        del self.elections[:-100]
         return [a for a, _ in changed]
 
-    def _decide(self, a: PartitionAssignment, live: dict, counts: dict[int, int]) -> PartitionAssignment | None:
+    def _decide(self, a: PartitionAssignment, live: dict, counts: dict[int, int],
+                unclean: bool = False) -> PartitionAssignment | None:
         """The partition's next assignment, or None if it stays as it is."""
+        def moved(**changes) -> PartitionAssignment:
+            return msgspec.structs.replace(a, controller_epoch=self.epoch, **changes)
+
         if a.leader in live:
+            # A replica whose broker is gone leaves the ISR at once (KRaft's fencing), so acks=all
+            # and the high watermark stop waiting for it; it comes back by catching up.
+            isr = [b for b in a.isr if b in live]
+            if len(a.replicas) > 1 and len(isr) < len(a.isr) and a.leader in isr:
+                return moved(isr=isr)
             return None
-        bump = dict(leader_epoch=a.leader_epoch + 1, controller_epoch=self.epoch)
+        epoch = a.leader_epoch + 1
         if self.lost_policy == "reassign":
             if not counts:
                 return None  # no live broker: nothing to move to
             (b,) = place(counts, 1)
             counts[b] += 1
-            return PartitionAssignment(topic=a.topic, partition=a.partition, replicas=[b], leader=b, isr=[b], **bump)
-        # A replica that was in sync is registered again: it leads. Until followers truncate to
-        # the new leader's log (issue 34's failover), a partition of several replicas is led only
-        # by its preferred replica, the one leader it has ever had: a follower is a copy, not a
-        # candidate, so its leader's loss takes it offline as with one replica.
-        back = [b for b in (a.isr or a.replicas) if b in live and (len(a.replicas) == 1 or b == a.replicas[0])]
-        if back:
-            return PartitionAssignment(topic=a.topic, partition=a.partition, replicas=a.replicas, leader=back[0],
-                                       isr=a.isr, **bump)
+            return moved(replicas=[b], leader=b, isr=[b], leader_epoch=epoch)
+        # Kafka's election: the first replica (preferred order) in the ISR whose broker lives; the
+        # ISR loses the brokers that are gone. Every ISR member holds every acknowledged record
+        # (the high watermark waits for all of them), so none is lost; what the new leader holds
+        # past it stays and becomes committed as followers copy it; a follower holding more than
+        # the new leader cuts its copy back by leader epoch (actors/epochs.py, router/replicas.py).
+        in_sync = [b for b in a.replicas if b in (a.isr or a.replicas) and b in live]
+        if in_sync:
+            return moved(leader=in_sync[0], isr=in_sync, leader_epoch=epoch)
+        alive = [b for b in a.replicas if b in live]
+        if unclean and alive:  # Kafka's unclean.leader.election.enable: availability over what was acknowledged
+            log.warning("partition %s/%d: UNCLEAN leader election: broker %d, not in the ISR %s, leads at epoch %d; "
+                        "records acknowledged by the lost ISR and not copied to it are LOST", a.topic, a.partition,
+                        alive[0], a.isr, epoch)
+            self.unclean.append({"topic": a.topic, "partition": a.partition, "leader": alive[0], "leader_epoch": epoch,
+                                 "lost_isr": list(a.isr), "at": time.time()})
+            del self.unclean[:-100]
+            return moved(leader=alive[0], isr=[alive[0]], leader_epoch=epoch)
         if a.leader == NO_LEADER:
-            return None  # offline already
-        return PartitionAssignment(topic=a.topic, partition=a.partition, replicas=a.replicas, leader=NO_LEADER,
-                                   isr=a.isr, **bump)
+            return None  # offline already: the ISR is kept, so the first of it to come back leads
+        return moved(leader=NO_LEADER, leader_epoch=epoch)
 
 
 class ControllerLoop:
@@ -301,7 +332,7 @@ class ControllerLoop:
                 continue
             if batch.compacted:
                 return True
-            if any(e.kv.key == keys.controller or e.kv.key.startswith(keys.brokers) for e in batch.events):
+            if any(e.kv.key == keys.controller or e.kv.key.startswith((keys.brokers, keys.topics)) for e in batch.events):
                 return False
         return False
 

@@ -336,6 +336,9 @@ class ClusterAgent:
                 "fenced": self.membership.fenced, "brokers": {str(b.id): b.endpoints[0] if b.endpoints else ""
                                                              for b in self.brokers.values()},
                 "partitions_led": {str(k): v for k, v in sorted(led.items())},
+                "offline": sorted(f"{t.decode()}/{p}" for (t, p), a in self.assignments.items() if a.leader < 0)[:100],
+                # the unclean elections this broker made as controller (records only the lost ISR held are gone)
+                "unclean_elections": list(self.controller.unclean),
                 **({"replication": self.fetcher.status()} if self.fetcher is not None else {})}
 
     # --- the watch thread --------------------------------------------------------------------

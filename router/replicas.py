@@ -30,9 +30,16 @@ every tick for what was not told yet; the ISR a worker asks for in its PING repl
 etcd by the leader (``ClusterAgent.propose_isr``), and comes back through the view as a new
 LEADER_AND_ISR.
 
-Not yet (issue 34's later parts): a follower whose log diverged from its leader's (it ends past
-the leader's end after a failover) is not truncated: it stops with OFFSET_OUT_OF_RANGE, logged,
-since the controller does not elect followers yet (cluster/controller.py).
+Divergence (Kafka's KIP-101/279/320). Each FETCH also says the leader epoch of the copy's last
+batch (``last_epoch``) and the leader epoch followed; a leader at another epoch refuses
+(NOT_LEADER_OR_FOLLOWER: one of the two has not seen the change yet, and the next tick asks
+again). A copy that is not a prefix of the leader's log (a leader that was replaced, back with
+records its successor never had; a follower that held more than the one elected) is answered
+with the largest epoch at or below ``last_epoch`` the leader holds and where it ends there
+(actors/replication.py ``diverging``), and its position is not counted toward the watermarks. The
+follower has its worker cut the copy to the lesser of that end and its own end of that epoch
+(REPLICA_APPEND ``truncate_to``/``truncate_epoch``: actors/truncate.py), then fetches again from
+the new end, so the check repeats until the copy agrees (each leader change starts it over).
 """
 
 from __future__ import annotations
@@ -66,6 +73,8 @@ class Follow:
     rid: int = 0  # the request id of the question out
     since: float = 0.0  # monotonic time it went out
     durable: int = -1  # what the local copy has synced
+    last_epoch: int = -1  # the leader epoch of the local copy's last batch (-1: empty)
+    cut: tuple[int, int] | None = None  # the leader said the copy diverged: (epoch, its end there) to cut to
     leader_hw: int = -1  # the leader's high watermark as its last fetch reply said
     syncing: int = 0  # the request id of a REPLICA_APPEND waiting for the sync (0: none)
     sync_since: float = 0.0
@@ -85,6 +94,7 @@ class ReplicaFetcher:
         self.syncs: dict[int, Follow] = {}  # request id -> the partition of a sync wait out
         self.leaders_seen: dict[tuple[bytes, int], int] = {}  # partitions with a replica here -> their leader
         self.leader_changes = 0
+        self.truncations = 0  # copies cut back to their leader's log
 
     # --- which partitions ------------------------------------------------------------------
     def refresh(self) -> None:
@@ -130,7 +140,7 @@ class ReplicaFetcher:
                 self._step(f, now)
 
     def _step(self, f: Follow, now: float) -> None:
-        if f.end < 0:
+        if f.end < 0 or f.cut is not None:
             self._append(f, b"", now)
         else:
             self._fetch(f, now)
@@ -138,8 +148,10 @@ class ReplicaFetcher:
     # --- the local copy --------------------------------------------------------------------
     def _append(self, f: Follow, body, now: float) -> None:
         rid = self.next_id()
-        frames = [P.pack_routing(P.Op.REPLICA_APPEND, f.partition, rid, f.topic),
-                  P.encode(P.ReplicaAppendRequest(f.leader, f.leader_epoch)), body]
+        req = P.ReplicaAppendRequest(f.leader, f.leader_epoch)
+        if f.cut is not None and not len(body):  # cut the copy where it stops agreeing with the leader's log
+            req.truncate_epoch, req.truncate_to = f.cut
+        frames = [P.pack_routing(P.Op.REPLICA_APPEND, f.partition, rid, f.topic), P.encode(req), body]
         if not self.send_internal(f.topic, f.partition, frames):
             if self.mirror(f.topic.decode()) is None or not self.send_internal(f.topic, f.partition, frames):
                 return  # not in this broker's catalog (yet): the next tick tries again
@@ -164,7 +176,8 @@ class ReplicaFetcher:
             rid = self.next_id()
             self.peers.send(endpoint, [P.pack_routing(P.Op.FETCH, f.partition, rid, f.topic),
                                        P.encode(P.FetchRequest(f.end, 1, max_records=1, replica=self.agent.me,
-                                                               replica_durable=f.durable))])
+                                                               replica_durable=f.durable, last_epoch=f.last_epoch,
+                                                               leader_epoch=f.leader_epoch))])
 
     def on_local_reply(self, rid: int, code: int, frames: list[bytes]) -> None:
         """The local worker's answer to a REPLICA_APPEND (router.on_internal_reply)."""
@@ -185,7 +198,13 @@ class ReplicaFetcher:
         now = time.monotonic()
         if code == P.ErrorCode.OK:
             r = _append_reply.decode(frames[2])
+            if f.cut is not None:
+                log.warning("partition %s/%d: copy cut from %d to %d (leader %d's log ends epoch %d at %d)",
+                             f.topic.decode(), f.partition, f.end, r.log_end, f.leader, *f.cut)
+                f.cut, f.durable = None, min(f.durable, r.durable_end)
+                self.truncations += 1
             f.end, f.durable = r.log_end, max(f.durable, r.durable_end) if f.end >= 0 else r.durable_end
+            f.last_epoch = r.last_epoch
             f.failures = 0
             self._fetch(f, now)
             if f.durable < f.end and not f.syncing:
@@ -201,7 +220,8 @@ class ReplicaFetcher:
         rid = self.next_id()
         frames = [P.pack_routing(P.Op.FETCH, f.partition, rid, f.topic),
                   P.encode(P.FetchRequest(f.end, FETCH_MAX_BYTES, max_wait_ms=FETCH_WAIT_MS, replica=self.agent.me,
-                                          replica_durable=f.durable))]
+                                          replica_durable=f.durable, last_epoch=f.last_epoch,
+                                          leader_epoch=f.leader_epoch))]
         if self.peers.send(endpoint, frames, rid, lambda _ep, reply, f=f, rid=rid: self.on_fetch_reply(f, rid, reply)):
             f.busy, f.rid, f.since = "fetch", rid, now
 
@@ -217,6 +237,10 @@ class ReplicaFetcher:
         f.failures = 0
         body = frames[2] if len(frames) > 2 else b""
         info = _fetch_reply.decode(frames[1])
+        if info.diverging_end >= 0:  # the copy is not a prefix of the leader's log: cut it, then ask again
+            f.cut = (info.diverging_epoch, info.diverging_end)
+            self._append(f, b"", now)
+            return
         f.leader_hw = info.high_watermark
         if f.end >= f.leader_hw:
             f.caught_at = now

@@ -366,6 +366,12 @@ def check_config(config: dict[str, str], creating: bool) -> tuple[dict[str, int 
                 return {}, why
             out[name] = value
             continue
+        if name == "unclean.leader.election.enable":
+            flag = {"true": 1, "1": 1, "false": 0, "0": 0}.get(str(raw).strip().lower())
+            if flag is None:
+                return {}, f"{name}={raw!r}: true or false"
+            out[name] = flag
+            continue
         try:
             value = int(raw)
         except (TypeError, ValueError):

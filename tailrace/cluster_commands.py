@@ -226,7 +226,7 @@ def print_status(doc: dict) -> None:
         print_table(["topic", "partition", "leader", "replicas"],
                     [[u["topic"], u["partition"], u["leader"], ",".join(map(str, u["replicas"]))] for u in doc["unavailable"]],
                     title=f"{_n(len(doc['unavailable']), 'partition')} unavailable (no live leader: they come back with "
-                          "their broker)")
+                          "a broker of their ISR)")
     elif doc["partitions"]:
         n = len(doc["partitions"])
         print(f"\nall {n} partitions have a live leader" if n > 1 else "\nthe one partition has a live leader")

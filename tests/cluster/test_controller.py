@@ -128,35 +128,61 @@ def test_placement_weighs_the_load_brokers_publish(etcd, cluster_name, make_memb
     assert got[1] < got[2] == got[3], got  # the busy broker takes fewer of the new partitions
 
 
-def test_a_replicated_topic_s_partitions_take_distinct_brokers_and_lose_their_leader_only_with_it(
+def test_a_replicated_topic_s_partitions_take_distinct_brokers_and_elect_from_the_isr(
         etcd, cluster_name, make_member):
+    keys = Keys(cluster_name)
     members = [make_member(i) for i in (1, 2, 3)]
     c = Controller(etcd, members[0])
     assert c.campaign()
     with pytest.raises(NotEnoughBrokers, match="replication_factor=4 .* needs 4 live brokers"):
         c.create_topic("r", 3, replication_factor=4)
-    assert etcd.get(Keys(cluster_name).topic("r")) is None  # nothing written
+    assert etcd.get(keys.topic("r")) is None  # nothing written
     c.create_topic("r", 3, replication_factor=2)
-    found, _ = read_assignments(etcd, Keys(cluster_name), "r")
+    found, _ = read_assignments(etcd, keys, "r")
     sets = [found[("r", p)][0] for p in range(3)]
     assert all(len(set(a.replicas)) == 2 and a.isr == a.replicas and a.leader == a.replicas[0] for a in sets)
     assert sorted(a.leader for a in sets) == [1, 2, 3]
-    assert read_topics(etcd, Keys(cluster_name))["r"][0].replication_factor == 2
+    assert read_topics(etcd, keys)["r"][0].replication_factor == 2
     c.create_partitions("r", 5)  # grown with the topic's factor
-    found, _ = read_assignments(etcd, Keys(cluster_name), "r")
+    found, _ = read_assignments(etcd, keys, "r")
     assert [len(found[("r", p)][0].replicas) for p in range(5)] == [2] * 5
-    # a follower is a copy, not a candidate, until failover exists: a leader lost takes its
-    # partitions offline, and the same broker leads them when it is back
-    lost = next(a for a in sets if a.leader != 1)
+
+    def now(p):
+        return read_assignments(etcd, keys, "r")[0][("r", p)][0]
+
+    # a lost leader: its in-sync follower leads (epoch + 1), the ISR loses the lost broker (broker
+    # 1 is the controller: a partition without it if there is one)
+    sets = [found[("r", p)][0] for p in range(5)]
+    lost = next((a for a in sets if 1 not in a.replicas), next(a for a in sets if a.leader != 1))
+    other = next(b for b in lost.replicas if b != lost.leader)
     members[lost.leader - 1].close(revoke=True)
     c.reconcile()
-    found, _ = read_assignments(etcd, Keys(cluster_name), "r")
-    now = found[("r", lost.partition)][0]
-    assert (now.leader, now.leader_epoch, now.replicas) == (NO_LEADER, 1, lost.replicas)
+    a = now(lost.partition)
+    assert (a.leader, a.leader_epoch, a.replicas, a.isr) == (other, 1, lost.replicas, [other])
+    # a partition the lost broker only followed keeps its leader and epoch, its ISR shrinks
+    followed = next(x for x in sets if lost.leader in x.replicas and x.leader != lost.leader)
+    b = now(followed.partition)
+    assert (b.leader, b.leader_epoch, b.isr) == (followed.leader, 0, [followed.leader])
+    # it comes back: a follower, out of the ISR until its leader sees it caught up
     members[lost.leader - 1].register()
     c.reconcile()
-    found, _ = read_assignments(etcd, Keys(cluster_name), "r")
-    assert (found[("r", lost.partition)][0].leader, found[("r", lost.partition)][0].leader_epoch) == (lost.leader, 2)
+    assert (now(lost.partition).leader, now(lost.partition).leader_epoch, now(lost.partition).isr) == (other, 1, [other])
+    # the ISR down to one broker, and it is lost: offline, not led by a stale replica...
+    if other != 1:
+        members[other - 1].close(revoke=True)
+        c.reconcile()
+        a = now(lost.partition)
+        assert (a.leader, a.leader_epoch, a.isr) == (NO_LEADER, 2, [other])
+        # ...until the ISR member is back; or at once with unclean election on
+        members[other - 1].register()
+        c.reconcile()
+        assert (now(lost.partition).leader, now(lost.partition).leader_epoch) == (other, 3)
+        c.alter_config("r", {"unclean.leader.election.enable": 1})
+        members[other - 1].close(revoke=True)
+        c.reconcile()
+        a = now(lost.partition)
+        assert (a.leader, a.leader_epoch, a.isr) == (lost.leader, 4, [lost.leader])
+        assert c.elections[-1] == ("r", lost.partition, lost.leader, 4)
 
 
 def test_a_topic_is_created_once_and_only_with_a_live_broker(etcd, cluster_name, make_member):
