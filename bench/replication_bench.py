@@ -31,8 +31,11 @@ One cluster of three brokers (1 worker each, bench/cluster_bench.py's ``Cluster`
    (synced: what it reports to the leaders). Catch-up speed = records (and bytes appended to its
    rings) over that time.
 
-No failover is measured: a dead leader's partitions go offline until it returns (issue 34's next
-parts). Everything runs under one temporary directory (under ``--data-root``), removed at the
+4. **Leader failover** (``step_failover``, ``--failovers`` times): kill -9 a partition's leader
+   under acks=all load, time to the first acknowledgement on the new leader; the old leader is
+   restarted and must rejoin the ISR (see the step's docstring).
+
+Everything runs under one temporary directory (under ``--data-root``), removed at the
 end; every broker and etcd is stopped by pid. Prints a JSON summary, then a markdown table.
 """
 
@@ -59,6 +62,7 @@ from tailrace.client.admin import Admin
 from tailrace.client.connection import Connection
 from tailrace.client.producer import Producer
 from tailrace.cluster.etcd_server import EtcdServer
+from tailrace.cluster.metadata import read_assignments
 
 MODES = {"all/RF3": ("all", 3), "memory/RF1": ("memory", 1), "durable/RF3": ("durable", 3),
          "memory/RF3": ("memory", 3)}  # the last only with --modes: the followers' copying without waiting for them
@@ -251,6 +255,87 @@ def step_catchup(c: Cluster, args) -> dict:
     return out
 
 
+# --- step 4: leader failover -------------------------------------------------------------------
+
+def first_after_silence(acks: list[float], t0: float, silence_s: float = 0.3) -> float | None:
+    """The first acknowledgement after ``t0`` that follows a silence (replies the killed leader
+    sent just before its kill may still arrive just after it: they are not the new leader's)."""
+    prev = t0
+    for t in list(acks):
+        if t > t0:
+            if t - prev > silence_s:
+                return t
+            prev = t
+    return None
+
+
+def step_failover(c: Cluster, args) -> dict:
+    """Per repetition: a fresh topic of one partition, RF 3, led by a broker that is not the
+    controller; a producer (acks all, idempotent, one record per send, linger 0) through a broker
+    that stays up sends without pause; the leader's broker is killed (every program kill -9,
+    bench/launcher.py ``hard_kill_all``); failover time = from the kill to the first
+    acknowledgement after the silence that follows it (``first_after_silence``: the new leader's). Then the broker is
+    started again and the step waits until it is back in the partition's ISR (it cuts what only it
+    held and catches up) before the next repetition."""
+    import threading
+    ttl = c.brokers[0].settings.cluster_ttl_s
+    out: dict = {"ttl_s": ttl, "target_s": ttl + 2, "runs": []}
+    for rep in range(args.failovers):
+        topic = f"rb-failover-{rep}"
+        controller = c.controller()
+        with Admin(c.brokers[controller].bootstrap, timeout_ms=30_000) as a:
+            a.create_topic(topic, 1, replication_factor=3, config={"min.insync.replicas": MIN_ISR})
+        current, _ = read_assignments(c.etcd, c.keys, topic)
+        first = current[(topic, 0)][0]
+        if first.leader == controller:  # the controller's own failover would add its election: not this figure
+            log(f"failover {rep}: leader {first.leader} is the controller; skipped")
+            out["runs"].append({"skipped": "leader is the controller"})
+            continue
+        victim = first.leader
+        acks: list[float] = []
+        stop = threading.Event()
+
+        def produce():
+            with Producer(c.brokers[controller].bootstrap, acks="all", linger_ms=0, request_timeout_ms=1000,
+                          on_ack=lambda *_: acks.append(time.monotonic())) as p:
+                i = 0
+                while not stop.is_set():
+                    p.send(topic, b"f%d" % i, partition=0)
+                    i += 1
+                    p.poll(1)
+                p.flush(30_000)
+
+        t = threading.Thread(target=produce, daemon=True)
+        t.start()
+        try:
+            if wait_for(lambda: len(acks) >= 200, time.monotonic(), 30) is None:
+                raise RuntimeError(f"{topic}: no steady acknowledgements before the kill")
+            killed = time.monotonic()
+            c.brokers[victim].hard_kill_all()
+            wait_for(lambda: first_after_silence(acks, killed) is not None, killed, 60)
+            first_after = first_after_silence(acks, killed)
+            elected = read_assignments(c.etcd, c.keys, topic)[0][(topic, 0)][0]
+        finally:
+            stop.set()
+            t.join(60)
+        run = {"victim": victim, "new_leader": elected.leader, "leader_epoch": elected.leader_epoch,
+               "failover_s": None if first_after is None else round(first_after - killed, 3),
+               "acks_before": sum(1 for x in acks if x <= killed)}
+        c.brokers[victim].spawn()
+        c.brokers[victim].wait_ready(120)
+        back = wait_for(lambda: victim in read_assignments(c.etcd, c.keys, topic)[0][(topic, 0)][0].isr,
+                        time.monotonic(), 120)
+        run["rejoined_isr_s"] = None if back is None else round(back, 2)
+        log(f"failover {rep}: leader {victim} killed, broker {elected.leader} acknowledged after "
+            f"{run['failover_s']} s (ttl {ttl} s); the old leader back in the ISR {run['rejoined_isr_s']} s after its start")
+        out["runs"].append(run)
+    times = [r["failover_s"] for r in out["runs"] if r.get("failover_s") is not None]
+    if times:
+        out["median_failover_s"] = round(statistics.median(times), 3)
+        out["max_failover_s"] = max(times)
+    return out
+
+
 # --- the run ------------------------------------------------------------------------------------
 
 def table(out: dict) -> str:
@@ -285,6 +370,11 @@ def table(out: dict) -> str:
                   f"| to synced (durable watermark) | {k['durable_s'] if k['durable_s'] is None else round(k['durable_s'], 3)} s |"]
         if "error" in k:
             lines.append(f"| error | {k['error']} |")
+    f = out.get("failover")
+    if f:
+        times = ", ".join(f"{r['failover_s']} s" for r in f["runs"] if r.get("failover_s") is not None)
+        lines += ["", f"| leader failover (kill -9 to the first acknowledgement on the new leader), lease TTL {f['ttl_s']} s | |",
+                  "|---|---|", f"| median (runs: {times}) | {f.get('median_failover_s')} s (target <= {f['target_s']} s) |"]
     return "\n".join(lines)
 
 
@@ -298,13 +388,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--single-seconds", type=float, default=8.0)
     ap.add_argument("--catchup-messages", type=int, default=500_000)
     ap.add_argument("--catchup-timeout", type=float, default=120.0)
-    ap.add_argument("--steps", default="produce,single,catchup")
+    ap.add_argument("--failovers", type=int, default=3, help="leader kills of the failover step")
+    ap.add_argument("--steps", default="produce,single,catchup,failover")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: 50,000 messages, 1 round, 2 s of single "
                     "produce, 50,000 records to catch up")
     ap.add_argument("--data-root", default=None, help="where the run's temporary directory goes (removed at the end)")
     args = ap.parse_args(argv)
     if args.quick:
         args.messages, args.rounds, args.single_seconds, args.catchup_messages = 50_000, 1, 2.0, 50_000
+        args.failovers = 1
     args.modes = args.modes.split(",")
     steps = args.steps.split(",")
     out: dict = {"command": " ".join(["python -m tailrace.bench.replication_bench", *(argv if argv is not None else sys.argv[1:])]),
@@ -321,7 +413,8 @@ def main(argv=None) -> dict:
                 t0 = time.monotonic()
                 c.start()
                 log(f"3 brokers ready in {time.monotonic() - t0:.1f} s, controller {c.controller()}")
-                for name, step in (("produce", step_produce), ("single", step_single), ("catchup", step_catchup)):
+                for name, step in (("produce", step_produce), ("single", step_single), ("catchup", step_catchup),
+                                   ("failover", step_failover)):
                     if name in steps:
                         t0 = time.monotonic()
                         out[name] = step(c, args)

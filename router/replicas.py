@@ -293,6 +293,7 @@ class ReplicaFetcher:
         """What STATUS shows of the copies: partitions followed, and those not copying now."""
         stuck = [f"{f.topic.decode()}/{f.partition}" for f in self.follows.values() if f.failures]
         return {"following": len(self.follows), "records_copied": sum(f.fetched for f in self.follows.values()),
+                "truncations": self.truncations,
                 "not_copying": sorted(stuck)[:20]}
 
 

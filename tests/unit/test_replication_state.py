@@ -66,3 +66,65 @@ def test_under_steady_load_a_follower_holding_what_the_leader_held_at_its_last_f
         end += 10
     assert r.wanted_isr(40 * 100 * MS) is None  # both still in sync
     assert r.hw_at(end) == end - 10
+
+
+class _Row:
+    def __init__(self, start, end):
+        self.log_start_offset, self.next_offset = start, end
+
+
+class _Log:
+    """A log as epochs.py sees it: ``epochs[o]`` is the leader epoch of offset o's batch."""
+
+    def __init__(self, epochs, start=0):
+        self.epochs = epochs
+        self.owner_row = _Row(start, len(epochs))
+        self.reads = 0
+
+
+def with_log(monkeypatch, log: _Log) -> None:
+    from tailrace.actors import epochs
+
+    def epoch_at(actor, offset):
+        assert actor.owner_row.log_start_offset <= offset < actor.owner_row.next_offset, offset
+        actor.reads += 1
+        return actor.epochs[offset]
+    monkeypatch.setattr(epochs, "epoch_at", epoch_at)
+
+
+def test_the_end_of_an_epoch_is_the_first_offset_of_a_later_one_found_in_log_n_reads(monkeypatch):
+    """The binary search of actors/epochs.py over a stand-in log (its ``epoch_at`` reads a list:
+    tests/cluster/test_failover.py runs the real one, reading rings and the journal)."""
+    from tailrace.actors import epochs
+    log = _Log([0] * 1000 + [2] * 500 + [5] * 24)
+    with_log(monkeypatch, log)
+    assert epochs.end_of_epoch(log, 0) == (0, 1000)
+    assert epochs.end_of_epoch(log, 1) == (0, 1000)  # an epoch this log never had: the one below it
+    assert epochs.end_of_epoch(log, 2) == (2, 1500)
+    assert epochs.end_of_epoch(log, 4) == (2, 1500)
+    assert epochs.end_of_epoch(log, 5) == (5, 1524)  # the last epoch ends at the log end
+    assert epochs.end_of_epoch(log, 9) == (5, 1524)
+    log.reads = 0
+    epochs.end_of_epoch(log, 0)
+    assert log.reads <= 2 + 12  # the two ends, then log2(1524)
+    assert epochs.last_epoch(log) == 5
+    later = _Log([0] * 10 + [3] * 10, start=10)  # retention took epoch 0's records
+    with_log(monkeypatch, later)
+    assert epochs.end_of_epoch(later, 1) == (-1, 10)
+    assert epochs.last_epoch(_Log([])) == -1
+
+
+def test_a_copy_is_told_it_diverged_only_when_it_is_not_a_prefix_of_the_leader_s_log(monkeypatch):
+    from tailrace.actors.replication import diverging
+    log = _Log([0] * 100 + [1] * 50)  # epoch 1 (this leader's, below) started at 100
+    with_log(monkeypatch, log)
+    r = Replication(P.LeaderAndIsrRequest(0, 1, [0, 1, 2], [0, 1, 2], 2, 1000), 0, 0)
+    assert diverging(log, r, -1, 0) is None  # an empty copy
+    assert diverging(log, r, 1, 120) is None  # copying this epoch
+    assert diverging(log, r, 0, 100) is None  # the old epoch's records, all of which the leader holds
+    assert diverging(log, r, 0, 90) is None
+    assert diverging(log, r, 0, 130) == (0, 100)  # the old leader, back with 30 records nobody else had
+    assert r.epoch_ends == {0: (0, 100)}  # kept: an earlier epoch's end cannot move while this one leads
+    log.reads = 0
+    assert diverging(log, r, 0, 130) == (0, 100) and log.reads == 0
+    assert diverging(log, r, 1, 151) == (1, 150)  # past the leader's end in its own epoch
