@@ -67,6 +67,7 @@ class Settings(msgspec.Struct, kw_only=True):
     cluster_ttl_s: int = 10  # the broker's registration lease: dead brokers are noticed within this long
     rack: str = ""  # optional: the broker's rack (placement may spread over racks)
     replica_lag_time_max_ms: int = 30_000  # a follower not caught up to its leader's log end this long leaves the ISR (Kafka's)
+    auto_leader_rebalance: int = 1  # 1: leadership goes back to a partition's preferred replica once it is in sync (Kafka's auto.leader.rebalance.enable)
     debug_read_delay_ms: int = 0  # fault injection for tests: each journal read on a worker waits this long
     debug_stop_delay_ms: int = 0  # fault injection for tests: a stopping worker lingers this long before it exits
     debug_crash_at: str = ""  # fault injection for tests: the flusher dies (once) at this step of retention

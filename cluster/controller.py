@@ -23,7 +23,10 @@ epoch 0; and, when a broker's registration disappears, what becomes of the parti
   (``NO_LEADER``, leader epoch + 1) and keeps its ISR: unavailable, as Kafka is, until an ISR
   member registers again and leads; or, with the topic's ``unclean.leader.election.enable``, a
   live replica outside the ISR leads at once and what only the ISR held is lost (logged loudly).
-  A follower whose broker is gone leaves the ISR at once while its leader lives.
+  A follower whose broker is gone leaves the ISR at once while its leader lives. With
+  ``rebalance_leaders`` (the broker's ``auto_leader_rebalance``, on by default) a partition whose
+  preferred replica (``replicas[0]``) is in sync but does not lead is given back to it (leader
+  epoch + 1), Kafka's auto.leader.rebalance.enable.
 - ``"reassign"``: the partition moves to the least loaded live broker (leader epoch + 1). With one
   replica the new leader starts from an empty log: only right for partitions whose data does not
   matter, or once replicas exist (the replication issue picks from the ISR).
@@ -56,7 +59,7 @@ MAX_KEYS_PER_TXN = 100  # etcd refuses a transaction of more than --max-txn-ops 
 
 
 class Controller:
-    def __init__(self, etcd: Etcd, membership: Membership, lost_policy: str = "offline"):
+    def __init__(self, etcd: Etcd, membership: Membership, lost_policy: str = "offline", rebalance_leaders: bool = False):
         if lost_policy not in LOST_POLICIES:
             raise ValueError(f"lost_policy={lost_policy!r} is not one of {LOST_POLICIES}")
         self.etcd = etcd
@@ -64,6 +67,7 @@ class Controller:
         self.keys = membership.keys
         self.broker_id = membership.info.id
         self.lost_policy = lost_policy
+        self.rebalance_leaders = rebalance_leaders  # give leadership back to the preferred replica once it is in sync
         self.epoch = 0  # our controller epoch while we believe we are controller, else 0
         self.elections: list[tuple[str, int, int, int]] = []  # (topic, partition, leader, leader epoch) written, newest last
         self.unclean: list[dict] = []  # the unclean elections this controller made, newest last (STATUS shows them)
@@ -228,6 +232,13 @@ class Controller:
             # A replica whose broker is gone leaves the ISR at once (KRaft's fencing), so acks=all
             # and the high watermark stop waiting for it; it comes back by catching up.
             isr = [b for b in a.isr if b in live]
+            preferred = a.replicas[0]
+            if (self.rebalance_leaders and preferred != a.leader and preferred in isr and len(a.replicas) > 1
+                    and a.leader in isr):
+                # Kafka's preferred-leader election: leadership back where placement put it, so
+                # leaders stay spread after failovers; the preferred replica is in sync, so it
+                # holds everything acknowledged with acks=all
+                return moved(leader=preferred, isr=isr, leader_epoch=a.leader_epoch + 1)
             if len(a.replicas) > 1 and len(isr) < len(a.isr) and a.leader in isr:
                 return moved(isr=isr)
             return None

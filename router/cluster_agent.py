@@ -75,7 +75,7 @@ class ClusterAgent:
         self._isr_writes: set = set()  # (topic, partition) whose ISR write is out
         self._isr_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isr writes")
         self.keys = self.membership.keys
-        self.controller = Controller(self.etcd, self.membership)
+        self.controller = Controller(self.etcd, self.membership, rebalance_leaders=bool(s.auto_leader_rebalance))
         # woken at once by brokers coming and going (its watch); the periodic pass only catches up after
         # errors, and reads every assignment, so it is rare (10,000 partitions are a few MB of JSON)
         self.loop = ControllerLoop(self.controller, resync_s=RESYNC_S)

@@ -76,6 +76,7 @@ def cmd_serve(args) -> int:
             cluster_name=args.cluster_name,
             rack=args.rack,
             replica_lag_time_max_ms=args.replica_lag_time_max_ms,
+            auto_leader_rebalance=0 if args.no_auto_leader_rebalance else None,
         )
         if s.cluster:
             from tailrace.cluster.etcd import parse_endpoints  # the cluster extra: etcd's client
@@ -313,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--rack", default=None, metavar="RACK", help="this broker's rack (cluster placement)")
     sv.add_argument("--replica-lag-time-max-ms", type=_natural, default=None, metavar="MS",
                     help="a follower not caught up to its leader's log end this long leaves the ISR (default 30000, Kafka's)")
+    sv.add_argument("--no-auto-leader-rebalance", action="store_true",
+                    help="leave a partition's leadership where failover put it (default: it goes back to the preferred "
+                         "replica once that is in sync again, Kafka's auto.leader.rebalance.enable)")
     sv.add_argument("--print-env", action="store_true",
                     help="make the data, log and run directories, print the environment supervisord.conf needs and "
                          "the supervisord command line, and exit")

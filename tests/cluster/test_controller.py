@@ -14,11 +14,13 @@ import threading
 import time
 from collections import Counter
 
+import msgspec
 import pytest
 
 from tailrace.broker.lifetime import pdeathsig_preexec
 from tailrace.cluster.controller import Controller, ControllerLoop
 from tailrace.cluster.errors import MetadataConflict, NoLiveBrokers, NotController, NotEnoughBrokers
+from tailrace.cluster.etcd import mod_revision_is, put_op
 from tailrace.cluster.metadata import NO_LEADER, BrokerLoad, Keys, encode, read_assignments, read_controller, read_topics
 
 from .conftest import TTL_S, wait_until
@@ -303,3 +305,26 @@ def test_when_the_controller_process_is_killed_another_broker_takes_over_within_
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_leadership_goes_back_to_the_preferred_replica_once_it_is_in_sync_again(etcd, cluster_name, make_member):
+    keys = Keys(cluster_name)
+    members = [make_member(i) for i in (1, 2, 3)]
+    c = Controller(etcd, members[2], rebalance_leaders=True)  # broker 3: not the one lost below
+    assert c.campaign()
+    (a,) = c.create_topic("pref", 1, replication_factor=3)
+    preferred = a.replicas[0]
+    assert preferred == 1  # ties go to the lower id
+    members[preferred - 1].close(revoke=True)
+    c.reconcile()
+    now = read_assignments(etcd, keys, "pref")[0][("pref", 0)]
+    assert now[0].leader != preferred and now[0].leader_epoch == 1
+    members[preferred - 1].register()
+    assert c.reconcile() == []  # back, but not in sync: it follows
+    # its leader sees it caught up and writes it into the ISR (router/cluster_agent.py propose_isr)
+    grown = msgspec.structs.replace(now[0], isr=[*now[0].isr, preferred])
+    assert etcd.txn([mod_revision_is(keys.partition("pref", 0), now[1])], [put_op(keys.partition("pref", 0), encode(grown))]).succeeded
+    c.reconcile()
+    back = read_assignments(etcd, keys, "pref")[0][("pref", 0)][0]
+    assert (back.leader, back.leader_epoch, sorted(back.isr)) == (preferred, 2, sorted(a.replicas))
+    assert c.reconcile() == []  # and it stays
