@@ -67,6 +67,7 @@ class Settings(msgspec.Struct, kw_only=True):
     cluster_ttl_s: int = 10  # the broker's registration lease: dead brokers are noticed within this long
     rack: str = ""  # optional: the broker's rack (placement may spread over racks)
     replica_lag_time_max_ms: int = 30_000  # a follower not caught up to its leader's log end this long leaves the ISR (Kafka's)
+    default_replication_factor: int = 3  # a cluster topic created without a factor: this many replicas when this many brokers live, else 1 (Kafka's default.replication.factor)
     auto_leader_rebalance: int = 1  # 1: leadership goes back to a partition's preferred replica once it is in sync (Kafka's auto.leader.rebalance.enable)
     debug_read_delay_ms: int = 0  # fault injection for tests: each journal read on a worker waits this long
     debug_stop_delay_ms: int = 0  # fault injection for tests: a stopping worker lingers this long before it exits
@@ -128,6 +129,8 @@ class Settings(msgspec.Struct, kw_only=True):
 
     def validate(self) -> None:
         self.metrics_address()
+        if self.default_replication_factor < 1:
+            raise ValueError(f"default_replication_factor={self.default_replication_factor} must be >= 1")
         if self.replica_lag_time_max_ms < 100:
             raise ValueError(f"replica_lag_time_max_ms={self.replica_lag_time_max_ms} must be >= 100")
         if self.max_batch_bytes * 4 > self.segment_bytes:

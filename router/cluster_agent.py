@@ -288,6 +288,12 @@ class ClusterAgent:
         finally:
             self._isr_writes.discard(key)
 
+    def default_replication_factor(self) -> int:
+        """A topic created without a factor: the broker's default_replication_factor (3) when that
+        many brokers are live, else 1 (the issue's "3 in a cluster of >= 3 brokers")."""
+        want = self.s.default_replication_factor
+        return want if len(self.brokers) >= want else 1
+
     def replication_factor(self, topic: bytes) -> int:
         meta = self.topics.get(topic.decode())
         return meta.replication_factor if meta is not None else 1

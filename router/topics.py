@@ -87,7 +87,8 @@ def create_topic(ctx: TopicContext, req: Request) -> None:
         return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
             f"ring_bytes={ring} must be a multiple of 4096, >= {MIN_RING_BYTES} and >= 2 x max_batch_bytes ({s.max_batch_bytes})"))
     if ctx.cluster is not None:
-        return create_in_cluster(ctx, req, body.partitions, ring, config, body.replication_factor or 1)
+        return create_in_cluster(ctx, req, body.partitions, ring, config,
+                                 body.replication_factor or ctx.cluster.default_replication_factor())
     if body.replication_factor > 1:
         return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
             f"replication_factor={body.replication_factor}: a single host holds one copy of each partition "

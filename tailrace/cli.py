@@ -77,6 +77,7 @@ def cmd_serve(args) -> int:
             rack=args.rack,
             replica_lag_time_max_ms=args.replica_lag_time_max_ms,
             auto_leader_rebalance=0 if args.no_auto_leader_rebalance else None,
+            default_replication_factor=args.default_replication_factor,
         )
         if s.cluster:
             from tailrace.cluster.etcd import parse_endpoints  # the cluster extra: etcd's client
@@ -314,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--rack", default=None, metavar="RACK", help="this broker's rack (cluster placement)")
     sv.add_argument("--replica-lag-time-max-ms", type=_natural, default=None, metavar="MS",
                     help="a follower not caught up to its leader's log end this long leaves the ISR (default 30000, Kafka's)")
+    sv.add_argument("--default-replication-factor", type=_natural, default=None, metavar="N",
+                    help="replicas of a cluster topic created without --replication-factor: N when N brokers are live, "
+                         "else 1 (default 3)")
     sv.add_argument("--no-auto-leader-rebalance", action="store_true",
                     help="leave a partition's leadership where failover put it (default: it goes back to the preferred "
                          "replica once that is in sync again, Kafka's auto.leader.rebalance.enable)")

@@ -1,7 +1,10 @@
 """Three real brokers (each ``tailrace serve`` with its own data directory, ports and supervisord)
 on one real etcd, on loopback: topics spread over the brokers, produce and consume through any
 of them, and the faults the cluster issue names: a broker killed with everything of it, the
-controller killed, the controller paused past its lease, etcd stopped.
+controller killed, the controller paused past its lease, etcd stopped. Every topic here has one
+replica, stated (a cluster's default is 3): what a lost broker does to partitions of one copy is
+what these tests show; replicas and failover are tests/cluster/test_replication.py's and
+test_failover.py's.
 
 Every broker is stopped by pid at teardown (bench/launcher.py), etcd too (conftest.py)."""
 
@@ -54,7 +57,7 @@ def consume_all(bootstrap: str, topic: str, want: int, timeout_s: float = 30.0) 
 def test_topics_spread_over_brokers_and_any_broker_serves_them(make_cluster, etcd_server):
     c = make_cluster(etcd_server.endpoint)
     with Admin(c.bootstrap(1)) as a:  # broker 1 may not be the controller: the admin follows NOT_CONTROLLER
-        info = a.create_topic("spread", 6)
+        info = a.create_topic("spread", 6, replication_factor=1)
     assert info.partitions == 6
     leaders = c.leaders("spread")
     assert sorted(leaders) == list(range(6))
@@ -97,9 +100,9 @@ def test_topics_spread_over_brokers_and_any_broker_serves_them(make_cluster, etc
 def test_a_killed_broker_s_partitions_are_unavailable_and_come_back_whole(make_cluster, etcd_server):
     c = make_cluster(etcd_server.endpoint)
     with Admin(c.bootstrap(0)) as a:
-        a.create_topic("dies", 6)
-        a.create_topic("gone", 3)
-        a.create_topic("again", 3)
+        a.create_topic("dies", 6, replication_factor=1)
+        a.create_topic("gone", 3, replication_factor=1)
+        a.create_topic("again", 3, replication_factor=1)
     assert produce(c.bootstrap(0), "dies", 6, 50) == 300
     assert produce(c.bootstrap(0), "again", 3, 10, tag=b"old") == 30
     victim = 2 if c.controller()[0] != 2 else 1
@@ -128,7 +131,7 @@ def test_a_killed_broker_s_partitions_are_unavailable_and_come_back_whole(make_c
 
         def made_again():  # as in Kafka, the name stays taken a moment after a delete (until the controller has let it go)
             try:
-                return a.create_topic("again", 2)
+                return a.create_topic("again", 2, replication_factor=1)
             except TopicExistsError:
                 return None
         assert wait_until(made_again, 10, 0.2)
@@ -159,7 +162,7 @@ def test_controller_killed_another_takes_over_and_places_topics(make_cluster, et
     assert epoch > old_epoch
     live = next(i for i in range(3) if i != old)
     with Admin(c.bootstrap(live)) as a:
-        a.create_topic("after", 4)
+        a.create_topic("after", 4, replication_factor=1)
     assert sorted(set(c.leaders("after").values())) == sorted(i for i in range(3) if i != old)
     assert produce(c.bootstrap(live), "after", 4, 10) == 40
 
@@ -180,7 +183,7 @@ def test_paused_controller_s_late_writes_are_refused(make_cluster, etcd_server):
     with Admin(c.bootstrap(old)) as a:
         def created():
             try:
-                return a.create_topic("late", 3)
+                return a.create_topic("late", 3, replication_factor=1)
             except (MetadataUnavailableError, TailraceError):
                 return None
         assert wait_until(created, 20), "the resumed broker never got topic creation to the new controller"
@@ -191,7 +194,7 @@ def test_paused_controller_s_late_writes_are_refused(make_cluster, etcd_server):
 def test_etcd_stopped_the_data_path_keeps_serving(make_cluster, own_etcd_server):
     c = make_cluster(own_etcd_server.endpoint)
     with Admin(c.bootstrap(0)) as a:
-        a.create_topic("steady", 3)
+        a.create_topic("steady", 3, replication_factor=1)
     assert produce(c.bootstrap(1), "steady", 3, 10) == 30
     own_etcd_server.stop()
     stopped = time.monotonic()
@@ -202,7 +205,7 @@ def test_etcd_stopped_the_data_path_keeps_serving(make_cluster, own_etcd_server)
             n += 1
         with Admin(c.bootstrap(2), timeout_ms=10_000) as a:
             with pytest.raises(MetadataUnavailableError):
-                a.create_topic("refused", 2)
+                a.create_topic("refused", 2, replication_factor=1)
         got = consume_all(c.bootstrap(2), "steady", 30 * (n + 1))
         assert len(got) == 30 * (n + 1)
     finally:
@@ -211,7 +214,7 @@ def test_etcd_stopped_the_data_path_keeps_serving(make_cluster, own_etcd_server)
     def created():
         try:
             with Admin(c.bootstrap(2)) as a:
-                return a.create_topic("resumed", 2)
+                return a.create_topic("resumed", 2, replication_factor=1)
         except TailraceError:
             return None
     assert wait_until(created, 30, 0.5), "topic admin did not resume after etcd came back"
@@ -221,7 +224,7 @@ def test_etcd_stopped_the_data_path_keeps_serving(make_cluster, own_etcd_server)
 def test_a_group_moves_with_its_committed_offsets_when_its_coordinator_dies(make_cluster, etcd_server):
     c = make_cluster(etcd_server.endpoint)
     with Admin(c.bootstrap(0)) as a:
-        a.create_topic("work", 6)
+        a.create_topic("work", 6, replication_factor=1)
     assert produce(c.bootstrap(0), "work", 6, 50) == 300
     group = "movers"
     with Admin(c.bootstrap(0)) as a:
@@ -293,7 +296,7 @@ def test_async_client_and_cli_follow_leaders_from_a_bootstrap_list(make_cluster,
     dead = "127.0.0.1:1"  # nothing listens there: the list goes on to the next
     bootstrap = ",".join([dead, *(b.bootstrap.removeprefix("tcp://") for b in c.brokers)])
     with Admin(bootstrap) as a:
-        a.create_topic("listed", 6)
+        a.create_topic("listed", 6, replication_factor=1)
     assert wait_until(lambda: _leaders_known(c.bootstrap(2), "listed"), 10)
 
     async def roundtrip():
@@ -339,7 +342,7 @@ def test_topic_lifecycle_through_any_broker(make_cluster, etcd_server):
 
     c = make_cluster(etcd_server.endpoint)
     with Admin(c.bootstrap(2)) as a:
-        a.create_topic("life", 3)
+        a.create_topic("life", 3, replication_factor=1)
     with Admin(c.bootstrap(1)) as a:
         grown = a.create_partitions("life", 6)
     assert grown.partitions == 6
@@ -373,7 +376,7 @@ def test_topic_lifecycle_through_any_broker(make_cluster, etcd_server):
     assert wait_until(gone, 10), "a broker still describes the deleted topic"
     assert c.leaders("life") == {}
     with Admin(c.bootstrap(2)) as a:
-        a.create_topic("life", 2)
+        a.create_topic("life", 2, replication_factor=1)
     assert produce(c.bootstrap(1), "life", 2, 5) == 10
     got = consume_all(c.bootstrap(0), "life", 10)
     assert len(got) == 10  # the new topic starts empty: nothing of the deleted one comes back

@@ -90,7 +90,7 @@ def test_replicas_on_distinct_brokers_copy_the_leader_s_batches_and_catch_up_aft
     with Admin(c.bootstrap(1)) as a:
         with pytest.raises(InvalidRequestError, match="replication_factor=4 .* needs 4 live brokers"):
             a.create_topic("toomany", 1, replication_factor=4)
-        a.create_topic("single", 2)
+        a.create_topic("single", 2, replication_factor=1)
     current, _ = read_assignments(c.etcd, c.keys, "copies")
     assigned = [current[("copies", p)][0] for p in range(3)]
     for a in assigned:
@@ -130,7 +130,7 @@ def test_replicas_on_distinct_brokers_copy_the_leader_s_batches_and_catch_up_aft
         assert p.flush(30_000) == 300
     c.brokers[victim].spawn()
     c.brokers[victim].wait_ready(90)
-    # its own partition (offline while it was away) is led by it again; the others' copies catch up
+    # its own partition failed over to an in-sync follower and comes back to it (preferred leader); every copy catches up
     assert wait_until(lambda: all(c.leaders("copies")[p] >= 0 for p in range(3)), 30)
     ends = {p: 200 + 300 // len(kept) if p in kept else 200 for p in range(3)}
 
@@ -143,6 +143,8 @@ def test_replicas_on_distinct_brokers_copy_the_leader_s_batches_and_catch_up_aft
                 return False
         return True
     assert wait_until(caught_up, 30), "the restarted follower did not catch up from its own log end"
+    with Admin(c.bootstrap(1)) as a:  # a cluster of 3 live brokers: a topic has 3 replicas by default
+        assert a.create_topic("default", 1).replication_factor == 3
 
 
 def isr_of(c, topic: str, partition: int) -> list[int]:
