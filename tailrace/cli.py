@@ -348,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     al_.add_argument("--config", type=_config, action="append", default=[], metavar="NAME=VALUE",
                      help="set a topic setting, repeatable (NAME= resets it to the broker's default): retention.ms, retention.bytes, "
                           "compression.type, message.timestamp.type, message.timestamp.before.max.ms, "
-                          "message.timestamp.after.max.ms")
+                          "message.timestamp.after.max.ms, min.insync.replicas, unclean.leader.election.enable")
     dl = command(tsub, "delete", "delete a topic and all its records (its producers and consumers get UNKNOWN_TOPIC)")
     dl.add_argument("name", help="topic name")
     ls = command(tsub, "list", "list topics (a table; --json for scripts)")
