@@ -76,6 +76,17 @@ class ProducerState:
             self.by_pid.move_to_end(pid)
         q.append((base_seq, count, base_offset, append_time_us))
 
+    def truncate(self, offset: int) -> None:
+        """Forget the batches at or past ``offset``: the log was cut back there (actors/truncate.py),
+        so a retry of one of them is a new batch, and a producer's next sequence follows its last
+        batch that is left. One step per producer, at a cut only."""
+        for pid in list(self.by_pid):
+            q = self.by_pid[pid]
+            while q and q[-1][2] >= offset:
+                q.pop()
+            if not q:
+                del self.by_pid[pid]
+
     def load(self, pids: np.ndarray, seqs: np.ndarray, counts: np.ndarray, bases: np.ndarray, times: np.ndarray) -> None:
         """Feed batches in append order (at takeover only: one step per recent batch)."""
         keep = pids >= 0

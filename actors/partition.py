@@ -36,10 +36,12 @@ from tailrace.persistence.journal import JournalReader
 from tailrace.persistence.log import DiskRead, FetchResult, PartitionLog
 
 from .dedup import KEEP, ProducerState
+from .truncate import resume as resume_cut
 from tailrace.shm.fence import OwnerLock
 
 DEDUP_LOAD_BATCHES = 4096  # batch headers read from the ring at takeover
 DEDUP_DISK_BATCHES = 64  # ... and from disk when the ring holds fewer
+CUTTING = "the partition's log is being cut back (actors/truncate.py): retriable"
 log = logging.getLogger("tailrace.partition")
 
 
@@ -107,6 +109,7 @@ class PartitionActor:
     def _take_over(self) -> None:
         """First moment with the lock: state the previous owner left is final now."""
         self.writer.repair()
+        resume_cut(self)  # a cut the previous owner asked for and the flusher made: its ring reset (actors/truncate.py)
         self._load_producer_state()
         self._load_max_time()
         if self.owner_row.next_offset:  # a partition with records changed hands (a fresh one is not news)
@@ -173,6 +176,8 @@ class PartitionActor:
             return ErrorCode.NOT_READY, "previous owner still holds the partition", -1, 0, 0
         if row.io_error:
             return ErrorCode.STORAGE_UNAVAILABLE, "journal cannot be written", -1, 0, 0
+        if row.truncate_request and not resume_cut(self):
+            return ErrorCode.NOT_READY, CUTTING, -1, 0, 0
         try:
             chk = check_batch(body, 0, len(body), max_batch_bytes)
         except BatchError as exc:
@@ -240,6 +245,8 @@ class PartitionActor:
             return ErrorCode.NOT_READY, "previous owner still holds the partition"
         if row.io_error:
             return ErrorCode.STORAGE_UNAVAILABLE, "journal cannot be written"
+        if row.truncate_request and not resume_cut(self):
+            return ErrorCode.NOT_READY, CUTTING
         mv, at, end, w = memoryview(body), 0, len(body), self.writer
         while at < end:  # one step per batch, never per record
             try:

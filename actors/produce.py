@@ -26,6 +26,7 @@ from tailrace.shm.rows import HeaderView
 from . import epochs
 from .adopt import Owned, with_code
 from .context import Outbox, Traffic, Turn
+from .truncate import cut_target, truncate
 from .watch import Watchers
 
 KICK_MIN_BYTES = STAGE_MIN_BYTES  # plain data waiting before a worker kicks the flusher: what it stages at once
@@ -141,7 +142,10 @@ def replica_append(ctx: ProduceContext, ident, assign, topic, partition, rest, w
     """REPLICA_APPEND (router -> worker, a cluster's follower; router/replicas.py): the batches
     the partition's leader sent, appended as the leader stored them (``append_replica``); the
     reply says where this copy's log ends now and what of it is synced (an empty body only asks;
-    with ``wait_sync`` it is answered once all of it is synced)."""
+    with ``wait_sync`` it is answered once all of it is synced). With ``truncate_to`` the copy is
+    first cut back there, or lower where its own batches of ``truncate_epoch`` end (actors/
+    truncate.py): NOT_READY while the cut is in progress (ask again), OFFSET_OUT_OF_RANGE when it
+    would go below the log start."""
     req = _replica_dec.decode(rest[1])
     actor = ctx.owned.actor_for(assign, topic, partition, reply)
     if actor is None:
@@ -151,6 +155,19 @@ def replica_append(ctx: ProduceContext, ident, assign, topic, partition, rest, w
         actor.repl = None
         actor.publish_hw()
     row = actor.owner_row
+    if req.truncate_to >= 0:
+        try:
+            cut = truncate(actor, cut_target(actor, req.truncate_to, req.truncate_epoch))
+        except OSError as exc:
+            return reply(P.ErrorCode.NOT_READY, P.ErrorReply(f"the copy's epochs cannot be read: {exc}"))
+        except ValueError as exc:
+            return reply(P.ErrorCode.OFFSET_OUT_OF_RANGE, P.ErrorReply(str(exc), log_start_offset=row.log_start_offset,
+                                                                       high_watermark=row.next_offset))
+        if cut < 0:
+            if actor.writer.fenced:
+                return reply(P.ErrorCode.NOT_OWNER, P.ErrorReply("partition moved to another owner"))
+            ctx.turn.durable_added = True  # the cut waits for the flusher to copy out and sync: kick it now
+            return reply(P.ErrorCode.NOT_READY, P.ErrorReply(f"truncating to {req.truncate_to}"))
     before = row.next_offset
     body = rest[2]
     code, message = actor.append_replica(body, ctx.max_batch_bytes) if len(body) else (P.ErrorCode.OK, "")

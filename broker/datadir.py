@@ -62,6 +62,7 @@ from .lifetime import die_with_parent, holders, in_use_message, pdeathsig_preexe
 #     journal/<20-digit position>.log  the journal segments (persistence/journal.py)
 #     journal/checkpoint               where recovery may start (persistence/recovery.py)
 #     journal/log_starts.json          each partition's log start offset (persistence/retention.py)
+#     journal/truncations.json         each partition's cuts of its log (persistence/truncation.py)
 #     journal/<segment>.log.tmp        a segment being pre-written (persistence/journal.py)
 #     index/<slot>.index               one dense index per partition (persistence/index.py)
 #     locks/broker.lock, serve.lock,   the ownership locks (this module)
@@ -120,6 +121,7 @@ EXTRA_WORKERS_DIR = "workers.d"
 FLUSHER_BELL = "flusher.bell"
 RUN_BASE_NAME = "tailrace"
 LOG_STARTS_FILE = "log_starts.json"  # in JOURNAL_DIR
+TRUNCATIONS_FILE = "truncations.json"  # in JOURNAL_DIR
 TMP_SUFFIX = ".tmp"  # a file being written before its rename into place
 SUPERVISORD_CONF = "supervisord.conf"  # shipped inside the package
 EXTRA_WORKER_SUFFIX = ".conf"  # in EXTRA_WORKERS_DIR

@@ -18,6 +18,9 @@ I/O error.
 The flusher is also the boot owner: it creates the control table, runs recovery and marks the
 table READY; workers wait for that before they serve (persistence/boot.py).
 
+It also cuts a partition's log back when its owner asks (a cluster follower's truncation):
+``cutter.poll`` at each kick and every 20 ms, persistence/truncation.py.
+
 Its pieces (boot, retention, the disk guard, the retirer) take narrow handles
 (persistence/handles.py), never the Flusher; every store to a control-table row, here and in
 them, goes through the flusher's typed view of the table (shm/rows.py ``FlusherColumns``): its
@@ -53,6 +56,7 @@ from .journal import BLOCK, Journal, StorageError
 from .recovery import write_checkpoint
 from .retention import Retention
 from .retire import Retirer
+from .truncation import Cutter, Truncations
 
 log = logging.getLogger("tailrace.flusher")
 
@@ -115,6 +119,7 @@ class Flusher:
         self.next_first_slot = 0  # where the next cycle starts staging (round robin over the dirty slots)
         self.retention: Retention | None = None  # log starts, segment deletion, disk guard (built at boot)
         self.retirer: Retirer | None = None  # deleted topics' slots (built at boot)
+        self.cutter: Cutter | None = None  # partitions' logs cut back on their owners' request (built at boot)
         self.gone: set[int] = set()  # active slots whose ring region is gone, until a rescan (ring_gone)
         self.gone_logged: set[int] = set()
 
@@ -156,8 +161,11 @@ class Flusher:
         for slot in booted.gone:
             self.ring_gone(slot)
         store = Storage(self.s, self.catalog, self.cols, self.indexes, self.bounds)
-        self.retention = Retention(store, FlusherHeader(self.table.header_words))
+        truncations = Truncations(self.s.data_dir)  # read after recovery, which may have moved a marker
+        self.retention = Retention(store, FlusherHeader(self.table.header_words), truncations)
         self.retirer = Retirer(store, self.rings, self.retention, rescan=self.rescan, checkpoint=self.checkpoint)
+        self.cutter = Cutter(store, truncations, self.retention, sync=self._sync_written, checkpoint=self.checkpoint,
+                             journal_end=lambda: self.buf_base + self.buf_len)
         self.retention.publish()  # the stored log starts into the rows
         self.rescan()
         boot_mod.ready(booted)
@@ -373,6 +381,11 @@ class Flusher:
         self.table.wake_readers(layout.WAKE_FLUSHER)  # durable_offset moved: isolation "durable" readers
         self.notify(SYNCED)
 
+    def _sync_written(self) -> None:
+        """fsync what was written, if anything was (the cutter's first step)."""
+        if self.journal.dirty:
+            self.sync()
+
     def checkpoint(self) -> None:
         """Sync indexes and journal, then name the journal end as the recovery start."""
         for idx in self.indexes.values():
@@ -460,7 +473,8 @@ def run(flusher: Flusher, bell: Doorbell, stop: list) -> None:
             if time.monotonic() - failed_at > STORAGE_RETRY_S:
                 log.error("exiting after a storage error; supervisord restarts the flusher")
                 break
-        if kicks.poll(0 if busy else idle_ms):
+        kicked = bool(kicks.poll(0 if busy else idle_ms))
+        if kicked:
             rung = bell.drain()
             if KICK_DURABLE in rung:
                 flusher.durable_wanted = True
@@ -477,6 +491,11 @@ def run(flusher: Flusher, bell: Doorbell, stop: list) -> None:
             last_work = now
         flusher.table.header["flusher_heartbeat_ns"] = time.monotonic_ns()
         now_ns = time.monotonic_ns()
+        if not flusher.failed and (kicked or flusher.cutter.due(now_ns)):
+            try:
+                flusher.cutter.poll(flusher._active_slots(), now_ns)  # cuts asked by partition owners
+            except (StorageError, OSError) as exc:
+                flusher._fail(exc)
         if not flusher.failed and flusher.retention.due(now_ns):
             try:
                 flusher.retention.run(now_ns)

@@ -58,7 +58,7 @@ READ_DELAY_S = 0.0  # fault injection for tests (settings.debug_read_delay_ms): 
 RING_SCAN_BYTES = 4 << 20  # one ring read of the time lookup's unindexed tail
 CHUNK = 1 << 16  # index entries read at once by the batch walks (batch_sizes, next_batch_start)
 _LOG_START, _NEXT, _DURABLE, _FLUSHED = (COL[n] for n in ("log_start_offset", "next_offset", "durable_offset", "flushed_offset"))
-_ACTIVE, _TOPIC_ID = COL["active"], COL["topic_id"]
+_ACTIVE, _TOPIC_ID, _CUT = COL["active"], COL["topic_id"], COL["truncate_request"]
 _NO_ROW = np.zeros(ROW_WORDS, dtype=np.int64)  # a slot without a row (recovery; past the table): reads as not active
 _NO_ROW.flags.writeable = False
 
@@ -143,6 +143,11 @@ class PartitionLog:
     @property
     def topic_id(self) -> int:
         return int(self.row[_TOPIC_ID])
+
+    @property
+    def cutting(self) -> bool:
+        """Whether the owner asked for a cut of the log not yet made (persistence/truncation.py)."""
+        return bool(self.row[_CUT])
 
     def durable_indexed_end(self) -> int:
         """The end of what is both durable and indexed: min(durable watermark, flushed offset),

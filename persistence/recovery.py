@@ -17,8 +17,10 @@ What recovery does, every time the flusher starts:
    skipped: it stays until retention deletes its segment.
 3. Truncate the torn tail: zero its bytes in place (segments are pre-written, their size never
    changes) and drop later segments, logging how many non-zero bytes were cut.
+   Batches a truncation marker cuts (a partition's log cut back on its owner's request:
+   ``journal/truncations.json``, persistence/truncation.py) are skipped before that check.
 4. Rewrite the index entries of every scanned batch and truncate each index to its journal's
-   truth; an index that disagrees with the journal below the checkpoint triggers a full rescan
+   truth (the entries a marker cuts are not kept); an index that disagrees with the journal below the checkpoint triggers a full rescan
    from the first segment (indexes are derived data). Each partition's index is read, checked,
    written and cut through its ``PartitionLog`` (persistence/log.py ``at_recovery``); recovery
    decides, the log reads and writes its own file.
@@ -46,6 +48,7 @@ from .index import entries_for
 from .journal import check_segments, list_segments
 from .log import PartitionLog
 from .retention import read_log_starts
+from . import truncation
 
 log = logging.getLogger("tailrace.recovery")
 
@@ -225,6 +228,7 @@ def recover(data_dir, segment_bytes: int, max_batch_bytes: int, catalog: Catalog
     check_segments(journal_dir, segment_bytes)
     checkpoint, expected = read_checkpoint(data_dir)
     starts = read_log_starts(data_dir)  # persistence/retention.py: records below these are gone
+    cuts = truncation.applicable(truncation.read_truncations(data_dir), catalog)  # logs cut back: skip what was cut
     segments = list_segments(journal_dir)
     full = not segments or checkpoint < segments[0] or checkpoint > segments[-1] + segment_bytes
     # A stored batch is judged by what the journal can hold, not by today's produce limit:
@@ -233,11 +237,12 @@ def recover(data_dir, segment_bytes: int, max_batch_bytes: int, catalog: Catalog
     for attempt in (0, 1):
         start = segments[0] if (full and segments) else (0 if full else checkpoint)
         res = scan(journal_dir, segment_bytes, start, limit)
+        truncation.drop_cut(res, cuts)
         _cut_at_first_inconsistent(res, catalog, full, starts)
         if res.torn_at is not None:
             _truncate_tail(journal_dir, segment_bytes, res)
         consistent, next_offsets = _rebuild_indexes(data_dir, catalog, res, full, {} if full else expected, segment_bytes,
-                                                    starts)
+                                                    starts, cuts)
         if consistent or full:
             break
         log.warning("index disagrees with the journal below the checkpoint: full rescan")
@@ -249,14 +254,15 @@ def recover(data_dir, segment_bytes: int, max_batch_bytes: int, catalog: Catalog
                 os.fsync(fd)
             finally:
                 os.close(fd)
+    truncation.clamp(data_dir, res.end)  # before the checkpoint that lets writing go on at res.end
     write_checkpoint(data_dir, res.end, next_offsets)
     if res.position:
         log.info("recovery scanned %d batches from position %d to %d", len(res.position), start, res.end)
     return Recovered(res.end, next_offsets, res.cut_bytes, len(res.position), full)
 
 
-def _rebuild_indexes(data_dir: Path, catalog: Catalog, res: ScanResult, full: bool,
-                     expected: dict[int, int], segment_bytes: int, starts: dict[int, int]) -> tuple[bool, dict[int, int]]:
+def _rebuild_indexes(data_dir: Path, catalog: Catalog, res: ScanResult, full: bool, expected: dict[int, int],
+                     segment_bytes: int, starts: dict[int, int], cuts: dict) -> tuple[bool, dict[int, int]]:
     by_key = {(t.topic_id, p): slot for t in catalog.data.topics.values() for p, slot in enumerate(t.slots)}
     arrays = {k: np.asarray(getattr(res, k), dtype=np.int64) for k in ("topic_id", "partition", "base_offset", "count", "position", "length")}
     keys = arrays["topic_id"] * (1 << 32) + arrays["partition"]
@@ -267,15 +273,17 @@ def _rebuild_indexes(data_dir: Path, catalog: Catalog, res: ScanResult, full: bo
         try:
             n = plog.entry_count()
             below = 0
+            pairs = cuts[slot][2] if slot in cuts else ()
             if n and not full:
-                below = plog.entries_below(res.start)
+                below = truncation.kept_below(plog, plog.entries_below(res.start), pairs)
                 # entries below the log start point into segments retention may have deleted
                 if below > starts.get(slot, 0) and not plog.last_entry_matches(below, topic_id, partition, segment_bytes):
                     consistent = False
                     log.warning("slot %d: last index entry below the checkpoint does not match the journal", slot)
-            if not full and below != expected.get(slot, below):
+            want = truncation.expected_below(expected[slot], res.start, pairs) if slot in expected else below
+            if not full and below != want:
                 consistent = False
-                log.warning("slot %d: index holds %d entries below the checkpoint, the checkpoint says %d", slot, below, expected[slot])
+                log.warning("slot %d: index holds %d entries below the checkpoint, the checkpoint says %d", slot, below, want)
             sel = np.flatnonzero(keys == topic_id * (1 << 32) + partition)
             if sel.size:
                 bases = arrays["base_offset"][sel]

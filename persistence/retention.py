@@ -43,6 +43,11 @@ and the journal's segments.
 
 Index files shrink with the log: the entries below a log start are punched out of the file
 (``fallocate(PUNCH_HOLE)``: the file keeps its offsets, the blocks are freed).
+
+Truncation (persistence/truncation.py): a partition whose owner asked for a cut of its log keeps
+its log start until the cut is made; a cut forgets the partition's byte count (``cut``); a cut
+marker goes once every segment below its journal position is deleted (``delete_segments``), and
+with its slot's topic (``forget``).
 """
 
 from __future__ import annotations
@@ -169,7 +174,7 @@ def crash_point(s, step: str) -> None:
 class Retention:
     """The flusher's retention pass (``run``), with what it has published and deleted."""
 
-    def __init__(self, store: Storage, header: FlusherHeader):
+    def __init__(self, store: Storage, header: FlusherHeader, truncations=None):
         self.s = store.s
         self.cols = store.cols  # the control table: given to each PartitionLog (reads; its log start store)
         self.catalog = store.catalog
@@ -188,10 +193,13 @@ class Retention:
         self.first_times: dict[int, tuple[int, int]] = {}  # slot -> (log start, its append time us), as last read
         self.logs: dict[int, PartitionLog] = {}  # slot -> its log: offsets, index, log-start store (``log_of``)
         self.guard = DiskGuard(store, header, self)  # storage full: refuse produce, or delete inside retention (opt in)
+        # the cut markers (persistence/truncation.py ``Truncations``): a marker goes with the last segment
+        # it could cut from, and with its slot's topic (``forget``); None: an in-process probe without them
+        self.truncations = truncations
 
     def forget(self, slots) -> None:
         """Drop what is kept of ``slots`` (a deleted topic's, persistence/retire.py); if a stored
-        log start went with them, write the file without it."""
+        log start went with them, write the file without it; their truncation markers too."""
         stored = False
         for slot in slots:
             stored |= self.starts.pop(slot, None) is not None
@@ -202,6 +210,14 @@ class Retention:
             self.pinned_by = -1
         if stored:
             write_log_starts(self.s.data_dir, self.starts, self.start_topics)
+        if self.truncations is not None:
+            self.truncations.forget(slots)
+
+    def cut(self, slot: int) -> None:
+        """``slot``'s log was cut back (persistence/truncation.py): what was counted of its tail
+        (its kept bytes, the time at its log start) is counted again from the index."""
+        self.counts.pop(slot, None)
+        self.first_times.pop(slot, None)
 
     def log_of(self, slot: int) -> PartitionLog:
         """The flusher's ``PartitionLog`` of ``slot`` (made on first use, over this pass's
@@ -278,6 +294,8 @@ class Retention:
             if (keep_ms < 0 and keep_bytes < 0) or not plog.active:
                 self.counts.pop(slot, None)
                 continue
+            if plog.cutting:  # a cut is asked (persistence/truncation.py): its log start waits for it
+                continue
             start = plog.log_start_offset
             end = plog.durable_indexed_end()
             if end <= start:
@@ -353,6 +371,10 @@ class Retention:
                 self.reader.drop_unlinked()  # our own cached descriptors of them
             log.info("retention: deleted %d journal segments below position %d (oldest kept record: slot %d)",
                      len(gone), keep, who)
+        if self.truncations is not None and self.truncations.marks:
+            left = list_segments(self.journal_dir)
+            if left:
+                self.truncations.prune(left[0])  # a marker below every segment left has nothing to cut
 
     # --- the disk guard (persistence/diskguard.py) ---------------------------------------
     def expire_below(self, position: int) -> int:
@@ -364,7 +386,7 @@ class Retention:
             plog, live = self.log_of(slot), slot in active
             start = max(self.stored_start(slot, live), plog.log_start_offset if live else 0)
             end = plog.kept_end(live)
-            if start >= end:
+            if start >= end or (live and plog.cutting):
                 continue
             at = plog.position_of(start)
             if at is not None and at < position:

@@ -14,7 +14,9 @@ done again:
    skip the row from then on; a same-host ring reader that sees it answers ``GONE`` and asks the
    router again, which says ``UNKNOWN_TOPIC``), then the whole row is zeroed (with the lock held
    no owner writes it) and the ring region is unlinked. The slot's log start, byte count and
-   punched-index mark leave ``log_starts.json`` and the retention state.
+   punched-index mark leave ``log_starts.json`` and the retention state, and its truncation
+   markers ``truncations.json`` (``Retention.forget``; persistence/truncation.py): a later topic
+   on the slot must never have its batches taken for cut ones.
 3. **checkpoint.** The next checkpoint no longer names the slots, so recovery never compares a
    later topic's index on them with the old topic's offsets.
 4. **remove the index files**, last: a retired slot with neither an index file nor a ring is free,
@@ -136,7 +138,7 @@ class Retirer:
 
     def _clear_rows(self, locks: dict) -> None:
         """Clear the rows of ``locks`` (slot -> its owner lock, held), unmap and unlink their
-        rings, forget their log starts."""
+        rings, forget their log starts and truncation markers."""
         slots = list(locks)
         for slot, lock in locks.items():
             self.indexes.forget(slot)

@@ -20,9 +20,16 @@ Two kinds of POSIX shared-memory region exist per broker instance (one instance 
         slot | topic_id | partition | active | ring_bytes | desc_capacity | log_start_offset | -
     line 1  (written only by the actor that owns the partition)
         owner_epoch | write_position | next_offset | desc_head | desc_tail | ring_start_offset
-        | - | replicated_hw (a replicated partition led here: its high watermark + 1, else 0)
+        | truncate_request (a cut of the log asked of the flusher: offset + 1, else 0)
+        | replicated_hw (a replicated partition led here: its high watermark + 1, else 0)
     line 2  (written only by the flusher)
-        flushed_desc | flushed_position | flushed_offset | durable_offset | io_error | - | - | -
+        flushed_desc | flushed_position | flushed_offset | durable_offset | io_error
+        | truncated_to (the cut done, acknowledging truncate_request: offset + 1, else 0) | - | -
+
+The two truncation words are a four-phase handshake (actors/truncate.py, persistence/
+truncation.py): the actor stores a request only while the acknowledgement is 0, the flusher
+acknowledges a request once its cut is durable, the actor clears its request once it has reset
+its ring, and the flusher clears its acknowledgement once the request is gone.
 
 ``/tailrace-<id>-r<slot>``: one partition's ring::
 
@@ -92,10 +99,14 @@ ROW_FIELDS = [
     "slot", "topic_id", "partition", "active", "ring_bytes", "desc_capacity", "log_start_offset", "_r0",
     # line 1: the owning actor
     "owner_epoch", "write_position", "next_offset", "desc_head", "desc_tail", "ring_start_offset",
-    "_r1a",  # _r1a (byte 112) was durable_wanted, never used: reserved, zero
+    # a cut of the log to this offset (+ 1; 0: none) asked of the flusher (actors/truncate.py); byte
+    # 112 was once named durable_wanted, never used, and always zero: an older table reads as no cut
+    "truncate_request",
     "replicated_hw",  # a replicated partition's high watermark + 1 (0: not replicated, the log end is it)
     # line 2: the flusher
-    "flushed_desc", "flushed_position", "flushed_offset", "durable_offset", "io_error", "_r2", "_r3", "_r4",
+    "flushed_desc", "flushed_position", "flushed_offset", "durable_offset", "io_error",
+    "truncated_to",  # the cut the flusher made for truncate_request (+ 1; 0: none), durable when stored
+    "_r3", "_r4",
 ]
 ROW_DTYPE = np.dtype([(name, "<i8") for name in ROW_FIELDS])
 ROW_BYTES = ROW_DTYPE.itemsize
@@ -109,6 +120,7 @@ COL = {name: ROW_DTYPE.fields[name][1] // 8 for name in ROW_FIELDS}
     COL[n] for n in ("owner_epoch", "write_position", "next_offset", "desc_head", "desc_tail", "ring_start_offset"))
 (C_FLUSHED_DESC, C_FLUSHED_POSITION, C_FLUSHED_OFFSET, C_DURABLE_OFFSET, C_IO_ERROR) = (
     COL[n] for n in ("flushed_desc", "flushed_position", "flushed_offset", "durable_offset", "io_error"))
+C_TRUNCATE_REQUEST, C_TRUNCATED_TO = COL["truncate_request"], COL["truncated_to"]
 # Which cache line (and so which single writer) each column belongs to; shm/rows.py turns this
 # into types (OwnerRow stores OWNER_COLUMNS only, FlusherRow FLUSHER_COLUMNS only).
 IDENTITY_COLUMNS = range(0, 8)  # boot / attach
@@ -116,6 +128,7 @@ OWNER_COLUMNS = range(8, 16)  # the owning actor
 FLUSHER_COLUMNS = range(16, 24)  # the flusher
 assert C_OWNER_EPOCH in OWNER_COLUMNS and C_RING_START_OFFSET in OWNER_COLUMNS
 assert C_FLUSHED_DESC in FLUSHER_COLUMNS and C_IO_ERROR in FLUSHER_COLUMNS
+assert C_TRUNCATE_REQUEST in OWNER_COLUMNS and C_TRUNCATED_TO in FLUSHER_COLUMNS
 assert ROW_BYTES == 3 * CACHE_LINE
 assert ROW_DTYPE.fields["owner_epoch"][1] == CACHE_LINE
 assert ROW_DTYPE.fields["flushed_desc"][1] == 2 * CACHE_LINE

@@ -94,6 +94,7 @@ class RowView:
     desc_head = _field("desc_head", False)
     desc_tail = _field("desc_tail", False)
     ring_start_offset = _field("ring_start_offset", False)
+    truncate_request = _field("truncate_request", False)
     replicated_hw = _field("replicated_hw", False)
     # line 2: the flusher
     flushed_desc = _field("flushed_desc", False)
@@ -101,6 +102,7 @@ class RowView:
     flushed_offset = _field("flushed_offset", False)
     durable_offset = _field("durable_offset", False)
     io_error = _field("io_error", False)
+    truncated_to = _field("truncated_to", False)
 
 
 class OwnerRow(RowView):
@@ -114,6 +116,7 @@ class OwnerRow(RowView):
     desc_head = _field("desc_head", True)
     desc_tail = _field("desc_tail", True)
     ring_start_offset = _field("ring_start_offset", True)
+    truncate_request = _field("truncate_request", True)  # a cut asked of the flusher (actors/truncate.py)
     replicated_hw = _field("replicated_hw", True)
 
     def init_identity(self, slot: int, topic_id: int, partition: int, ring_bytes: int, desc_capacity: int) -> None:
@@ -138,6 +141,7 @@ class FlusherRow(RowView):
     flushed_offset = _field("flushed_offset", True)
     durable_offset = _field("durable_offset", True)
     io_error = _field("io_error", True)
+    truncated_to = _field("truncated_to", True)  # the cut made, durable (persistence/truncation.py)
 
 
 _FLUSHER_STORES = {n: COL[n] for n in COL if COL[n] in FLUSHER_COLUMNS and not n.startswith("_")}

@@ -104,5 +104,5 @@ def test_every_offset_the_format_document_states_is_the_one_the_code_declares():
     assert table == {n: at for n, at in _offsets(layout.TABLE_HEADER_DTYPE).items() if n != "reserved"}
     row = _table(_section(doc, "Row: ", "### 7.2"), r"^\| \d \| (?P<at>\d+) \| `(?P<name>\w+)`")
     assert row == {n: at for n, at in _offsets(layout.ROW_DTYPE).items() if not n.startswith("_")}
-    assert "| 1 | 112 | (reserved) |" in doc and layout.ROW_DTYPE.names[layout.COL["_r1a"]] == "_r1a"
-    assert _offsets(layout.ROW_DTYPE)["_r1a"] == 112  # the old durable_wanted word: reserved, same place
+    # the old durable_wanted word (never used, always zero) is the truncation request now: same place
+    assert _offsets(layout.ROW_DTYPE)["truncate_request"] == 112 and _offsets(layout.ROW_DTYPE)["truncated_to"] == 168
