@@ -115,8 +115,16 @@ class Routes:
             self.refresh_at[topic] = min(self.refresh_at.get(topic, float("inf")), time.monotonic() + REFRESH_S / 10)
 
     def demote(self, topic: str, partition: int) -> None:
+        """A request to the partition's owner was lost with its connection or never answered: go
+        through the router, and describe the topic again. In a cluster the leader's broker may be
+        the one gone: its endpoint is forgotten too, so requests go to the bootstrap broker, which
+        answers NOT_LEADER_OR_FOLLOWER (describe again in REFRESH_S / 10) until the controller
+        has elected a new leader, and then names it, instead of queueing for a dead endpoint."""
         self.confirmed.discard((topic, partition))
-        self.refresh_at.setdefault(topic, time.monotonic() + REFRESH_S)
+        if self.leaders.pop((topic, partition), None) is not None:
+            self.refresh_at[topic] = min(self.refresh_at.get(topic, float("inf")), time.monotonic() + REFRESH_S / 10)
+        else:
+            self.refresh_at.setdefault(topic, time.monotonic() + REFRESH_S)
 
 
 class BlockingRoutes(Routes):
