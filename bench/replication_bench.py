@@ -270,8 +270,8 @@ def first_after_silence(acks: list[float], t0: float, silence_s: float = 0.3) ->
 
 
 def step_failover(c: Cluster, args) -> dict:
-    """Per repetition: a fresh topic of one partition, RF 3, led by a broker that is not the
-    controller; a producer (acks all, idempotent, one record per send, linger 0) through a broker
+    """Per repetition: a fresh topic of three partitions, RF 3, and one of them led by a broker
+    that is not the controller; a producer (acks all, idempotent, one record per send, linger 0) through a broker
     that stays up sends without pause; the leader's broker is killed (every program kill -9,
     bench/launcher.py ``hard_kill_all``); failover time = from the kill to the first
     acknowledgement after the silence that follows it (``first_after_silence``: the new leader's). Then the broker is
@@ -283,14 +283,11 @@ def step_failover(c: Cluster, args) -> dict:
     for rep in range(args.failovers):
         topic = f"rb-failover-{rep}"
         controller = c.controller()
-        with Admin(c.brokers[controller].bootstrap, timeout_ms=30_000) as a:
-            a.create_topic(topic, 1, replication_factor=3, config={"min.insync.replicas": MIN_ISR})
+        with Admin(c.brokers[controller].bootstrap, timeout_ms=30_000) as a:  # leaders spread: one per broker
+            a.create_topic(topic, 3, replication_factor=3, config={"min.insync.replicas": MIN_ISR})
         current, _ = read_assignments(c.etcd, c.keys, topic)
-        first = current[(topic, 0)][0]
-        if first.leader == controller:  # the controller's own failover would add its election: not this figure
-            log(f"failover {rep}: leader {first.leader} is the controller; skipped")
-            out["runs"].append({"skipped": "leader is the controller"})
-            continue
+        # a partition the controller does not lead (its own failover would add a controller election)
+        part, first = next((p, a) for (_t, p), (a, _r) in sorted(current.items()) if a.leader != controller)
         victim = first.leader
         acks: list[float] = []
         stop = threading.Event()
@@ -300,7 +297,7 @@ def step_failover(c: Cluster, args) -> dict:
                           on_ack=lambda *_: acks.append(time.monotonic())) as p:
                 i = 0
                 while not stop.is_set():
-                    p.send(topic, b"f%d" % i, partition=0)
+                    p.send(topic, b"f%d" % i, partition=part)
                     i += 1
                     p.poll(1)
                 p.flush(30_000)
@@ -314,7 +311,7 @@ def step_failover(c: Cluster, args) -> dict:
             c.brokers[victim].hard_kill_all()
             wait_for(lambda: first_after_silence(acks, killed) is not None, killed, 60)
             first_after = first_after_silence(acks, killed)
-            elected = read_assignments(c.etcd, c.keys, topic)[0][(topic, 0)][0]
+            elected = read_assignments(c.etcd, c.keys, topic)[0][(topic, part)][0]
         finally:
             stop.set()
             t.join(60)
@@ -323,7 +320,7 @@ def step_failover(c: Cluster, args) -> dict:
                "acks_before": sum(1 for x in acks if x <= killed)}
         c.brokers[victim].spawn()
         c.brokers[victim].wait_ready(120)
-        back = wait_for(lambda: victim in read_assignments(c.etcd, c.keys, topic)[0][(topic, 0)][0].isr,
+        back = wait_for(lambda: victim in read_assignments(c.etcd, c.keys, topic)[0][(topic, part)][0].isr,
                         time.monotonic(), 120)
         run["rejoined_isr_s"] = None if back is None else round(back, 2)
         log(f"failover {rep}: leader {victim} killed, broker {elected.leader} acknowledged after "
