@@ -320,6 +320,14 @@ def release_durable(ctx: ProduceContext) -> None:
             continue
         durable = actor.log.durable_watermark
         repl = actor.repl
+        if repl is not None and repl.shrunk is not None:
+            hw, durable_hw = repl.shrunk
+            repl.shrunk = None
+            _release(ctx, actor.hw_waiters, hw, False)  # what the old ISR held: acknowledged
+            _release(ctx, actor.durable_waiters, durable_hw, False)
+            if repl.short():  # the rest: stored here, not replicated enough (retriable; a retry is deduplicated)
+                fail_waiters(ctx, actor, P.ErrorCode.NOT_ENOUGH_REPLICAS, "the ISR fell below min.insync.replicas "
+                             "before this batch was replicated: stored on the leader, not acknowledged (retry)")
         if repl is not None:
             durable = repl.durable_hw_at(durable)
             if actor.hw_waiters:

@@ -46,7 +46,7 @@ _leader_dec = ops.DECODERS[P.Op.LEADER_AND_ISR]
 
 class Replication:
     __slots__ = ("me", "leader_epoch", "replicas", "isr", "min_isr", "lag_ns", "ends", "durables", "caught_up",
-                 "last_fetch", "proposed", "epoch_ends", "_hw", "_durable_hw")
+                 "last_fetch", "proposed", "epoch_ends", "shrunk", "_hw", "_durable_hw")
 
     def __init__(self, req: P.LeaderAndIsrRequest, log_start: int, now_ns: int):
         self.ends: dict[int, int] = {}  # follower -> where its log ended at its last fetch
@@ -55,6 +55,9 @@ class Replication:
         self.last_fetch: dict[int, tuple[int, int]] = {}  # follower -> (our log end, monotonic ns) at its last fetch
         self.proposed: list[int] | None = None  # the ISR asked for and not yet confirmed
         self.epoch_ends: dict[int, tuple[int, int]] = {}  # an earlier epoch -> epochs.end_of_epoch of it here
+        # the watermarks as they were when the ISR fell below min.insync.replicas (taken by
+        # actors/produce.py release_durable: waiters past them are refused, not acknowledged)
+        self.shrunk: tuple[int, int] | None = None
         self._hw = self._durable_hw = log_start
         self.isr: list[int] = []
         self.update(req, now_ns)
@@ -64,6 +67,7 @@ class Replication:
             # led again at a later epoch: what followers said before is of another epoch's logs
             for d in (self.ends, self.durables, self.caught_up, self.last_fetch, self.epoch_ends):
                 d.clear()
+        was_short = bool(self.isr) and self.short()
         self.me, self.leader_epoch = req.leader, req.leader_epoch
         self.replicas = list(req.replicas)
         joined = [b for b in req.isr if b not in self.isr]
@@ -78,6 +82,10 @@ class Replication:
             self.last_fetch.pop(b, None)
         if self.proposed is not None and sorted(self.proposed) == sorted(self.isr):
             self.proposed = None
+        if self.short() and not was_short and self.shrunk is None:
+            # Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND: what waits for replication now would be
+            # "covered" by an ISR too small to count; only what the old ISR held is acknowledged
+            self.shrunk = (self._hw, self._durable_hw)
 
     def counted(self) -> set[int]:
         """The followers the watermarks wait for: the ISR's, with the proposed ISR's while pending."""

@@ -57,7 +57,9 @@ class EtcdServer:
     """One etcd process: ``start()``, ``endpoint`` (``127.0.0.1:port``), ``stop()``; ``pause()``
     and ``resume()`` (SIGSTOP, SIGCONT) and ``kill()`` for tests of an etcd that goes away."""
 
-    def __init__(self, data_dir: str | os.PathLike, fsync: bool = True, name: str = "tailrace-etcd"):
+    def __init__(self, data_dir: str | os.PathLike, fsync: bool = True, name: str = "tailrace-etcd",
+                 host: str = "127.0.0.1"):
+        self.host = host  # where it listens: loopback, or an address of a network namespace's bridge a test made
         self.data_dir = Path(data_dir)
         self.fsync = fsync
         self.name = name
@@ -68,14 +70,14 @@ class EtcdServer:
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+        return f"{self.host}:{self.client_port}"
 
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
     def argv(self) -> list[str]:
-        client = f"http://127.0.0.1:{self.client_port}"
+        client = f"http://{self.host}:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         argv = [etcd_binary(), "--name", self.name, "--data-dir", str(self.data_dir),
                 "--listen-client-urls", client, "--advertise-client-urls", client,

@@ -128,3 +128,15 @@ def test_a_copy_is_told_it_diverged_only_when_it_is_not_a_prefix_of_the_leader_s
     log.reads = 0
     assert diverging(log, r, 0, 130) == (0, 100) and log.reads == 0
     assert diverging(log, r, 1, 151) == (1, 150)  # past the leader's end in its own epoch
+
+
+def test_an_isr_falling_below_min_insync_keeps_the_watermarks_it_had_for_the_waiters():
+    r = leader(isr=(0, 1, 2), min_isr=2)
+    r.fetched(1, 40, 30, 100, 1 * MS)
+    r.fetched(2, 50, 20, 100, 1 * MS)
+    assert (r.hw_at(100), r.durable_hw_at(100)) == (40, 20)
+    r.update(P.LeaderAndIsrRequest(0, 3, [0, 1, 2], [0, 1], 2, 1000), 2 * MS)  # still 2: not short
+    assert r.shrunk is None and not r.short()
+    r.update(P.LeaderAndIsrRequest(0, 3, [0, 1, 2], [0], 2, 1000), 3 * MS)
+    assert r.short() and r.shrunk == (40, 20)  # acks past these are refused NOT_ENOUGH_REPLICAS (actors/produce.py)
+    assert r.hw_at(100) == 100  # the leader alone: its own end (reads may go on; acks=all may not)
