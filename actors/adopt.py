@@ -37,8 +37,13 @@ class Owned:
         self.actors: dict[int, PartitionActor] = {}  # slot -> actor
         self.adopted_new = False  # an actor was made here: tell the flusher (kick KICK_ADOPTED) to rescan its rows
 
-    def actor_for(self, assign: bytes | None, topic: bytes, partition: int, reply):
-        """The actor for this request, adopting the partition if the router says we own it."""
+    def actor_for(self, assign: bytes | None, topic: bytes, partition: int, reply, write: bool = False):
+        """The actor for this request, adopting the partition if the router says we own it. A
+        direct ``write`` (a client's produce, not the router's) to a partition another broker
+        leads now is refused NOT_LEADER_OR_FOLLOWER: a client's route to this worker may be older
+        than the leader change, and a copy that no longer leads would take and acknowledge what
+        no replica of the ISR holds (reads of it are left alone: tests and tools read a follower's
+        copy there, and the router path is what clients are sent back to)."""
         if assign is not None:
             if len(assign) != P.ASSIGN.size:
                 reply(P.ErrorCode.MALFORMED, P.ErrorReply("bad assignment frame"))
@@ -48,12 +53,14 @@ class Owned:
                 reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(f"owner epoch {epoch} out of range"))
                 return None
             actor = self.actors.get(slot)
-            if actor is not None and actor.epoch == epoch:
-                return actor
             if actor is not None and actor.epoch > epoch:
                 reply(P.ErrorCode.NOT_OWNER, P.ErrorReply(f"stale assignment: epoch {epoch} < {actor.epoch}"))
                 return None
-            return self.adopt(slot, epoch, reply)
+            if actor is None or actor.epoch != epoch:
+                actor = self.adopt(slot, epoch, reply)
+            if actor is not None:  # the router's word: this broker serves it (a REPLICA_APPEND says otherwise again)
+                actor.led_elsewhere = False
+            return actor
         name = topic.decode("utf-8", "replace")
         slot = self.catalog.slot_of(name, partition)
         if slot is None:
@@ -63,6 +70,10 @@ class Owned:
         actor = self.actors.get(slot)
         if actor is None or actor.writer.fenced:
             reply(P.ErrorCode.NOT_OWNER, P.ErrorReply(f"worker {self.worker_id} does not own topic={name!r} partition={partition}"))
+            return None
+        if write and actor.led_elsewhere:  # a direct client with a stale route (cluster)
+            reply(P.ErrorCode.NOT_LEADER_OR_FOLLOWER, P.ErrorReply(
+                f"this broker does not lead topic={name!r} partition={partition}: describe the topic for its leader"))
             return None
         return actor
 

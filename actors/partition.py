@@ -79,6 +79,9 @@ class PartitionActor:
         self.durable_waiters: deque = deque()  # of (end_offset, reply frames)
         self.hw_waiters: deque = deque()  # acks=all: of (end_offset, reply frames), answered as the high watermark covers them
         self.repl = None  # a replicated partition led here: its followers and watermarks (actors/replication.py)
+        # a cluster: the router said another broker leads it (a REPLICA_APPEND: this copy follows, or holds no
+        # replica any more) and has not forwarded a request of a leader's since: direct clients are refused (adopt.py)
+        self.led_elsewhere = False
         self.parked: list = []  # of (deadline_ns, ident frames, routing, FetchRequest)
         self.check_ownership()
 

@@ -50,13 +50,14 @@ class ProduceContext:
     wake_group: int
     watchers: Watchers
     throttle: quota.Throttle | None  # with --auth curve: the quotas (broker/quota.py)
+    fetches: object = None  # the parked FETCH_MULTIs (actors/fetch_multi.py Parked): refused in part by stop_leading
 
 
 def produce(ctx: ProduceContext, ident, assign, topic, partition, rest, who, reply) -> None:
     req = _produce_dec.decode(rest[1])
     if req.acks not in ACKS:
         return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(ACKS_MESSAGE.format(req.acks)))
-    actor = ctx.owned.actor_for(assign, topic, partition, reply)
+    actor = ctx.owned.actor_for(assign, topic, partition, reply, write=True)
     if actor is None:
         return
     acks = _acks_here(actor, req.acks)
@@ -150,10 +151,9 @@ def replica_append(ctx: ProduceContext, ident, assign, topic, partition, rest, w
     actor = ctx.owned.actor_for(assign, topic, partition, reply)
     if actor is None:
         return
-    if actor.repl is not None:  # it led here, and follows now: what waited on its followers is not known to be replicated
-        fail_waiters(ctx, actor, P.ErrorCode.NOT_LEADER_OR_FOLLOWER, "this broker no longer leads the partition")
-        actor.repl = None
-        actor.publish_hw()
+    actor.led_elsewhere = True  # until the router forwards a leader's request again: direct clients refused
+    if actor.repl is not None:  # it led here, and follows now (or holds no replica: a reassignment moved it)
+        stop_leading(ctx, actor)
     row = actor.owner_row
     if req.truncate_to >= 0:
         try:
@@ -223,7 +223,7 @@ def produce_multi(ctx: ProduceContext, ident, assign, topic, partition, rest, wh
             if slot == P.NO_SLOT:  # the router's word: not this worker's (or not a partition at all)
                 results.append(P.PartitionOutcome(p, epoch, message=_NOT_ROUTED.get(epoch, "not routed to this worker")))
                 continue
-        actor = owned.actor_for(one_assign, topic, p, lambda code, body=None: said.append((code, body)))
+        actor = owned.actor_for(one_assign, topic, p, lambda code, body=None: said.append((code, body)), write=True)
         if actor is None:
             code, body = said[0]
             results.append(P.PartitionOutcome(p, code, message=body.message if body is not None else ""))
@@ -366,6 +366,29 @@ def _release(ctx: ProduceContext, q, mark: int, failed: bool) -> None:
             out.hold_until(due, frames)
         else:
             out.port.send(frames)
+
+
+def stop_leading(ctx: ProduceContext, actor) -> None:
+    """The partition's leadership here is over: it follows another broker now, or a reassignment
+    took it off this broker (router/replicas.py ``_stand_down``). Without ``repl`` its watermark is
+    the log end, which may hold records the ISR never had (the high watermark was the ISR's least
+    end), so nothing waiting here may be answered by it: produce waiters, parked FETCHes and this
+    partition's part of parked FETCH_MULTIs are answered NOT_LEADER_OR_FOLLOWER first (found
+    moving a partition under load: a parked read served the old leader's unreplicated tail), and
+    their clients describe the topic again and go to the new leader."""
+    code, why = P.ErrorCode.NOT_LEADER_OR_FOLLOWER, "this broker no longer leads the partition"
+    fail_waiters(ctx, actor, code, why)
+    for _deadline, ident, routing, _req, _who in actor.parked:
+        ctx.out.count(P.Op.FETCH, code)
+        ctx.out.port.send([*ident, with_code(routing, code), P.encode(P.ErrorReply(why))])
+    actor.parked = []
+    for m in (ctx.fetches.waits if ctx.fetches is not None else ()):
+        if actor.slot in m.slots:  # answered at its deadline or with its other partitions' data
+            m.slots.discard(actor.slot)
+            m.targets = [(p, None, o, P.PartitionFetch(p, code, message=why)) if a is actor else (p, a, o, r)
+                         for p, a, o, r in m.targets]
+    actor.repl = None
+    actor.publish_hw()
 
 
 def fail_waiters(ctx: ProduceContext, actor, code: int, message: str) -> None:

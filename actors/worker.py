@@ -109,10 +109,11 @@ class Worker:
         self.watchers = watch.Watchers(ringer, len(table.rows))
         self.reader = reader  # cold reads off the loop (None: read inline)
         self.throttle = throttle
+        parked = fetch_multi.Parked()  # FETCH_MULTI's waits: read by the fetches, refused in part when leadership ends
         self.produce_ctx = produce.ProduceContext(owned, HeaderView(table.header_words), s.max_batch_bytes, self.out,
                                                   self.traffic, self.turn, table, worker_id % layout.WAKE_FLUSHER,
-                                                  self.watchers, throttle)
-        self.fetch_ctx = fetch.FetchContext(owned, self.out, self.traffic, self.turn, throttle, reader, fetch_multi.Parked())
+                                                  self.watchers, throttle, parked)
+        self.fetch_ctx = fetch.FetchContext(owned, self.out, self.traffic, self.turn, throttle, reader, parked)
         self.offsets_ctx = offsets.OffsetsContext(self.catalog, table, s.data_dir, self.journal, s.instance)
         contexts = {P.Op.PRODUCE: self.produce_ctx, P.Op.PRODUCE_MULTI: self.produce_ctx, P.Op.FETCH: self.fetch_ctx,
                     P.Op.FETCH_MULTI: self.fetch_ctx, P.Op.LIST_OFFSETS: self.offsets_ctx,

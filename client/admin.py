@@ -1,4 +1,4 @@
-"""Admin: create, list and describe topics; list offsets; broker status.
+"""Admin: create, list and describe topics; list offsets; broker status; move partitions.
 
 Each operation is written once, as a ``Call`` (the request to make and how to read its reply):
 ``Admin`` makes it with a blocking round trip, ``aio.AsyncAdmin`` with an awaited one.
@@ -65,6 +65,12 @@ class AdminCalls:
     def create_partitions(name: str, total: int) -> Call:
         return Call(P.Op.CREATE_PARTITIONS, name, -1, P.encode(P.CreatePartitionsRequest(int(total))),
                     lambda r: P.decoder(P.TopicInfo).decode(r.header))
+
+    @staticmethod
+    def reassign_partitions(name: str, partitions: dict) -> Call:
+        req = P.AlterPartitionReassignmentsRequest({int(p): [int(b) for b in r] for p, r in partitions.items()})
+        return Call(P.Op.ALTER_PARTITION_REASSIGNMENTS, name, -1, P.encode(req),
+                    lambda r: P.decoder(P.AlterPartitionReassignmentsReply).decode(r.header).partitions)
 
     @staticmethod
     def delete_topic(name: str) -> Call:
@@ -165,6 +171,16 @@ class Admin:
         new partitions are numbered after the old ones; a key may hash to another partition from
         now on (docs/DESIGN.md). Producers see the new count within ``METADATA_MAX_AGE_S``."""
         return self._call(AdminCalls.create_partitions(name, total))
+
+    def reassign_partitions(self, name: str, partitions: dict[int, list[int]]) -> list[P.PartitionReassignment]:
+        """Move partitions of topic ``name`` to other brokers of a cluster, ``{partition: [broker
+        ids]}``, the first the preferred leader (Kafka's alterPartitionReassignments). Returns once
+        the move has started: the new replicas are listed and copy the leader; the controller
+        finishes each move (replicas = the target, leadership moved into it) once they are all in
+        sync. ``describe_topic`` shows the progress (a partition's ``target`` is [] once done).
+        Refused: a single host, a broker not live or named twice, an empty list
+        (``InvalidRequestError``), an unknown topic or partition."""
+        return self._call(AdminCalls.reassign_partitions(name, partitions))
 
     def delete_topic(self, name: str) -> P.TopicInfo:
         """Delete topic ``name`` (Kafka's deleteTopics): from the reply on, its producers and

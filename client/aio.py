@@ -378,6 +378,9 @@ class AsyncAdmin:
     async def create_partitions(self, name: str, total: int) -> P.TopicInfo:
         return await self._call(AdminCalls.create_partitions(name, total))
 
+    async def reassign_partitions(self, name: str, partitions: dict[int, list[int]]) -> list[P.PartitionReassignment]:
+        return await self._call(AdminCalls.reassign_partitions(name, partitions))
+
     async def delete_topic(self, name: str) -> P.TopicInfo:
         return await self._call(AdminCalls.delete_topic(name))
 

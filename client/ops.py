@@ -79,6 +79,8 @@ SPEC: tuple[OpSpec, ...] = (
     R(Op.CREATE_PARTITIONS, 2, False, TOPIC,   ROUTER,      "alter",    P.CreatePartitionsRequest, P.TopicInfo),
     R(Op.ALTER_CONFIGS,     2, False, TOPIC,   ROUTER,      "alter",    P.AlterConfigsRequest,     P.TopicInfo),
     R(Op.DELETE_TOPIC,      2, False, TOPIC,   ROUTER,      "delete",   None,                      P.TopicInfo),
+    R(Op.ALTER_PARTITION_REASSIGNMENTS, 2, False, TOPIC, ROUTER, "alter", P.AlterPartitionReassignmentsRequest,
+      P.AlterPartitionReassignmentsReply),
     R(Op.GROUP_HEARTBEAT,   2, False, GROUP,   COORDINATOR, "group",    P.GroupHeartbeatRequest,   P.GroupHeartbeatReply),
     R(Op.OFFSET_COMMIT,     2, False, GROUP,   COORDINATOR, "group",    P.OffsetCommitRequest,     P.CommittedOffsets),
     R(Op.OFFSET_FETCH,      2, False, GROUP,   COORDINATOR, "group",    P.OffsetFetchRequest,      P.CommittedOffsets),

@@ -62,6 +62,7 @@ class Op(enum.IntEnum):
     CREATE_PARTITIONS = 15  # grow a topic to a new partition count (Kafka's CreatePartitions)
     ALTER_CONFIGS = 16  # set or reset a topic's settings (Kafka's IncrementalAlterConfigs)
     DELETE_TOPIC = 17  # delete a topic and everything of it (Kafka's DeleteTopics)
+    ALTER_PARTITION_REASSIGNMENTS = 18  # cluster: move partitions' replicas to other brokers (Kafka's KIP-455)
     # consumer groups (router/groups.py): the routing header's topic field names the group
     GROUP_HEARTBEAT = 20  # join, stay, leave; the reply is the member's assignment (Kafka's KIP-848)
     OFFSET_COMMIT = 21  # store a group's offsets durably
@@ -152,6 +153,28 @@ class CreatePartitionsRequest(msgspec.Struct):
 
 class AlterConfigsRequest(msgspec.Struct):
     config: dict[str, str]  # name -> value; "" resets the name to the broker's default
+
+
+class AlterPartitionReassignmentsRequest(msgspec.Struct):
+    """ALTER_PARTITION_REASSIGNMENTS (section 4.7d'): partitions of the routing header's topic ->
+    the broker ids each moves to, the preferred leader first (Kafka's AlterPartitionReassignments)."""
+    partitions: dict[int, list[int]]
+
+
+class PartitionReassignment(msgspec.Struct):
+    """One partition as the reassignment left it: while it is under way ``replicas`` is the target
+    followed by the replicas it replaces and ``target`` says where it goes ([]: nothing pending,
+    the replicas are the target already)."""
+    partition: int
+    replicas: list[int]
+    target: list[int]
+    leader: int
+    leader_epoch: int
+    isr: list[int]
+
+
+class AlterPartitionReassignmentsReply(msgspec.Struct):
+    partitions: list[PartitionReassignment]  # in partition order
 
 
 # What each op takes (frames, the header rule, who serves it, its ACL need): client/ops.py, SPEC.
@@ -460,6 +483,7 @@ class PartitionInfo(msgspec.Struct):
     leader_endpoint: str = ""
     replicas: list[int] = []  # cluster: the brokers holding a copy, the preferred leader first
     isr: list[int] = []  # cluster: the replicas in sync with the leader
+    target: list[int] = []  # cluster: a reassignment under way: the replicas it moves to ([]: none)
 
 
 class DescribeReply(msgspec.Struct):

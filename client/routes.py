@@ -40,6 +40,10 @@ class Routes:
         # another broker leads go through that broker's endpoint, not the bootstrap router
         self.cluster = False
         self.leaders: dict[tuple[str, int], str] = {}  # (topic, p) -> its leader's client endpoint
+        # partitions the last DESCRIBE said another broker leads: their worker endpoint is that broker's, never
+        # addressed directly, even once a request through the bootstrap router succeeded (the leader moved here
+        # since: until the next DESCRIBE the endpoint known is the old leader's worker, which would take it)
+        self.remote: set[tuple[str, int]] = set()
 
     def learn(self, topic: str, d: P.DescribeReply) -> int:
         """Take in a DESCRIBE_TOPIC answer; returns the topic's partition count."""
@@ -51,8 +55,10 @@ class Routes:
         for pi in d.partitions:
             if pi.leader_endpoint:
                 self.leaders[(topic, pi.partition)] = pi.leader_endpoint
+                self.remote.add((topic, pi.partition))
             else:
                 self.leaders.pop((topic, pi.partition), None)
+                self.remote.discard((topic, pi.partition))
             old = self.endpoints.get((topic, pi.partition))
             if old is not None and old not in (pi.endpoint, pi.local_endpoint):
                 self.confirmed.discard((topic, pi.partition))
@@ -90,8 +96,9 @@ class Routes:
     def route(self, topic: str, partition: int) -> str | None:
         """Where to send a request for this partition now, from what is known (None: through
         the router)."""
-        if not self.direct or (topic, partition) not in self.confirmed:
-            return self.leaders.get((topic, partition))  # None: the bootstrap router
+        tp = (topic, partition)
+        if not self.direct or tp not in self.confirmed or tp in self.remote:
+            return self.leaders.get(tp)  # None: the bootstrap router
         return self.endpoints.get((topic, partition))
 
     def group_of(self, topic: str, partition: int, via: str | None) -> str | None:

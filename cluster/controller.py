@@ -31,9 +31,21 @@ epoch 0; and, when a broker's registration disappears, what becomes of the parti
   replica the new leader starts from an empty log: only right for partitions whose data does not
   matter, or once replicas exist (the replication issue picks from the ISR).
 
+Reassignment (Kafka's KIP-455, ``reassign``: the operator's ``tailrace partitions reassign`` and
+``cluster decommission``). One fenced write adds the new replicas: ``replicas`` = the target, then
+the old ones not in it; ISR unchanged; ``target`` set (cluster/metadata.py). Each listed broker's
+router follows the leader (router/replicas.py), the new ones from an empty log, and the leader
+writes them into the ISR once caught up. Then ``reconcile`` finishes it in one more fenced write:
+``replicas`` = the target, the ISR cut to it, and leadership, if the leader is not in the target,
+to the first target replica (in sync, so it holds every acknowledged record; leader epoch + 1).
+It composes with the rules above: a lost leader is elected first (from the union, target first)
+and the reassignment finishes on a later pass; the preferred-leader move waits while one is
+pending (Kafka's rebalancer skips reassigning partitions too), so leadership moves once, not twice.
+
 ``reconcile()`` is idempotent, computed from what etcd holds now (live brokers, assignments), so
 a new controller finishes whatever its predecessor left half done. ``ControllerLoop`` runs
-campaign and reconcile on a thread, woken by a watch of the brokers and the controller key.
+campaign and reconcile on a thread, woken by a watch of the brokers, the topics and the controller
+key, and by changes (an ISR grown) of partitions with a reassignment pending.
 """
 
 from __future__ import annotations
@@ -46,16 +58,17 @@ from typing import Iterable
 import msgspec
 
 from .assign import partition_counts, place, place_replicas
-from .errors import ClusterError, MetadataConflict, NoLiveBrokers, NotController, NotEnoughBrokers
+from .errors import ClusterError, InvalidReassignment, MetadataConflict, NoLiveBrokers, NotController, NotEnoughBrokers
 from .etcd import Etcd, TxnResult, absent, create_revision_is, delete_op, get_op, mod_revision_is, put_op
 from .membership import Membership
 from .metadata import (NO_LEADER, ControllerInfo, PartitionAssignment, TopicMeta, decode, encode, read_assignments,
-                       read_brokers, read_controller, read_loads, read_topics)
+                       read_brokers, read_controller, read_loads, read_topics, reassigning)
 
 log = logging.getLogger("tailrace.cluster.controller")
 LOST_POLICIES = ("offline", "reassign")
 STOP_POLL_S = 0.25  # ControllerLoop waits for changes in slices this long, so stop() returns at once
 MAX_KEYS_PER_TXN = 100  # etcd refuses a transaction of more than --max-txn-ops (128 by default) ops
+REASSIGN_TRIES = 5  # a reassignment read and written again when a partition changed under it (an ISR write)
 
 
 class Controller:
@@ -200,6 +213,66 @@ class Controller:
         self.write([mod_revision_is(self.keys.topic(name), rev)], [put_op(self.keys.topic(name), encode(new))])
         return new
 
+    def reassign(self, name: str, partition: int, replicas: list[int]) -> PartitionAssignment:
+        """Move one partition's replicas to ``replicas`` (``reassign_partitions`` of one)."""
+        return self.reassign_partitions(name, {partition: replicas})[0]
+
+    def reassign_partitions(self, name: str, targets: dict[int, list[int]]) -> list[PartitionAssignment]:
+        """Start moving partitions of ``name`` to new replicas, ``{partition: [broker ids]}`` (the
+        first the preferred leader): Kafka's AlterPartitionReassignments. Every target is checked
+        before anything is written (InvalidReassignment: none, a broker twice, one not live, a
+        partition the topic lacks; MetadataConflict: no such topic). Each partition's write is
+        ``replicas`` = target + the old ones not in it, ISR unchanged, ``target`` set, compared on
+        its mod revision; ``reconcile`` finishes it once the target is in sync. A target equal to
+        the replicas (none pending) or to the pending target changes nothing; another replaces
+        the pending one (what the earlier target added stays listed until this one finishes).
+        Returns each partition's assignment as written (or as it is, when nothing changed)."""
+        if not targets:
+            raise InvalidReassignment(f"topic={name!r}: no partition to reassign")
+        live = read_brokers(self.etcd, self.keys)
+        for p, replicas in sorted(targets.items()):
+            where = f"topic={name!r} partition={p}"
+            if not replicas:
+                raise InvalidReassignment(f"{where}: a reassignment names at least 1 broker")
+            if len(set(replicas)) != len(replicas):
+                raise InvalidReassignment(f"{where}: replicas={list(replicas)} names a broker twice")
+            gone = [b for b in replicas if b not in live]
+            if gone:
+                raise InvalidReassignment(f"{where}: broker(s) {gone} are not registered (live brokers: {sorted(live)})")
+        meta, _ = self._topic(name)
+        missing = sorted(p for p in targets if not 0 <= p < meta.partitions)
+        if missing:
+            raise InvalidReassignment(f"topic={name!r} has {meta.partitions} partitions: no partition {missing}")
+        for attempt in range(REASSIGN_TRIES):
+            current, _ = read_assignments(self.etcd, self.keys, name)
+            out, writes = [], []
+            for p, replicas in sorted(targets.items()):
+                if (name, p) not in current:
+                    raise InvalidReassignment(f"topic={name!r} partition={p} has no assignment in the cluster")
+                a, rev = current[(name, p)]
+                target = [int(b) for b in replicas]
+                if (target == a.replicas and not a.target) or target == a.target:
+                    out.append(a)  # there already, or on its way there
+                    continue
+                new = msgspec.structs.replace(a, replicas=[*target, *(b for b in a.replicas if b not in target)],
+                                              target=target, controller_epoch=self.epoch)
+                out.append(new)
+                writes.append((new, rev))
+            try:
+                for i in range(0, len(writes), MAX_KEYS_PER_TXN):
+                    chunk = writes[i:i + MAX_KEYS_PER_TXN]
+                    self.write([mod_revision_is(self.keys.partition(name, a.partition), rev) for a, rev in chunk],
+                               [put_op(self.keys.partition(name, a.partition), encode(a)) for a, _ in chunk])
+            except MetadataConflict:
+                if attempt == REASSIGN_TRIES - 1:
+                    raise
+                continue  # an ISR write (or reconcile) got there first: read again (a chunk written stays)
+            for a, _ in writes:
+                log.info("partition %s/%d: reassignment to %s started (replicas now %s, ISR %s)", a.topic, a.partition,
+                         a.target, a.replicas, a.isr)
+            return out
+        raise AssertionError("unreachable")
+
     def reconcile(self) -> list[PartitionAssignment]:
         """Bring every assignment in line with the live brokers (see the module docstring); the
         assignments written. Raises NotController if deposed meanwhile."""
@@ -232,9 +305,11 @@ class Controller:
             # A replica whose broker is gone leaves the ISR at once (KRaft's fencing), so acks=all
             # and the high watermark stop waiting for it; it comes back by catching up.
             isr = [b for b in a.isr if b in live]
+            if a.target and all(b in isr for b in a.target):
+                return self._finish(a, isr, moved)
             preferred = a.replicas[0]
-            if (self.rebalance_leaders and preferred != a.leader and preferred in isr and len(a.replicas) > 1
-                    and a.leader in isr):
+            if (self.rebalance_leaders and not a.target and preferred != a.leader and preferred in isr
+                    and len(a.replicas) > 1 and a.leader in isr):
                 # Kafka's preferred-leader election: leadership back where placement put it, so
                 # leaders stay spread after failovers; the preferred replica is in sync, so it
                 # holds everything acknowledged with acks=all
@@ -248,7 +323,7 @@ class Controller:
                 return None  # no live broker: nothing to move to
             (b,) = place(counts, 1)
             counts[b] += 1
-            return moved(replicas=[b], leader=b, isr=[b], leader_epoch=epoch)
+            return moved(replicas=[b], leader=b, isr=[b], leader_epoch=epoch, target=[])
         # Kafka's election: the first replica (preferred order) in the ISR whose broker lives; the
         # ISR loses the brokers that are gone. Every ISR member holds every acknowledged record
         # (the high watermark waits for all of them), so none is lost; what the new leader holds
@@ -270,12 +345,26 @@ class Controller:
             return None  # offline already: the ISR is kept, so the first of it to come back leads
         return moved(leader=NO_LEADER, leader_epoch=epoch)
 
+    @staticmethod
+    def _finish(a: PartitionAssignment, isr: list[int], moved) -> PartitionAssignment:
+        """A reassignment whose target is all in sync: replicas = the target, the ISR cut to it,
+        and a leader outside it replaced by the first target replica (in the ISR, so it holds
+        every acknowledged record; leader epoch + 1). The removed replicas' routers stop
+        following it, and a removed leader's router has its worker stand down (router/replicas.py)."""
+        target = list(a.target)
+        leader, epoch = a.leader, a.leader_epoch
+        if leader not in target:
+            leader, epoch = next(b for b in target if b in isr), epoch + 1
+        log.info("partition %s/%d: reassignment finished: replicas %s -> %s, leader %d (epoch %d)", a.topic, a.partition,
+                 a.replicas, target, leader, epoch)
+        return moved(replicas=target, isr=[b for b in target if b in isr], leader=leader, leader_epoch=epoch, target=[])
+
 
 class ControllerLoop:
     """A broker's controller duties on a thread: campaign while there is no controller, reconcile
-    while we are it, woken by changes to the brokers or the controller key (and every
-    ``resync_s`` regardless). ``epochs`` lists each epoch this loop won, in order (for tests and
-    status)."""
+    while we are it, woken by changes to the brokers, topics or the controller key, and to
+    partitions being reassigned (and every ``resync_s`` regardless). ``epochs`` lists each epoch
+    this loop won, in order (for tests and status)."""
 
     def __init__(self, controller: Controller, resync_s: float = 1.0, retry_s: float = 0.2):
         self.controller = controller
@@ -343,9 +432,19 @@ class ControllerLoop:
                 continue
             if batch.compacted:
                 return True
-            if any(e.kv.key == keys.controller or e.kv.key.startswith((keys.brokers, keys.topics)) for e in batch.events):
+            if any(self._matters(e.kv, keys) for e in batch.events):
                 return False
         return False
+
+    @staticmethod
+    def _matters(kv, keys) -> bool:
+        """A change reconcile may act on: a broker, a topic, the controller key, or a partition
+        with a reassignment pending (its ISR grew: it may be finished now). Other partition
+        changes (ISR writes, our own writes) wait for the next resync: waking on each would be a
+        full read of every assignment per ISR change."""
+        if kv.key == keys.controller or kv.key.startswith((keys.brokers, keys.topics)):
+            return True
+        return kv.key.startswith(keys.partitions) and reassigning(kv.value)
 
     def _note(self, e: Exception) -> None:
         self.errors = [*self.errors[-9:], f"{type(e).__name__}: {e}"]

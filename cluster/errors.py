@@ -60,3 +60,9 @@ class ClusterIdentityMismatch(ClusterError):
     """Raised when a broker's data directory belongs to another cluster (another name, or another
     etcd: a wrong endpoint, a rebuilt etcd) than the one it would join: joining would make it drop
     every topic of its own that the other cluster does not know."""
+
+
+class InvalidReassignment(ClusterError):
+    """Raised when a partition reassignment names no broker, a broker twice, a broker that is not
+    registered (live), or a partition the topic does not have (Kafka's
+    INVALID_REPLICA_ASSIGNMENT / UNKNOWN_TOPIC_OR_PARTITION): nothing is written."""

@@ -20,6 +20,13 @@ key but by a create-if-absent transaction. The operator's commands write ``acces
 what it read; every broker mirrors it into its data directory (router/cluster_agent.py). Records
 and committed offsets never go into etcd.
 
+A partition's ``target`` is a reassignment in progress (Kafka's KIP-455, cluster/controller.py
+``reassign``): the replicas it moves to, the preferred leader first; empty when none is pending
+(a value written before the field existed reads as none). While it is pending ``replicas`` is the
+target followed by the old replicas not in it (every broker listed copies the partition, the new
+ones from an empty log), and the controller finishes it (``replicas`` = the target, the ISR cut to
+it, leadership moved into it if need be) once every target replica is in the ISR.
+
 Vocabulary: *controller epoch* = create revision of the controller key (grows with every new
 controller: revisions only grow); *leader epoch* = a partition's count of leader changes, from 0,
 bumped by every change of its leader (the number a broker will stamp in the batches it leads and
@@ -82,6 +89,7 @@ class PartitionAssignment(msgspec.Struct):
     leader_epoch: int = 0
     isr: list[int] = []  # in-sync replicas (the leader alone until replication exists)
     controller_epoch: int = 0  # the controller epoch that wrote this version
+    target: list[int] = []  # a reassignment in progress: the replicas it moves to ([]: none pending)
 
 
 _ENCODER = msgspec.json.Encoder()
@@ -93,6 +101,18 @@ def encode(value: msgspec.Struct) -> bytes:
 
 def decode(kv: KeyValue, type_):
     return msgspec.json.decode(kv.value, type=type_)
+
+
+def reassigning(value: bytes) -> bool:
+    """Whether a partition key's value is an assignment with a reassignment pending (what wakes
+    the controller on an ISR change: cluster/controller.py ControllerLoop); False for anything it
+    cannot read (a deletion's empty value)."""
+    if b'"target":[]' in value or b'"target"' not in value:
+        return False  # the common case, decided without decoding
+    try:
+        return bool(msgspec.json.decode(value, type=PartitionAssignment).target)
+    except msgspec.DecodeError:
+        return False
 
 
 def valid_cluster_name(name: str) -> bool:

@@ -40,6 +40,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import msgspec
+
 from tailrace.broker import acl as acl_mod
 from tailrace.broker import auth as auth_mod
 from tailrace.broker import datadir
@@ -278,8 +280,7 @@ class ClusterAgent:
             a = decode(kv, PartitionAssignment)
             if a.leader != self.me or sorted(a.isr) == sorted(isr) or self.membership.fenced:
                 return
-            new = PartitionAssignment(topic=a.topic, partition=a.partition, replicas=a.replicas, leader=a.leader,
-                                      leader_epoch=a.leader_epoch, isr=isr, controller_epoch=a.controller_epoch)
+            new = msgspec.structs.replace(a, isr=isr)  # the rest as the controller wrote it (a pending target too)
             r = self.etcd.txn([mod_revision_is(kv.key, kv.mod_revision)], [put_op(kv.key, encode(new))])
             if r.succeeded:
                 log.info("partition %s/%d: ISR %s -> %s (leader epoch %d)", topic, partition, a.isr, isr, a.leader_epoch)
@@ -331,6 +332,14 @@ class ClusterAgent:
     def alter_config(self, name: str, changes: dict) -> None:
         """As the controller: change a topic's settings, then take them into the view at once."""
         self.topics = {**self.topics, name: self.controller.alter_config(name, changes)}
+
+    def reassign_partitions(self, name: str, targets: dict[int, list[int]]) -> list[PartitionAssignment]:
+        """As the controller: start moving partitions to new replicas (cluster/controller.py
+        ``reassign_partitions``), then take the new assignments into the view at once."""
+        moved = self.controller.reassign_partitions(name, targets)
+        topic = name.encode()
+        self.assignments = {**self.assignments, **{(topic, a.partition): a for a in moved}}
+        return moved
 
     def status(self) -> dict:
         """The cluster as this broker sees it (STATUS's ``cluster``)."""

@@ -272,7 +272,7 @@ class OffsetAsks:
             elif len(a.replicas) > 1:  # replicated, led here: its rings run past the high watermark, and its
                 pi.adopted, pi.slot, pi.local_endpoint = False, -1, ""  # first request goes through the router (LeaderDuties)
             pi.leader, pi.leader_epoch = a.leader, a.leader_epoch
-            pi.replicas, pi.isr = list(a.replicas), list(a.isr)
+            pi.replicas, pi.isr, pi.target = list(a.replicas), list(a.isr), list(a.target)
             out.append(pi)
         reply.partitions = out
         reply.topic.replication_factor = agent.replication_factor(topic)

@@ -28,7 +28,12 @@ is told the leader epoch, replicas, ISR and min.insync.replicas (LEADER_AND_ISR)
 request the router forwards to it, again whenever they change or the worker restarted, and on
 every tick for what was not told yet; the ISR a worker asks for in its PING reply is written to
 etcd by the leader (``ClusterAgent.propose_isr``), and comes back through the view as a new
-LEADER_AND_ISR.
+LEADER_AND_ISR. A leader that a reassignment removed from the partition's replicas has its worker
+stand down (``_stand_down``), as a leader turned follower does at its first REPLICA_APPEND.
+
+A reassignment's new replica is followed like any other, from its own empty log. A copy starts at
+offset 0: when the leader's log start has moved past 0 (retention) its FETCH is refused
+OFFSET_OUT_OF_RANGE on every try and the replica never catches up (logged once, plainly).
 
 Divergence (Kafka's KIP-101/279/320). Each FETCH also says the leader epoch of the copy's last
 batch (``last_epoch``) and the leader epoch followed; a leader at another epoch refuses
@@ -258,12 +263,28 @@ class ReplicaFetcher:
         except Exception:  # noqa: BLE001 - an unreadable reason is still a refusal
             message = ""
         said = f"{P.ErrorCode(code).name if code in P.ErrorCode._value2member_map_ else code}: {message}"
+        if code == P.ErrorCode.OFFSET_OUT_OF_RANGE and what.startswith("fetch"):
+            said += self._below_log_start(f, body)
         if said != f.said:
             f.said = said
             level = logging.INFO if code in P.RETRIABLE else logging.WARNING
             log.log(level, "partition %s/%d at %d: %s refused: %s", f.topic.decode(), f.partition, f.end, what, said)
         if code == P.ErrorCode.OFFSET_OUT_OF_RANGE and what.startswith("append"):
             f.end = -1  # ask the local end again
+
+    @staticmethod
+    def _below_log_start(f: Follow, body: bytes) -> str:
+        """A copy that ends below the leader's log start (a new replica's empty copy of a partition
+        whose first records retention removed) cannot be caught up yet: a copy's log starts at 0
+        and has no way to start at a later offset. Said plainly, once, with the refusal."""
+        try:
+            start = _error_reply.decode(body).log_start_offset
+        except Exception:  # noqa: BLE001 - the refusal is logged either way
+            return ""
+        if start <= f.end:
+            return ""
+        return (f" (this copy ends at {f.end}, below the leader's log start {start}: a follower's copy cannot start "
+                "past offset 0 yet, so this replica will not catch up, and a reassignment adding it does not finish)")
 
     def stats(self, catalog) -> tuple[dict, dict]:
         """Gauges and counters for the metrics exporter (ops/metrics.py), keyed by slot: the ISR
@@ -332,8 +353,24 @@ class LeaderDuties:
         keep = set(led)
         for key in [k for k in self.told if k not in keep]:
             del self.told[key]
+            a = self.agent.assignments.get(key)
+            if a is not None and me not in a.replicas:
+                self._stand_down(key, a)
         for topic, partition in led:
             self.ensure(topic, partition)
+
+    def _stand_down(self, key: tuple[bytes, int], a) -> None:
+        """This broker led the partition and holds no replica of it now (a reassignment moved it
+        away): its worker is told to stop leading as a new follower's first question tells it (an
+        empty REPLICA_APPEND: actors/produce.py ``replica_append``), so what waits there for
+        followers that left is answered NOT_LEADER_OR_FOLLOWER and its producers resend to the new
+        leader at once rather than at their request timeout. The reply (request id 0) is dropped."""
+        topic, partition = key
+        frames = [P.pack_routing(P.Op.REPLICA_APPEND, partition, 0, topic),
+                  P.encode(P.ReplicaAppendRequest(a.leader, a.leader_epoch)), b""]
+        if self.send_internal(topic, partition, frames):
+            log.info("partition %s/%d: no replica here any more (broker %d leads at epoch %d): its worker stands down",
+                     topic.decode(), partition, a.leader, a.leader_epoch)
 
     def on_ping(self, info: P.PingReply) -> None:
         """The ISR changes a worker asks for (its PING reply): each written to etcd by the leader."""

@@ -1,4 +1,5 @@
-"""Topic admin at the router: create, list, grow, alter and delete topics.
+"""Topic admin at the router: create, list, grow, alter and delete topics, and (a cluster)
+move partitions' replicas between brokers.
 
 Each handler is ``handler(ctx, req)`` over a ``TopicContext``: the settings, the catalog (topic
 definitions, written durably by the catalog before any reply), the placement (routes and
@@ -36,6 +37,7 @@ _create_dec = ops.DECODERS[P.Op.CREATE_TOPIC]
 _create_partitions_dec = ops.DECODERS[P.Op.CREATE_PARTITIONS]
 _alter_configs_dec = ops.DECODERS[P.Op.ALTER_CONFIGS]
 _list_topics_dec = ops.DECODERS[P.Op.LIST_TOPICS]
+_reassign_dec = ops.DECODERS[P.Op.ALTER_PARTITION_REASSIGNMENTS]
 
 
 @dataclass
@@ -116,7 +118,8 @@ def _as_controller(ctx: TopicContext, req: Request, change) -> bool:
     """Run ``change()`` (a controller write) for a topic admin request in a cluster: True if it
     was made; else the request is answered (NOT_CONTROLLER with the controller's endpoint,
     METADATA_UNAVAILABLE, TOPIC_EXISTS or UNKNOWN_TOPIC) and nothing changed."""
-    from tailrace.cluster.errors import ClusterError, MetadataConflict, NotController, NotEnoughBrokers  # only ever in a cluster
+    from tailrace.cluster.errors import (ClusterError, InvalidReassignment, MetadataConflict,  # only ever in a cluster
+                                         NotController, NotEnoughBrokers)
 
     agent = ctx.cluster
     if agent.fenced or (agent.controller_id == agent.me and not agent.controller.is_controller):
@@ -141,7 +144,7 @@ def _as_controller(ctx: TopicContext, req: Request, change) -> bool:
     except NotController as exc:
         req.reply(P.ErrorCode.METADATA_UNAVAILABLE, P.ErrorReply(f"{exc}: try again"))
         return False
-    except NotEnoughBrokers as exc:  # Kafka's INVALID_REPLICATION_FACTOR
+    except (NotEnoughBrokers, InvalidReassignment) as exc:  # Kafka's INVALID_REPLICATION_FACTOR, INVALID_REPLICA_ASSIGNMENT
         req.reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(str(exc)))
         return False
     except ClusterError as exc:
@@ -334,6 +337,35 @@ def delete_topic(ctx: TopicContext, req: Request) -> None:
     req.reply(P.ErrorCode.OK, info(ctx.s, t))
 
 
+def alter_partition_reassignments(ctx: TopicContext, req: Request) -> None:
+    """Move partitions' replicas to other brokers (Kafka's AlterPartitionReassignments, KIP-455):
+    the controller adds the new replicas at once and finishes each move once they are in sync
+    (cluster/controller.py ``reassign_partitions``); the reply is each partition as the first
+    write left it. A single host has one copy of everything and nowhere to move it."""
+    if ctx.cluster is None:
+        return req.reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
+            "reassignment needs a cluster: a single host holds the one copy of each partition (tailrace serve --cluster)"))
+    if _refused_internal(req, "reassigned") or _elsewhere(ctx, req):
+        return
+    targets = _reassign_dec.decode(req.header).partitions
+    name, reply = req.name, req.reply
+    t = ctx.catalog.get(name)
+    if t is None:
+        return reply(P.ErrorCode.UNKNOWN_TOPIC, P.ErrorReply(f"unknown topic {name!r}"))
+    if not targets:
+        return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply("name at least one partition to reassign"))
+    missing = sorted(p for p in targets if not 0 <= p < t.partitions)
+    if missing:
+        return reply(P.ErrorCode.UNKNOWN_PARTITION, P.ErrorReply(
+            f"topic {name!r} has {t.partitions} partitions: no partition {', '.join(map(str, missing))}"))
+    moved: list = []
+    if not _as_controller(ctx, req, lambda: moved.extend(ctx.cluster.reassign_partitions(name, dict(targets)))):
+        return
+    reply(P.ErrorCode.OK, P.AlterPartitionReassignmentsReply([
+        P.PartitionReassignment(a.partition, list(a.replicas), list(a.target), a.leader, a.leader_epoch, list(a.isr))
+        for a in moved]))
+
+
 def prepare_slots(s: settings_mod.Settings, slots) -> None:
     """Make new partitions' index and lock files now, with the topic: a file created on the
     data directory's filesystem costs about 0.2 ms here, and the first write to 1,000 fresh
@@ -387,4 +419,5 @@ def check_config(config: dict[str, str], creating: bool) -> tuple[dict[str, int 
 
 # op -> handler(ctx, req): the topic admin rows of client/ops.py SPEC served by the router
 HANDLERS = {P.Op.CREATE_TOPIC: create_topic, P.Op.LIST_TOPICS: list_topics, P.Op.CREATE_PARTITIONS: create_partitions,
-            P.Op.ALTER_CONFIGS: alter_configs, P.Op.DELETE_TOPIC: delete_topic}
+            P.Op.ALTER_CONFIGS: alter_configs, P.Op.DELETE_TOPIC: delete_topic,
+            P.Op.ALTER_PARTITION_REASSIGNMENTS: alter_partition_reassignments}

@@ -82,6 +82,10 @@ def cmd_topic(args) -> int:
                     for row, p in zip(rows, d.partitions):
                         row += [p.leader if p.leader >= 0 else "none", p.leader_epoch,
                                 ",".join(map(str, p.replicas)), ",".join(map(str, p.isr))]
+                    if any(p.target for p in d.partitions):  # a reassignment under way (tailrace partitions reassign)
+                        cols.append("moving to")
+                        for row, p in zip(rows, d.partitions):
+                            row.append(",".join(map(str, p.target)) or "-")
                 copies = f", replication factor {d.topic.replication_factor}" if d.broker_id >= 0 else ""
                 print_table(cols, rows,
                             title=f"topic {d.topic.name}: {d.topic.partitions} partitions{copies}, ring {human_bytes(d.topic.ring_bytes)} each"

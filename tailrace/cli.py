@@ -9,8 +9,9 @@ error.
 
 Here: the parser (every command, option and help text), serve, workers, status and main. The
 other commands live in console.py (produce, consume), admin_commands.py (topic, groups),
-access_commands.py (keys, acl, quota), cluster_commands.py (cluster status, dev-cluster) and
-top.py; tables.py prints what they show.
+access_commands.py (keys, acl, quota), cluster_commands.py (cluster status, dev-cluster),
+reassign_commands.py (partitions reassign, cluster decommission) and top.py; tables.py prints
+what they show.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import argparse
 import os
 import sys
 
-from tailrace import access_commands, admin_commands, cluster_commands, console
+from tailrace import access_commands, admin_commands, cluster_commands, console, reassign_commands
 from tailrace.access_commands import data_dir_of
 from tailrace.admin_commands import open_admin, security
 from tailrace.broker import acl as acl_mod
@@ -519,6 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_target(cs, "the cluster's etcd, as given to `serve --cluster`")
     cs.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     cl.set_defaults(func=cluster_commands.cmd_cluster)
+    reassign_commands.add_parsers(sub, clsub, command, with_bootstrap)  # partitions reassign, cluster decommission
 
     dc = command(sub, "dev-cluster", "run one etcd and N brokers on loopback for trying a cluster (foreground; Ctrl-C "
                                      "stops the brokers, then etcd)")

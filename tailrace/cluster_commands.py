@@ -131,7 +131,8 @@ def read_cluster(etcd, keys) -> dict:
             under.append({"topic": topic, "partition": p, "leader": a.leader, "replicas": list(a.replicas),
                           "isr": list(a.isr)})
         partitions.append({"topic": topic, "partition": p, "leader": a.leader, "leader_epoch": a.leader_epoch,
-                           "replicas": list(a.replicas), "isr": list(a.isr), "available": available})
+                           "replicas": list(a.replicas), "isr": list(a.isr), "available": available,
+                           "target": list(a.target)})  # a reassignment under way: where it goes ([]: none)
     # brokers that are registered, and those that hold replicas but are not (down)
     known = set(brokers) | {r for (a, _mod) in assignments.values() for r in a.replicas} | \
         {a.leader for (a, _mod) in assignments.values() if a.leader != NO_LEADER}
@@ -230,6 +231,13 @@ def print_status(doc: dict) -> None:
     elif doc["partitions"]:
         n = len(doc["partitions"])
         print(f"\nall {n} partitions have a live leader" if n > 1 else "\nthe one partition has a live leader")
+    moving = [p for p in doc["partitions"] if p.get("target")]
+    if moving:
+        print()
+        print_table(["topic", "partition", "replicas", "isr", "moving to"],
+                    [[p["topic"], p["partition"], ",".join(map(str, p["replicas"])), ",".join(map(str, p["isr"])),
+                      ",".join(map(str, p["target"]))] for p in moving],
+                    title=f"{_n(len(moving), 'partition')} being reassigned (done once the new replicas are in sync)")
     if doc.get("under_replicated"):
         print()
         print_table(["topic", "partition", "leader", "replicas", "isr"],

@@ -19,9 +19,10 @@ import pytest
 
 from tailrace.broker.lifetime import pdeathsig_preexec
 from tailrace.cluster.controller import Controller, ControllerLoop
-from tailrace.cluster.errors import MetadataConflict, NoLiveBrokers, NotController, NotEnoughBrokers
+from tailrace.cluster.errors import InvalidReassignment, MetadataConflict, NoLiveBrokers, NotController, NotEnoughBrokers
 from tailrace.cluster.etcd import mod_revision_is, put_op
-from tailrace.cluster.metadata import NO_LEADER, BrokerLoad, Keys, encode, read_assignments, read_controller, read_topics
+from tailrace.cluster.metadata import (NO_LEADER, BrokerLoad, Keys, PartitionAssignment, encode, read_assignments, read_controller,
+                                       read_topics, reassigning)
 
 from .conftest import TTL_S, wait_until
 
@@ -114,7 +115,10 @@ def test_placement_balances_partitions_over_three_brokers_by_count(etcd, cluster
     assert (meta.partitions, meta.replication_factor, meta.config) == (12, 1, {"retention.ms": 1000})
     assert topic_id == etcd.get(Keys(cluster_name).topic("a")).create_revision
     raw = json.loads(etcd.get(Keys(cluster_name).partition("a", 0)).value)
-    assert set(raw) == {"topic", "partition", "replicas", "leader", "leader_epoch", "isr", "controller_epoch"}
+    assert set(raw) == {"topic", "partition", "replicas", "leader", "leader_epoch", "isr", "controller_epoch", "target"}
+    assert raw["target"] == []  # no reassignment pending; a value written before the field existed reads the same:
+    del raw["target"]
+    assert msgspec.json.decode(json.dumps(raw).encode(), type=PartitionAssignment) == a0 and not reassigning(json.dumps(raw).encode())
 
 
 def test_placement_weighs_the_load_brokers_publish(etcd, cluster_name, make_member):
@@ -328,3 +332,93 @@ def test_leadership_goes_back_to_the_preferred_replica_once_it_is_in_sync_again(
     back = read_assignments(etcd, keys, "pref")[0][("pref", 0)][0]
     assert (back.leader, back.leader_epoch, sorted(back.isr)) == (preferred, 2, sorted(a.replicas))
     assert c.reconcile() == []  # and it stays
+
+
+def test_a_reassignment_adds_the_target_finishes_once_it_is_in_sync_and_moves_leadership_once(
+        etcd, cluster_name, make_member):
+    """Kafka's KIP-455 at the controller: the union first (ISR unchanged), finished only when every
+    target replica is in the ISR, leadership moved once (the preferred-leader move waits), a lost
+    leader elected first, a pending reassignment replaced, and what is refused before any write."""
+    keys = Keys(cluster_name)
+    members = [make_member(i) for i in (1, 2, 3)]
+    c = Controller(etcd, members[2], rebalance_leaders=True)  # broker 3
+    assert c.campaign()
+    (a,) = c.create_topic("mv", 1, replication_factor=2)
+    assert (a.replicas, a.leader) == ([1, 2], 1)
+
+    def now(topic="mv", p=0):
+        return read_assignments(etcd, keys, topic)[0][(topic, p)]
+
+    def in_sync(topic, p, isr):  # what the leader writes once its followers caught up (propose_isr)
+        cur, rev = now(topic, p)
+        key = keys.partition(topic, p)
+        assert etcd.txn([mod_revision_is(key, rev)], [put_op(key, encode(msgspec.structs.replace(cur, isr=isr)))]).succeeded
+
+    rev = now()[1]
+    for bad, says in (([], "at least 1 broker"), ([2, 2], "names a broker twice"), ([2, 9], r"broker\(s\) \[9\] are not")):
+        with pytest.raises(InvalidReassignment, match=says):
+            c.reassign("mv", 0, bad)
+    with pytest.raises(InvalidReassignment, match="has 1 partitions: no partition"):
+        c.reassign("mv", 1, [2])
+    with pytest.raises(MetadataConflict, match="does not exist"):
+        c.reassign("nope", 0, [2])
+    assert c.reassign("mv", 0, [1, 2]) == a  # its replicas already: nothing written
+    assert now()[1] == rev
+
+    # away from its leader: the union (target first), the ISR and the leader as they were
+    moving = c.reassign("mv", 0, [2, 3])
+    assert (moving.replicas, moving.target, moving.isr, moving.leader, moving.leader_epoch) == ([2, 3, 1], [2, 3], [1, 2], 1, 0)
+    assert now()[0] == moving
+    assert c.reassign("mv", 0, [2, 3]) == moving  # asked again: under way already
+    assert c.reconcile() == []  # 3 not in sync yet; broker 2 (preferred, in sync) does not lead meanwhile
+    in_sync("mv", 0, [1, 2, 3])
+    (done,) = c.reconcile()
+    assert (done.replicas, done.target, done.isr, done.leader, done.leader_epoch) == ([2, 3], [], [2, 3], 2, 1)
+    assert c.reconcile() == []  # one leader change in all
+
+    # a leader lost while its partition moves: elected first (the union, target first), finished later
+    (b,) = c.create_topic("mv2", 1, replication_factor=2)
+    lead, follow = b.leader, next(x for x in b.replicas if x != b.leader)
+    assert lead != 3  # the controller's broker stays
+    spare = next(x for x in (1, 2, 3) if x not in b.replicas)
+    c.reassign("mv2", 0, [spare, follow])
+    members[lead - 1].close(revoke=True)
+    (elected,) = c.reconcile()
+    assert (elected.leader, elected.leader_epoch, elected.isr, elected.target) == (follow, 1, [follow], [spare, follow])
+    in_sync("mv2", 0, [follow, spare])
+    (done,) = c.reconcile()
+    assert (done.replicas, done.leader, done.leader_epoch, done.isr, done.target) == ([spare, follow], follow, 1,
+                                                                                      [spare, follow], [])
+    members[lead - 1].register()
+    (pref,) = c.reconcile()  # and now its preferred replica, in sync, leads (the move that waited)
+    assert (pref.topic, pref.leader, pref.leader_epoch) == ("mv2", spare, 2)
+
+    # a new reassignment replaces a pending one: what the first added and never synced is dropped at the end
+    cur = now("mv")[0]  # replicas [2, 3], leader 2
+    c.reassign("mv", 0, [2, 1])
+    replaced = c.reassign("mv", 0, [3, 2])  # 3 and 2 in sync: finished by the next reconcile
+    assert (replaced.replicas, replaced.target) == ([3, 2, 1], [3, 2]) and cur.replicas == [2, 3]
+    (done,) = c.reconcile()
+    assert (done.replicas, done.isr, done.leader, done.leader_epoch, done.target) == ([3, 2], [3, 2], 2, 1, [])
+
+
+def test_the_controller_loop_finishes_a_reassignment_when_the_isr_grows_without_waiting_for_its_resync(
+        etcd, cluster_name, make_member, loops):
+    keys = Keys(cluster_name)
+    members = [make_member(i) for i in (1, 2, 3)]
+    c = Controller(etcd, members[0])
+    loop = ControllerLoop(c, resync_s=60.0)
+    loops.append(loop.start())
+    assert wait_until(lambda: c.is_controller, 5)
+    (a,) = c.create_topic("woken", 1, replication_factor=1)
+    to = next(b for b in (1, 2, 3) if b != a.leader)
+    c.reassign("woken", 0, [to])
+    cur, rev = read_assignments(etcd, keys, "woken")[0][("woken", 0)]
+    key = keys.partition("woken", 0)
+    t0 = time.monotonic()
+    assert etcd.txn([mod_revision_is(key, rev)], [put_op(key, encode(msgspec.structs.replace(cur, isr=[to, a.leader])))]).succeeded
+    assert wait_until(lambda: read_assignments(etcd, keys, "woken")[0][("woken", 0)][0].target == [], 5)
+    took = time.monotonic() - t0
+    done = read_assignments(etcd, keys, "woken")[0][("woken", 0)][0]
+    assert (done.replicas, done.isr, done.leader, done.leader_epoch) == ([to], [to], to, 1)
+    assert took < 2, f"finished {took:.1f} s after the ISR grew (resync is 60 s)"

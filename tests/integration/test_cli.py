@@ -267,7 +267,8 @@ def test_the_help_shows_the_header_and_compression_options():
 def test_every_option_has_help_with_its_default():
     for argv in (["--help"], ["serve", "--help"], ["topic", "create", "--help"], ["topic", "list", "--help"],
                  ["topic", "describe", "--help"], ["produce", "--help"], ["consume", "--help"], ["workers", "set", "--help"],
-                 ["workers", "list", "--help"], ["status", "--help"], ["bench", "--help"]):
+                 ["workers", "list", "--help"], ["status", "--help"], ["bench", "--help"],
+                 ["partitions", "reassign", "--help"], ["cluster", "decommission", "--help"]):
         r = run(*argv)
         assert r.returncode == 0, (argv, r.stderr)
         text = r.stdout.decode()

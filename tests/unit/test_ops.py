@@ -105,5 +105,5 @@ def test_every_handler_decodes_frame_1_with_its_rows_request_type():
     assert set(ops.DECODERS) == {row.op for row in ops.SPEC if row.request is not None}
     used = {produce._produce_dec, produce._multi_dec, fetch._fetch_dec, fetch_multi._dec, offsets._list_offsets_dec,
             status._set_workers_dec, topics._create_dec, topics._create_partitions_dec, topics._alter_configs_dec,
-            topics._list_topics_dec}
+            topics._list_topics_dec, topics._reassign_dec}
     assert used <= set(ops.DECODERS.values())

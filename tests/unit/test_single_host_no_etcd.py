@@ -10,7 +10,7 @@ import sys
 
 SINGLE_HOST = ["tailrace.cli", "tailrace.router.server", "tailrace.actors.worker", "tailrace.persistence.flusher",
                "tailrace.client.producer", "tailrace.client.consumer", "tailrace.client.aio", "tailrace.client.admin",
-               "tailrace.admin_commands", "tailrace.console", "tailrace.cluster_commands"]
+               "tailrace.admin_commands", "tailrace.console", "tailrace.cluster_commands", "tailrace.reassign_commands"]
 
 
 def test_a_single_host_imports_nothing_of_etcd():
