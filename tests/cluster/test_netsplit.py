@@ -205,8 +205,11 @@ def start_load(c: NsCluster):
     return leader, Load(c.bootstrap(stays)).start()
 
 
-def test_a_leader_cut_off_from_its_followers_but_not_from_etcd_stops_acknowledging_and_loses_nothing(
+def test_a_leader_cut_from_its_followers_then_from_etcd_stops_acknowledging_is_replaced_and_loses_nothing(
         netsplit_cluster):
+    """Two cuts in a row on one cluster: the leader off from its followers but not from etcd (it
+    stays leader, its ISR shrinks to itself, acks=all stops), healed; then the same broker off from
+    etcd (and the clients' bridge) but not from its peers (its lease ends: replaced, fenced), healed."""
     c = netsplit_cluster(replica_lag_time_max_ms=1500)
     leader, load = start_load(c)
     others = [b for b in range(3) if b != leader]
@@ -221,37 +224,28 @@ def test_a_leader_cut_off_from_its_followers_but_not_from_etcd_stops_acknowledgi
             assert assignment(c).leader == leader and assignment(c).leader_epoch == 0
             time.sleep(0.5)  # replies already on their way
             before = load.acked()
-            time.sleep(2.0)
+            time.sleep(1.5)
             assert load.acked() == before, "acknowledged with acks=all while the ISR was the leader alone"
         finally:
             for o in others:
                 c.hosts.heal(leader, o)
         assert wait_until(lambda: sorted(assignment(c).isr) == [0, 1, 2], 30), assignment(c)
         acked = load.acked()
-        assert wait_until(lambda: load.acked() >= acked + 500, 30), "acks did not resume after the heal"
-    finally:
-        load.finish()
-    check(c, load)
+        assert wait_until(lambda: load.acked() >= acked + 300, 30), "acks did not resume after the heal"
 
-
-def test_a_leader_cut_off_from_etcd_but_not_from_the_others_is_replaced_fenced_and_rejoins(netsplit_cluster):
-    c = netsplit_cluster(replica_lag_time_max_ms=1500)
-    leader, load = start_load(c)
-    try:
-        assert wait_until(lambda: load.acked() >= 1000, 60), (load.acked(), load.errors)
         c.hosts.block(leader, c.hosts.gateway)  # etcd (and the clients' side) unreachable from it
         cut_at = time.monotonic()
         try:
             assert wait_until(lambda: assignment(c).leader not in (leader, -1), TTL_S + 15), assignment(c)
             acked = load.acked()
-            assert wait_until(lambda: load.acked() >= acked + 500, 30), "no acknowledgements from the new leader"
+            assert wait_until(lambda: load.acked() >= acked + 300, 30), "no acknowledgements from the new leader"
             took = time.monotonic() - cut_at
         finally:
             c.hosts.unblock(leader, c.hosts.gateway)
         assert wait_until(lambda: sorted(assignment(c).isr) == [0, 1, 2], 40), assignment(c)
         acked = load.acked()
-        assert wait_until(lambda: load.acked() >= acked + 500, 30)
+        assert wait_until(lambda: load.acked() >= acked + 300, 30)
     finally:
         load.finish()
     figures = check(c, load)
-    print(f"leader cut from etcd: replaced and 500 acks on within {took:.1f} s; {figures}")
+    print(f"leader cut from etcd: replaced and 300 acks on within {took:.1f} s; {figures}")
