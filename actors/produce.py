@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from tailrace.broker import quota
-from tailrace.broker.catalog import OFFSETS_TOPIC
+from tailrace.broker.catalog import OFFSETS_TOPIC, SHARE_STATE_TOPIC
 from tailrace.client import ops
 from tailrace.client import protocol as P
 from tailrace.persistence.flusher import STAGE_MIN_BYTES
@@ -32,7 +32,8 @@ from .watch import Watchers
 KICK_MIN_BYTES = STAGE_MIN_BYTES  # plain data waiting before a worker kicks the flusher: what it stages at once
 STORAGE_FULL_MESSAGE = ("the journal's filesystem is fuller than disk_max_used_ratio: produce is refused until there is room "
                         "(retriable; nothing was stored)")
-OFFSETS_TOPIC_BYTES = OFFSETS_TOPIC.encode()  # group commits are still taken when storage is full: a few bytes each
+# group commits and share-group acknowledgements are still taken when storage is full: a few bytes each
+STATE_TOPICS = (OFFSETS_TOPIC.encode(), SHARE_STATE_TOPIC.encode())
 _produce_dec = ops.DECODERS[P.Op.PRODUCE]
 _multi_dec = ops.DECODERS[P.Op.PRODUCE_MULTI]
 _replica_dec = ops.DECODERS[P.Op.REPLICA_APPEND]
@@ -109,7 +110,7 @@ def _short_message(actor) -> str:
 def _store(ctx: ProduceContext, actor, topic: bytes, batch, acks: int):
     """Append one batch to ``actor``'s ring and account for it: (code, message, base, count,
     append time); the message is "duplicate" for a retried batch answered from before."""
-    if ctx.header.storage_full and topic != OFFSETS_TOPIC_BYTES:  # the flusher's disk guard (persistence/diskguard.py)
+    if ctx.header.storage_full and topic not in STATE_TOPICS:  # the flusher's disk guard (persistence/diskguard.py)
         return P.ErrorCode.STORAGE_FULL, STORAGE_FULL_MESSAGE, -1, 0, 0
     code, message, base, count, t = actor.append(batch, ctx.max_batch_bytes, in_order=acks != P.Acks.NONE)
     if code != P.ErrorCode.OK:

@@ -10,6 +10,8 @@ allow-list) some operations on topics named exactly, by prefix, or all (``*``):
     create   CREATE_TOPIC                     describe DESCRIBE_TOPIC, LIST_OFFSETS, LIST_TOPICS (filtered)
     admin    STATUS, SET_WORKERS              alter    CREATE_PARTITIONS, ALTER_CONFIGS
     delete   DELETE_TOPIC                     group    the group ops on the group named (LIST_GROUPS: admin)
+    share    the share-group ops on the share group named (LIST_SHARE_GROUPS: admin); SHARE_FETCH
+             also needs consume on each topic it reads (the share coordinator checks)
 
 (each op's row in client/ops.py says which; an op with no need there does not import, and the
 internal ops, PING and ADOPT, are refused to every client). An op that names nothing in its
@@ -41,13 +43,13 @@ from . import datadir
 from .auth import BROKER_PREFIX
 
 ACL_FILE = datadir.ACL_FILE
-OPERATIONS = ("produce", "consume", "create", "delete", "alter", "describe", "group", "admin")
+OPERATIONS = ("produce", "consume", "create", "delete", "alter", "describe", "group", "share", "admin")
 ALL_TOPICS = "*"
 # what a refusal says the principal may not do, per operation: the request's own words
 REFUSALS = {"produce": "produce to topic {name!r}", "consume": "consume from topic {name!r}",
             "create": "create topic {name!r}", "delete": "delete topic {name!r}", "alter": "alter topic {name!r}",
             "describe": "describe topic {name!r} (no rule gives it produce, consume, describe, alter or delete there)",
-            "group": "use group {name!r}", "admin": "administer the broker"}
+            "group": "use group {name!r}", "share": "use share group {name!r}", "admin": "administer the broker"}
 assert set(REFUSALS) == set(OPERATIONS)
 LIST_REFUSAL = "list topics (no rule gives it produce, consume, describe, alter or delete on any topic)"
 # Kafka's rule: each of these on a topic allows DESCRIBE on it too (a producer learns where to send)
@@ -65,8 +67,8 @@ def check_needs(spec) -> dict[int, str]:
         if row.acl not in OPERATIONS:
             raise ImportError(f"op {row.op.name} ({int(row.op)}) needs acl={row.acl!r}: each client-facing op "
                               f"needs one of {', '.join(OPERATIONS)} (client/ops.py SPEC)")
-        if (row.acl == "group") != (row.names == ops.GROUP):
-            raise ImportError(f"op {row.op.name}: the group operation is for ops that name a group, and they need it")
+        if (row.acl in ("group", "share")) != (row.names == ops.GROUP):
+            raise ImportError(f"op {row.op.name}: the group and share operations are for ops that name a group, and they need one")
         needs[row.op] = row.acl
     return needs
 

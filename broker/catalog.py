@@ -62,14 +62,16 @@ def store_worker_count(data_dir, n: int) -> None:
 # (create, alter, delete: INTERNAL_TOPIC) and left out of LIST_TOPICS unless asked for. Deleting
 # __consumer_offsets would take every group's committed offsets with it.
 OFFSETS_TOPIC = "__consumer_offsets"  # committed group offsets (router/groups.py)
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
+SHARE_STATE_TOPIC = "__share_group_state"  # share groups' in-flight state (router/share.py)
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, SHARE_STATE_TOPIC})
 
 
 def internal_topic_refusal(name: str, action: str) -> str | None:
     """Why topic admin may not ``action`` topic ``name`` (None: not internal, it may)."""
     if name not in INTERNAL_TOPICS:
         return None
-    return (f"topic {name!r} is internal to the broker (it holds the consumer groups' committed offsets): "
+    held = "the consumer groups' committed offsets" if name == OFFSETS_TOPIC else "the share groups' state"
+    return (f"topic {name!r} is internal to the broker (it holds {held}): "
             f"it cannot be {action} (Kafka's rule for internal topics)")
 
 

@@ -46,6 +46,11 @@ class Settings(msgspec.Struct, kw_only=True):
     retention_check_ms: int = 5000  # how often the flusher moves log starts and deletes segments (persistence/retention.py)
     group_offsets_retention_ms: int = 6 * 3600 * 1000  # __consumer_offsets keeps records this long: a router start reads at most that
     group_refresh_ms: int = 2 * 3600 * 1000  # every group's offsets are written again this often (router/groups.py)
+    # share groups (router/share.py): the defaults of each group's settings (tailrace share-groups alter)
+    share_record_lock_duration_ms: int = 30_000  # an acquired record is the member's this long (Kafka's)
+    share_delivery_count_limit: int = 5  # delivered this many times and still not accepted: dead-lettered (Kafka's)
+    share_max_in_flight: int = 5000  # records read but not done, per share partition (Kafka's record locks)
+    share_session_timeout_ms: int = 45_000  # a member silent this long leaves; what it holds goes back
     direct_io: str = "auto"  # "auto": O_DIRECT where the filesystem allows it; "off"
     ipc_dir: str = ""  # the run directory (sockets, doorbells, pid files); default: broker/datadir.py
     data_mode: str = "0700"  # data directory and subdirectories; files get this & 0666 (umask rule)

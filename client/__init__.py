@@ -3,5 +3,6 @@
 from .admin import Admin
 from .consumer import Consumer, Record
 from .producer import Producer
+from .share import ShareConsumer, ShareRecord
 
-__all__ = ["Admin", "Consumer", "Producer", "Record"]
+__all__ = ["Admin", "Consumer", "Producer", "Record", "ShareConsumer", "ShareRecord"]

@@ -64,6 +64,9 @@ MetadataUnavailableError = _make(ErrorCode.METADATA_UNAVAILABLE, "Raised when a 
 NotEnoughReplicasError = _make(ErrorCode.NOT_ENOUGH_REPLICAS, "Raised when an acks=all or durable batch reached a "
                                "replicated partition with fewer in-sync replicas than its min.insync.replicas; nothing "
                                "stored. Retriable (a follower back in sync).")
+InvalidRecordStateError = _make(ErrorCode.INVALID_RECORD_STATE, "Raised when a share-group acknowledgement names records "
+                                "this member does not hold (never acquired by it, or its lock expired and they went "
+                                "to another): nothing changed for them.")
 
 
 

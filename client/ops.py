@@ -31,17 +31,19 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from . import protocol as P
+from . import share_protocol as S
 from .protocol import Op
 
 # Who serves an op to clients (the ``served`` column).
 ROUTER = "router"  # the router answers it itself
 COORDINATOR = "coordinator"  # the router's group coordinator (router/groups.py) answers it
+SHARE = "share coordinator"  # the router's share-group coordinator (router/share.py) answers it
 OWNER = "owner"  # the partition's owner: the router forwards it, a worker that hosts the partition serves it directly
 ANY_WORKER = "any worker"  # the router asks a worker on the client's behalf; every worker serves it directly
 WORKER_UNIX = "worker unix"  # a worker on its same-host Unix socket only (docs/PROTOCOL.md 8b, 8d)
 INTERNAL = "internal"  # router -> worker only; refused to clients, with or without auth
-SERVED = (ROUTER, COORDINATOR, OWNER, ANY_WORKER, WORKER_UNIX, INTERNAL)
-AT_ROUTER = frozenset({ROUTER, COORDINATOR, OWNER, ANY_WORKER})  # the router takes these from clients
+SERVED = (ROUTER, COORDINATOR, SHARE, OWNER, ANY_WORKER, WORKER_UNIX, INTERNAL)
+AT_ROUTER = frozenset({ROUTER, COORDINATOR, SHARE, OWNER, ANY_WORKER})  # the router takes these from clients
 AT_WORKER = frozenset({OWNER, ANY_WORKER, WORKER_UNIX, INTERNAL})  # a worker takes these (INTERNAL from the router only)
 
 # What the routing header's topic field names (the ``names`` column); it is also what an ACL rule
@@ -88,6 +90,11 @@ SPEC: tuple[OpSpec, ...] = (
     R(Op.DESCRIBE_GROUP,    2, False, GROUP,   COORDINATOR, "group",    None,                      P.GroupInfo),
     R(Op.DELETE_GROUP,      2, False, GROUP,   COORDINATOR, "group",    None,                      P.Empty),
     R(Op.FIND_COORDINATOR,  2, True,  GROUP,   ROUTER,      "group",    None,                      P.FindCoordinatorReply),
+    R(Op.SHARE_FETCH,       2, False, GROUP,   SHARE,       "share",    S.ShareFetchRequest,       S.ShareFetchReply),
+    R(Op.SHARE_ACKNOWLEDGE, 2, False, GROUP,   SHARE,       "share",    S.ShareFetchRequest,       S.ShareFetchReply),
+    R(Op.LIST_SHARE_GROUPS, 2, False, NOTHING, SHARE,       "admin",    None,                      S.ListShareGroupsReply),
+    R(Op.DESCRIBE_SHARE_GROUP, 2, False, GROUP, SHARE,      "share",    None,                      S.ShareGroupInfo),
+    R(Op.ALTER_SHARE_GROUP, 2, False, GROUP,   SHARE,       "share",    S.AlterShareGroupRequest,  S.ShareGroupInfo),
     R(Op.PING,              2, False, NOTHING, INTERNAL,    INTERNAL,   None,                      P.PingReply),
     R(Op.ADOPT,             2, False, TOPIC,   INTERNAL,    INTERNAL,   None,                      P.Empty),
     R(Op.REPLICA_APPEND,    3, False, TOPIC,   INTERNAL,    INTERNAL,   P.ReplicaAppendRequest,    P.ReplicaAppendReply),
@@ -173,6 +180,7 @@ def frame_count_message(op: int, got: int, header_optional: bool = False) -> str
 _SERVED_TEXT = {
     ROUTER: ("yes", "no (`UNKNOWN_OP`)"),
     COORDINATOR: ("yes (group coordinator)", "no (`UNKNOWN_OP`)"),
+    SHARE: ("yes (share-group coordinator)", "no (`UNKNOWN_OP`)"),
     OWNER: ("forwarded to the partition's owner", "yes, for partitions it hosts"),
     ANY_WORKER: ("asks a worker", "yes, any topic"),
     WORKER_UNIX: ("no (`INVALID_REQUEST`)", "on its Unix socket only"),

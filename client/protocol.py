@@ -71,6 +71,12 @@ class Op(enum.IntEnum):
     DESCRIBE_GROUP = 24
     DELETE_GROUP = 25
     FIND_COORDINATOR = 26  # which broker coordinates this group (a cluster: one broker per group; Kafka's FindCoordinator)
+    # share groups (router/share.py, client/share_protocol.py): queue semantics, per-record acks (Kafka's KIP-932)
+    SHARE_FETCH = 40  # acknowledge what was delivered, and acquire records for a lock duration
+    SHARE_ACKNOWLEDGE = 41  # acknowledge only
+    LIST_SHARE_GROUPS = 42
+    DESCRIBE_SHARE_GROUP = 43
+    ALTER_SHARE_GROUP = 44  # set or reset a share group's settings
     # internal: router <-> worker only
     PING = 30
     ADOPT = 31  # take this partition now (assign frame carries slot and epoch)
@@ -225,6 +231,7 @@ class ErrorCode(enum.IntEnum):
     NOT_COORDINATOR = 32  # cluster: another broker coordinates this group (ErrorReply.endpoint: its endpoint)
     METADATA_UNAVAILABLE = 31  # cluster: etcd cannot be reached or has no controller now: the metadata change was not made (retriable)
     NOT_ENOUGH_REPLICAS = 33  # cluster: fewer in-sync replicas than min.insync.replicas: an acks=all/durable batch is refused, nothing stored (retriable)
+    INVALID_RECORD_STATE = 34  # share groups: an acknowledgement of records this member does not hold (not acquired, or its lock expired): nothing changed for them
 
 
 RETRIABLE = frozenset({ErrorCode.NOT_OWNER, ErrorCode.BACKPRESSURE, ErrorCode.NOT_READY, ErrorCode.TIMEOUT,

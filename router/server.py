@@ -40,6 +40,7 @@ from tailrace.client import protocol as P
 
 from . import status, topics
 from .groups import Coordinator, GroupContext
+from .share import ShareContext, ShareCoordinator
 from .links import WorkerLinks
 from .liveness import HEARTBEAT_S, WorkerLiveness
 from .offsets import AskContext, OffsetAsks
@@ -117,11 +118,13 @@ class Router:
                                           self.next_internal_id, lambda frames: self.port.send(frames)))
         self.groups = Coordinator(GroupContext(s, self.catalog, self.make_internal_topic, self.next_internal_id,
                                                self.send_internal))  # consumer groups (router/groups.py)
+        self.shares = ShareCoordinator(ShareContext(s, self.catalog, self.make_internal_topic, self.next_internal_id,
+                                                    self.send_internal, lambda frames: self.port.send(frames), acls))
         own = {**{op: partial(fn, self.topic_ctx) for op, fn in topics.HANDLERS.items()},
                **{op: partial(fn, self.status_ctx) for op, fn in status.HANDLERS.items()},
                P.Op.DESCRIBE_TOPIC: self.asks.ask, P.Op.FIND_COORDINATOR: self.groups.find}
         self.handlers = dispatch_table(own, {ops.OWNER: self.forward, ops.ANY_WORKER: self.asks.ask,
-                                             ops.COORDINATOR: self.groups.serve})
+                                             ops.COORDINATOR: self.groups.serve, ops.SHARE: self.shares.serve})
 
     # --- front door ----------------------------------------------------------------------
     def on_client(self, frames: list[bytes], principal: str | None = None) -> None:
@@ -244,6 +247,7 @@ class Router:
         peers = PeerLinks(self.links.ctx, self.links.poller, self.links.keys)
         self.asks.attach_cluster(agent, peers, partial(topics.mirror_topic, self.topic_ctx))
         self.groups.attach_cluster(agent, peers)
+        self.shares.ctx.cluster = agent  # share groups: a single broker only for now (router/share.py)
         self.replicas = agent.fetcher = ReplicaFetcher(agent, peers, self.send_internal, self.next_internal_id,
                                                        partial(topics.mirror_topic, self.topic_ctx))
         self.status_ctx.replicas = self.replicas
@@ -313,9 +317,9 @@ class Router:
             self.replicas.on_local_reply(rid, code, frames)
         elif op in (P.Op.PRODUCE, P.Op.FETCH):
             try:
-                self.groups.on_reply(rid, op, code, frames[1:])
+                self.groups.on_reply(rid, op, code, frames[1:]) or self.shares.on_reply(rid, op, code, frames[1:])
             except Exception:  # a coordinator bug must not take the router down with it
-                log.exception("group coordinator: reply to internal request %d failed", rid)
+                log.exception("group or share coordinator: reply to internal request %d failed", rid)
         elif op != P.Op.ADOPT:
             self.asks.on_reply(rid, code, topic, frames[2])
 
@@ -327,6 +331,10 @@ class Router:
             self.groups.tick(now)
         except Exception:  # noqa: BLE001 - as above: the router keeps serving
             log.exception("group coordinator tick failed")
+        try:
+            self.shares.tick(now)
+        except Exception:  # noqa: BLE001 - as above
+            log.exception("share coordinator tick failed")
         if self.acls is not None:
             self.acls.refresh()
         if self.cluster is not None:
@@ -426,6 +434,11 @@ def main() -> int:
         if router.cluster is not None:
             router.mirror()
         now = time.monotonic()
+        if router.shares.parked:
+            try:
+                router.shares.poll(now)  # share fetches whose wait ended
+            except Exception:  # noqa: BLE001 - the router keeps serving
+                log.exception("share coordinator poll failed")
         if now - last_tick > HEARTBEAT_S:
             if guard is not None:
                 if router.cluster is not None:  # the other brokers' routers, as their registrations say

@@ -22,7 +22,7 @@ def _own():
     return own
 
 
-BY_SERVED = {ops.OWNER: _handler, ops.ANY_WORKER: _handler, ops.COORDINATOR: _handler}
+BY_SERVED = {ops.OWNER: _handler, ops.ANY_WORKER: _handler, ops.COORDINATOR: _handler, ops.SHARE: _handler}
 
 
 def test_every_op_the_router_takes_has_a_handler_and_no_other_op_has_one():

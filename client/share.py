@@ -1,0 +1,186 @@
+"""ShareConsumer: a member of a share group (queue semantics: per-record acknowledgements).
+
+    from tailrace.client import ShareConsumer
+    with ShareConsumer(group="workers", topics=["jobs"]) as c:
+        while True:
+            for r in c.poll(timeout_ms=1000):
+                try:
+                    handle(r.value)
+                    c.acknowledge(r)                          # ACCEPT: done
+                except Exception as exc:
+                    c.acknowledge(r, "release", error=str(exc))  # again later (the group's backoff), or
+                    # c.acknowledge(r, "reject", error=...)    # never again: to the dead-letter topic
+
+Records come acquired: no other member gets them until this one acknowledges them or its lock
+ends (``lock_duration_ms``, the group's ``share.record.lock.duration.ms``). Acknowledgements
+are sent in ranges with the next ``poll`` (Kafka's piggybacking), or at once by ``commit_sync``
+and ``close``; each answered one is durable at the broker. ``implicit=True`` accepts what a poll
+returned when the next poll comes, unless it was acknowledged otherwise (Kafka's implicit mode).
+``delivery_count`` on each record says how many times it was delivered (1 the first time).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Iterable, NamedTuple
+
+import numpy as np
+
+from . import protocol as P
+from . import share_protocol as S
+from .columns import CREATE_TIME, batches_to_columns
+from .connection import CONNECT_TIMEOUT_MS, Connection
+from .consumer import ConsumerCore
+from .security import curve_keys
+from .views import iter_batches
+
+_reply = P.decoder(S.ShareFetchReply)
+
+
+class ShareRecord(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes
+    headers: tuple = ()
+    timestamp_type: int = CREATE_TIME
+    delivery_count: int = 1
+
+
+def ack_ranges(topic: str, partition: int, offsets: np.ndarray, kinds: np.ndarray) -> list[S.ShareAck]:
+    """Offsets (any order, no repeats) and their acknowledgement types as ranges of consecutive
+    offsets of one type (numpy: no step per record)."""
+    order = np.argsort(offsets, kind="stable")
+    o, k = offsets[order], kinds[order]
+    breaks = np.flatnonzero((np.diff(o) != 1) | (np.diff(k) != 0)) + 1
+    firsts = np.concatenate([[0], breaks]).astype(np.int64)
+    lasts = np.concatenate([breaks - 1, [len(o) - 1]]).astype(np.int64)
+    return [S.ShareAck(topic, partition, f, l, t) for f, l, t in zip(o[firsts].tolist(), o[lasts].tolist(), k[firsts].tolist())]
+
+
+class ShareConsumer:
+    def __init__(self, bootstrap: str | None = None, *, group: str, topics: Iterable[str] | str = (),
+                 max_records: int = 500, max_bytes: int = 8 << 20, implicit: bool = False, timeout_ms: int = 30_000,
+                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, key_file=None, server_key=None):
+        self.group = group
+        self.topics = [topics] if isinstance(topics, str) else list(topics)
+        self.member_id = uuid.uuid4().hex
+        self.max_records, self.max_bytes, self.implicit, self.timeout_ms = max_records, max_bytes, implicit, timeout_ms
+        self.conn = Connection(bootstrap, connect_timeout_ms, curve_keys(key_file, server_key))
+        self._acks: dict[tuple[str, int], list] = {}  # (topic, partition) -> [offsets, types] of plain acknowledgements
+        self._special: list[S.ShareAck] = []  # ones with a delay or an error text: one range each
+        self._delivered: dict[tuple[str, int], np.ndarray] = {}  # implicit mode: offsets of the last poll not acknowledged
+        self.lock_duration_ms = 0
+        self.failed: list[S.AckOutcome] = []  # acknowledgements the broker refused (INVALID_RECORD_STATE...), newest last
+        self.closed = False
+
+    def subscribe(self, topics: Iterable[str] | str) -> None:
+        self.topics = [topics] if isinstance(topics, str) else list(topics)
+
+    # --- acknowledging ---------------------------------------------------------------------------
+    def acknowledge(self, record, type: str | int = "accept", *, delay_ms: int | None = None, error: str = "") -> None:
+        """Acknowledge one record (or a list of records of any partitions): ``accept``, ``release``
+        (``delay_ms``: when it may come again; default the group's backoff) or ``reject``."""
+        kind = S.ACK_TYPES[type] if isinstance(type, str) else int(type)
+        if kind not in (S.ACCEPT, S.RELEASE, S.REJECT):
+            raise ValueError(f"acknowledgement type {type!r}: accept, release or reject")
+        records = record if isinstance(record, (list, tuple)) and record and not isinstance(record, ShareRecord) else [record]
+        for r in records:
+            if delay_ms is not None or error:
+                self._special.append(S.ShareAck(r.topic, r.partition, r.offset, r.offset, kind,
+                                                -1 if delay_ms is None else int(delay_ms), error))
+            else:
+                entry = self._acks.setdefault((r.topic, r.partition), [[], []])
+                entry[0].append(r.offset)
+                entry[1].append(kind)
+
+    def acknowledge_offsets(self, topic: str, partition: int, offsets, type: str | int = "accept") -> None:
+        """Acknowledge many offsets of one partition at once (an array: no step per record)."""
+        kind = S.ACK_TYPES[type] if isinstance(type, str) else int(type)
+        entry = self._acks.setdefault((topic, partition), [[], []])
+        o = np.asarray(offsets, np.int64)
+        entry[0].extend(o.tolist())
+        entry[1].extend([kind] * len(o))
+
+    def _take_acks(self) -> list[S.ShareAck]:
+        acks = []
+        if self.implicit:  # what the last poll gave and was not acknowledged otherwise: accepted
+            for key, offs in self._delivered.items():
+                named = self._acks.get(key, [[], []])[0]
+                special = [a.first for a in self._special if (a.topic, a.partition) == key]
+                left = np.setdiff1d(offs, np.asarray(named + special, np.int64), assume_unique=False)
+                if len(left):
+                    self.acknowledge_offsets(key[0], key[1], left)
+            self._delivered = {}
+        for (topic, p), (offs, kinds) in self._acks.items():
+            if offs:
+                acks.extend(ack_ranges(topic, p, np.asarray(offs, np.int64), np.asarray(kinds, np.int64)))
+        acks.extend(self._special)
+        self._acks, self._special = {}, []
+        return acks
+
+    def _request(self, op: int, body: S.ShareFetchRequest, timeout_ms: int):
+        r = self.conn.request(op, self.group, -1, P.encode(body), timeout_ms=timeout_ms)
+        reply = _reply.decode(r.header)
+        self.lock_duration_ms = reply.lock_duration_ms or self.lock_duration_ms
+        bad = [o for o in reply.acks if o.code != P.ErrorCode.OK]
+        self.failed.extend(bad)
+        return reply, r.body, bad
+
+    def commit_sync(self, timeout_ms: int | None = None) -> list[S.AckOutcome]:
+        """Send the acknowledgements made so far now; returns those the broker refused."""
+        acks = self._take_acks()
+        if not acks:
+            return []
+        return self._request(P.Op.SHARE_ACKNOWLEDGE, S.ShareFetchRequest(self.member_id, acks=acks),
+                             timeout_ms or self.timeout_ms)[2]
+
+    # --- polling --------------------------------------------------------------------------------
+    def poll(self, timeout_ms: int = 1000) -> list[ShareRecord]:
+        """Acknowledge what was acknowledged since the last poll and acquire records: at most
+        ``max_records``, waiting up to ``timeout_ms`` for some."""
+        body = S.ShareFetchRequest(self.member_id, self.topics, self._take_acks(), self.max_records, self.max_bytes,
+                                   max(int(timeout_ms), 0))
+        reply, data, _bad = self._request(P.Op.SHARE_FETCH, body, int(timeout_ms) + self.timeout_ms)
+        return self._records(reply, data)
+
+    def _records(self, reply: S.ShareFetchReply, data) -> list[ShareRecord]:
+        out: list[ShareRecord] = []
+        buf = memoryview(data.buffer if hasattr(data, "buffer") else (data or b"")).cast("B")
+        pos = 0
+        for part in reply.partitions:
+            chunk, pos = buf[pos : pos + part.body_bytes], pos + part.body_bytes
+            if not part.acquired:
+                continue
+            cols = batches_to_columns(iter_batches(chunk), part.acquired[0].first, part.acquired[-1].last + 1)
+            firsts = np.array([a.first for a in part.acquired], np.int64)
+            lasts = np.array([a.last for a in part.acquired], np.int64)
+            counts = np.array([a.delivery_count for a in part.acquired], np.int64)
+            where = np.searchsorted(firsts, cols.offsets, side="right") - 1
+            keep = (where >= 0) & (cols.offsets <= lasts[np.maximum(where, 0)])
+            recs = ConsumerCore._to_records([(part.topic, part.partition, cols)])
+            kept = np.flatnonzero(keep).tolist()
+            dc = counts[where[keep]].tolist()
+            out.extend(ShareRecord(*recs[i], delivery_count=c) for i, c in zip(kept, dc))
+            if self.implicit:
+                self._delivered[(part.topic, part.partition)] = cols.offsets[keep]
+        return out
+
+    def close(self) -> None:
+        """Send what was acknowledged and leave: what this member still holds goes back at once."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._request(P.Op.SHARE_ACKNOWLEDGE, S.ShareFetchRequest(self.member_id, acks=self._take_acks(), leave=True),
+                          self.timeout_ms)
+        finally:
+            self.conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
