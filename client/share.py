@@ -86,7 +86,7 @@ class ShareConsumer:
         kind = S.ACK_TYPES[type] if isinstance(type, str) else int(type)
         if kind not in (S.ACCEPT, S.RELEASE, S.REJECT):
             raise ValueError(f"acknowledgement type {type!r}: accept, release or reject")
-        records = record if isinstance(record, (list, tuple)) and record and not isinstance(record, ShareRecord) else [record]
+        records = [record] if hasattr(record, "offset") else record
         for r in records:
             if delay_ms is not None or error:
                 self._special.append(S.ShareAck(r.topic, r.partition, r.offset, r.offset, kind,
