@@ -63,14 +63,16 @@ def store_worker_count(data_dir, n: int) -> None:
 # __consumer_offsets would take every group's committed offsets with it.
 OFFSETS_TOPIC = "__consumer_offsets"  # committed group offsets (router/groups.py)
 SHARE_STATE_TOPIC = "__share_group_state"  # share groups' in-flight state (router/share.py)
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, SHARE_STATE_TOPIC})
+DELAY_TOPIC = "__delayed_records"  # records with a delivery time, until then (router/timer.py)
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, SHARE_STATE_TOPIC, DELAY_TOPIC})
 
 
 def internal_topic_refusal(name: str, action: str) -> str | None:
     """Why topic admin may not ``action`` topic ``name`` (None: not internal, it may)."""
     if name not in INTERNAL_TOPICS:
         return None
-    held = "the consumer groups' committed offsets" if name == OFFSETS_TOPIC else "the share groups' state"
+    held = {OFFSETS_TOPIC: "the consumer groups' committed offsets", SHARE_STATE_TOPIC: "the share groups' state",
+            DELAY_TOPIC: "the records waiting for their delivery time"}[name]
     return (f"topic {name!r} is internal to the broker (it holds {held}): "
             f"it cannot be {action} (Kafka's rule for internal topics)")
 

@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 from . import protocol as P
 from . import share_protocol as S
+from .delayed import DelayedProduceReply, DelayedProduceRequest
 from .protocol import Op
 
 # Who serves an op to clients (the ``served`` column).
@@ -73,6 +74,7 @@ SPEC: tuple[OpSpec, ...] = (
     R(Op.WATCH,             2, False, TOPIC,   WORKER_UNIX, "consume",  P.WatchRequest,            P.Empty),
     R(Op.PRODUCE_MULTI,     3, False, TOPIC,   OWNER,       "produce",  P.ProduceMultiRequest,     P.ProduceMultiReply, True, True),
     R(Op.FETCH_MULTI,       2, False, TOPIC,   OWNER,       "consume",  P.FetchMultiRequest,       P.FetchMultiReply,   True),
+    R(Op.PRODUCE_DELAYED,   3, False, TOPIC,   ROUTER,      "produce",  DelayedProduceRequest,     DelayedProduceReply),
     R(Op.CREATE_TOPIC,      2, False, TOPIC,   ROUTER,      "create",   P.CreateTopicRequest,      P.TopicInfo),
     R(Op.LIST_TOPICS,       2, True,  NOTHING, ROUTER,      "describe", P.ListTopicsRequest,       P.ListTopicsReply),
     R(Op.DESCRIBE_TOPIC,    2, True,  TOPIC,   ROUTER,      "describe", P.DescribeRequest,         P.DescribeReply),

@@ -59,6 +59,7 @@ from . import codecs
 from . import protocol as P
 from .accumulator import DEFAULT_MAX_BATCH_BYTES, Accumulator, _Pending, batch_times, header_bytes, headers_sample_bytes
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Pool
+from .delayed import DelayBuffer, DelayedProduceRequest, due_ms
 from .security import curve_keys
 from .routes import BlockingRoutes
 from .errors import BatchTooLargeError, TailraceError, TimeoutError_, error_for
@@ -70,6 +71,7 @@ from .inflight import TIMEOUT_SCAN_S, Ack, Replies, _InFlight  # (Ack and TIMEOU
 
 BUFFER_MEMORY = 32 << 20  # Kafka's buffer.memory default
 MAX_BLOCK_MS = 60_000  # Kafka's max.block.ms default
+DELAYED_GROUP_BYTES = 256 << 10  # delayed records of one partition and time sent once this many are queued
 
 
 def _requests_of(batches: list, cap: int):
@@ -344,6 +346,7 @@ class Producer(ProducerCore):
         # same_host: send to the owning workers' Unix sockets instead of their ZeroMQ endpoints
         # (client/unixwire.py); the router and any fallback stay ZeroMQ.
         self.routes = BlockingRoutes(self.pool, direct, same_host)
+        self._delayed = DelayBuffer(DELAYED_GROUP_BYTES)  # records with a delivery time (client/delayed.py)
 
     def _route(self, topic: str, partition: int) -> str | None:
         return self.routes.endpoint(topic, partition)
@@ -354,11 +357,14 @@ class Producer(ProducerCore):
 
     # --- sending -------------------------------------------------------------------------
     def send(self, topic: str, value: bytes, key: bytes | None = None, headers=None, timestamp_ms: int | None = None,
-             partition: int | None = None) -> None:
+             partition: int | None = None, *, deliver_at_ms: int | None = None, deliver_after_ms: int | None = None) -> None:
         """Queue one record, with its headers (a list of (str key, bytes-or-None value) pairs,
         repeats allowed, or a dict) and its create time (ms since the epoch; default: now).
         Raises ``BatchTooLargeError`` at once for a record over the broker's batch limit; blocks
-        while ``buffer_memory`` is full, ``TimeoutError_`` after ``max_block_ms``."""
+        while ``buffer_memory`` is full, ``TimeoutError_`` after ``max_block_ms``.
+        ``deliver_at_ms`` (ms since the epoch) or ``deliver_after_ms``: the record is appended to
+        the partition at that time, not before (client/delayed.py); ``flush`` sends it to the
+        broker's timer, and returns once the timer has it durably."""
         if isinstance(headers, int) and not isinstance(headers, bool):  # send(topic, value, key, partition): a
             partition, headers = headers, None  # call written before headers took the fourth place
         if partition is None:
@@ -367,6 +373,12 @@ class Producer(ProducerCore):
         exc = self._too_large(value, key, extra)
         if exc is not None:
             raise exc
+        if deliver_at_ms is not None or deliver_after_ms is not None:
+            stamp = int((time.time() * 1000 if timestamp_ms is None else timestamp_ms) * 1000)
+            if self._delayed.add(topic, partition, due_ms(deliver_at_ms, deliver_after_ms), value, key, headers, stamp,
+                                 len(value) + (0 if key is None else len(key)) + extra):
+                self._send_delayed()
+            return
         rec = len(value) + (0 if key is None else len(key)) + extra
         if not self._room(rec):
             self._wait_for_room(rec)
@@ -451,6 +463,7 @@ class Producer(ProducerCore):
     def flush(self, timeout_ms: int = 60_000) -> int:
         """Send everything queued and wait for every ack; return records acked so far. With
         acks="none", wait until the broker has taken every batch sent (the module docstring)."""
+        self._send_delayed()
         self._seal_all()
         deadline = time.monotonic() + timeout_ms / 1000
         self._advance()
@@ -462,6 +475,12 @@ class Producer(ProducerCore):
             self._pump(timeout_ms=50)
         self._take_errors()
         return self.acked_records
+
+    def _send_delayed(self) -> None:
+        """The delayed records queued, to the broker's timer: one request per (partition, time)."""
+        for topic, partition, due, _n, batch in self._delayed.take():
+            self.conn.request(P.Op.PRODUCE_DELAYED, topic, partition, P.encode(DelayedProduceRequest(due)), body=batch,
+                              timeout_ms=30_000)
 
     def close(self) -> None:
         try:

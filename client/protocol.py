@@ -54,6 +54,7 @@ class Op(enum.IntEnum):
     WATCH = 4  # same host only: ring a client's doorbell when partitions it reads from the rings move (section 8d)
     PRODUCE_MULTI = 5  # one batch for each of many partitions of one topic owned by one worker (section 4.1a)
     FETCH_MULTI = 6  # fetch from many partitions of one topic owned by one worker, one long poll over all (section 4.2a)
+    PRODUCE_DELAYED = 7  # a batch appended to its partition at a given time, kept by the router's timer till then (section 4.1c)
     CREATE_TOPIC = 10
     LIST_TOPICS = 11
     DESCRIBE_TOPIC = 12

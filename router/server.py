@@ -41,6 +41,7 @@ from tailrace.client import protocol as P
 from . import status, topics
 from .groups import Coordinator, GroupContext
 from .share import ShareContext, ShareCoordinator
+from .timer import Timer, TimerContext
 from .links import WorkerLinks
 from .liveness import HEARTBEAT_S, WorkerLiveness
 from .offsets import AskContext, OffsetAsks
@@ -120,9 +121,12 @@ class Router:
                                                self.send_internal))  # consumer groups (router/groups.py)
         self.shares = ShareCoordinator(ShareContext(s, self.catalog, self.make_internal_topic, self.next_internal_id,
                                                     self.send_internal, lambda frames: self.port.send(frames), acls))
+        self.timer = Timer(TimerContext(s, self.catalog, self.make_internal_topic, self.next_internal_id,
+                                        self.send_internal))  # delayed delivery (router/timer.py)
         own = {**{op: partial(fn, self.topic_ctx) for op, fn in topics.HANDLERS.items()},
                **{op: partial(fn, self.status_ctx) for op, fn in status.HANDLERS.items()},
-               P.Op.DESCRIBE_TOPIC: self.asks.ask, P.Op.FIND_COORDINATOR: self.groups.find}
+               P.Op.DESCRIBE_TOPIC: self.asks.ask, P.Op.FIND_COORDINATOR: self.groups.find,
+               P.Op.PRODUCE_DELAYED: self.timer.produce}
         self.handlers = dispatch_table(own, {ops.OWNER: self.forward, ops.ANY_WORKER: self.asks.ask,
                                              ops.COORDINATOR: self.groups.serve, ops.SHARE: self.shares.serve})
 
@@ -247,7 +251,7 @@ class Router:
         peers = PeerLinks(self.links.ctx, self.links.poller, self.links.keys)
         self.asks.attach_cluster(agent, peers, partial(topics.mirror_topic, self.topic_ctx))
         self.groups.attach_cluster(agent, peers)
-        self.shares.ctx.cluster = agent  # share groups: a single broker only for now (router/share.py)
+        self.shares.ctx.cluster = self.timer.cluster = agent  # share groups, delayed delivery: one broker only for now
         self.replicas = agent.fetcher = ReplicaFetcher(agent, peers, self.send_internal, self.next_internal_id,
                                                        partial(topics.mirror_topic, self.topic_ctx))
         self.status_ctx.replicas = self.replicas
@@ -317,7 +321,8 @@ class Router:
             self.replicas.on_local_reply(rid, code, frames)
         elif op in (P.Op.PRODUCE, P.Op.FETCH):
             try:
-                self.groups.on_reply(rid, op, code, frames[1:]) or self.shares.on_reply(rid, op, code, frames[1:])
+                (self.groups.on_reply(rid, op, code, frames[1:]) or self.shares.on_reply(rid, op, code, frames[1:])
+                 or self.timer.on_reply(rid, op, code, frames[1:]))
             except Exception:  # a coordinator bug must not take the router down with it
                 log.exception("group or share coordinator: reply to internal request %d failed", rid)
         elif op != P.Op.ADOPT:
@@ -335,6 +340,10 @@ class Router:
             self.shares.tick(now)
         except Exception:  # noqa: BLE001 - as above
             log.exception("share coordinator tick failed")
+        try:
+            self.timer.tick(now)
+        except Exception:  # noqa: BLE001 - as above
+            log.exception("timer tick failed")
         if self.acls is not None:
             self.acls.refresh()
         if self.cluster is not None:
@@ -439,6 +448,10 @@ def main() -> int:
                 router.shares.poll(now)  # share fetches whose wait ended
             except Exception:  # noqa: BLE001 - the router keeps serving
                 log.exception("share coordinator poll failed")
+        try:
+            router.timer.poll(int(time.time() * 1000))  # delayed batches now due
+        except Exception:  # noqa: BLE001 - the router keeps serving
+            log.exception("timer poll failed")
         if now - last_tick > HEARTBEAT_S:
             if guard is not None:
                 if router.cluster is not None:  # the other brokers' routers, as their registrations say
