@@ -35,6 +35,25 @@ def broker(make_broker) -> Broker:
     return make_broker()
 
 
+@pytest.fixture(scope="module")
+def module_broker(tmp_path_factory):
+    """One broker, as ``broker`` makes it, for every test of a module that takes it (a module
+    overrides ``broker`` with it): a start and a clean stop cost 8-10 s on a 2-core CI box, more
+    than most of those tests. Each test there uses topics of its own names and leaves the broker
+    as it found it (a program it froze is thawed). Stopped at the end of the module, when no
+    shared memory may be left, as ``make_broker`` checks."""
+    b = Broker(tmp_path_factory.mktemp("module-broker") / "data", workers=2, segment_bytes=8 << 20,
+               shm_budget_bytes=512 << 20)
+    try:
+        b.start()
+        yield b
+    finally:
+        b.stop()
+        left = sorted(b.shm_regions())
+        b.cleanup_shm()
+    assert not left, f"shared memory left after a clean stop: {left}"
+
+
 @pytest.fixture(params=["blocking", "async"])
 def client(request):
     """The blocking client, then the asyncio one behind the same API (tests/clients.py): a test

@@ -20,6 +20,13 @@ from tailrace.client.producer import hash_partition
 from tests.clients import BLOCKING
 
 
+@pytest.fixture
+def broker(module_broker):
+    """One broker for the whole module (tests/conftest.py): each test's topics are named after
+    its client and parameters, so no two tests share one."""
+    return module_broker
+
+
 def read_all(client, bootstrap, topic, expect, timeout_s=20.0):
     recs = []
     with client.Consumer(bootstrap, max_wait_ms=100) as cons:
@@ -35,15 +42,16 @@ def read_all(client, bootstrap, topic, expect, timeout_s=20.0):
 def test_acks_none_flush_then_close_leaves_every_record_stored(broker, client, same_host):
     """Before the fix 0 to 500 of 600 were stored in 3 runs of 5: the socket was closed with its
     queue unsent. Every round here sends, flushes and closes, then counts at once."""
-    Admin(broker.bootstrap).create_topic("none", 2)
+    topic = f"none-{client.name}-{same_host}"
+    Admin(broker.bootstrap).create_topic(topic, 2)
     value = b"x" * 2000
     for round_ in range(3):
         prod = client.Producer(broker.bootstrap, acks="none", same_host=same_host)
         for i in range(600):
-            prod.send("none", b"%d-%d-" % (round_, i) + value)
+            prod.send(topic, b"%d-%d-" % (round_, i) + value)
         prod.flush()
         prod.close()
-        stored = read_all(client, broker.bootstrap, "none", 600 * (round_ + 1), timeout_s=5)
+        stored = read_all(client, broker.bootstrap, topic, 600 * (round_ + 1), timeout_s=5)
         assert len(stored) == 600 * (round_ + 1), f"round {round_}: {len(stored)} stored"
     assert len({r.value for r in stored}) == 1800  # once each: the closing round trip stored nothing twice
 
@@ -52,22 +60,23 @@ def test_a_record_over_the_broker_limit_is_refused_at_once_and_the_producer_goes
     """A 3 MB record used to hang 120 s (the broker dropped the connection over its frame limit
     and the batch was retried until the delivery timeout); 1.5 MB got BATCH_TOO_LARGE from the
     broker. Both are refused by the client now, without being sent."""
-    Admin(broker.bootstrap).create_topic("big", 1)
+    topic = f"big-{client.name}"
+    Admin(broker.bootstrap).create_topic(topic, 1)
     with client.Producer(broker.bootstrap, acks="memory") as prod:
-        prod.partitions_for("big")
+        prod.partitions_for(topic)
         assert prod.routes.max_batch_bytes == 1 << 20  # from DESCRIBE_TOPIC
         for size in (3_000_000, 1_500_000, (1 << 20) - 64):
             t0 = time.monotonic()
             with pytest.raises(BatchTooLargeError, match="not sent"):
-                prod.send("big", b"b" * size)
+                prod.send(topic, b"b" * size)
                 prod.flush(timeout_ms=10_000)
             assert time.monotonic() - t0 < 2.0, f"{size} bytes: refused after {time.monotonic() - t0:.1f}s"
         # records that fit each make batches under the limit, never one over it
         for i in range(6):
-            prod.send("big", bytes([i]) * 400_000)
-        prod.send("big", b"small")
+            prod.send(topic, bytes([i]) * 400_000)
+        prod.send(topic, b"small")
         prod.flush(timeout_ms=10_000)
-    stored = read_all(client, broker.bootstrap, "big", 7)
+    stored = read_all(client, broker.bootstrap, topic, 7)
     assert sorted(len(r.value) for r in stored) == [5] + [400_000] * 6
 
 
@@ -87,15 +96,16 @@ def test_the_limit_comes_from_the_broker(make_broker, client):
 
 
 def test_keyed_records_go_by_the_key_hash_by_default_in_send_and_send_batch(broker, client):
-    Admin(broker.bootstrap).create_topic("keyed", 4)
+    topic = f"keyed-{client.name}"
+    Admin(broker.bootstrap).create_topic(topic, 4)
     keys = [b"user-%d" % i for i in range(30)]
     with client.Producer(broker.bootstrap, acks="memory") as prod:  # default partitioner
         for k in keys:
-            prod.send("keyed", b"one-" + k, key=k)
-        prod.send_batch("keyed", [b"many-" + k for k in keys], keys=keys)
+            prod.send(topic, b"one-" + k, key=k)
+        prod.send_batch(topic, [b"many-" + k for k in keys], keys=keys)
         for i in range(8):
-            prod.send("keyed", b"unkeyed-%d" % i)
-    recs = read_all(client, broker.bootstrap, "keyed", 68)
+            prod.send(topic, b"unkeyed-%d" % i)
+    recs = read_all(client, broker.bootstrap, topic, 68)
     assert len(recs) == 68
     off_hash = [(r.key, r.partition) for r in recs if r.key and r.partition != zlib.crc32(r.key) % 4]
     assert not off_hash, f"{len(off_hash)} of 60 keyed records off their hash partition"
@@ -112,20 +122,21 @@ def test_send_blocks_when_buffer_memory_is_full_and_raises_after_max_block_ms(br
     import numpy as np
 
     offsets = np.array([0, 100_000], dtype=np.int32)
-    Admin(broker.bootstrap).create_topic("bounded", 1)
+    topic = f"bounded-{client.name}-{how}"
+    Admin(broker.bootstrap).create_topic(topic, 1)
     router = broker.pids()["router"]
     prod = client.Producer(broker.bootstrap, acks="memory", direct=False, buffer_memory=1 << 20,
                            max_block_ms=500, batch_bytes=128 * 1024, linger_ms=1)
     try:
-        prod.partitions_for("bounded")
+        prod.partitions_for(topic)
         os.kill(router, signal.SIGSTOP)
         queued, t0 = 0, time.monotonic()
         for _ in range(20):
             try:
                 if how == "send":
-                    prod.send("bounded", b"r" * 100_000)
+                    prod.send(topic, b"r" * 100_000)
                 else:
-                    prod.send_buffers("bounded", b"r" * 100_000, offsets, partition=0)
+                    prod.send_buffers(topic, b"r" * 100_000, offsets, partition=0)
             except TimeoutError_ as exc:
                 assert "buffer_memory" in str(exc)
                 assert 0.4 < time.monotonic() - t0 < 5
@@ -144,20 +155,21 @@ def test_send_blocks_when_buffer_memory_is_full_and_raises_after_max_block_ms(br
             prod.flush(timeout_ms=30_000)
     prod.flush(timeout_ms=30_000)
     prod.close()
-    assert len(read_all(client, broker.bootstrap, "bounded", queued)) == queued
+    assert len(read_all(client, broker.bootstrap, topic, queued)) == queued
 
 
 def test_clients_given_no_bootstrap_read_tailrace_bootstrap(broker, client, monkeypatch):
     monkeypatch.setenv("TAILRACE_BOOTSTRAP", broker.bootstrap)
     assert Pool().router.endpoint != "tcp://127.0.0.1:7420" or broker.bootstrap.endswith(":7420")
+    topic = f"env-{client.name}"
     admin = client.Admin(None)
     try:
-        admin.create_topic("env", 1)
+        admin.create_topic(topic, 1)
     finally:
         admin.close()
     with client.Producer(None, acks="memory") as prod:
-        prod.send("env", b"via the environment")
-    assert [r.value for r in read_all(client, None, "env", 1)] == [b"via the environment"]
+        prod.send(topic, b"via the environment")
+    assert [r.value for r in read_all(client, None, topic, 1)] == [b"via the environment"]
 
 
 def test_tailrace_produce_with_acks_none_stores_every_line_of_its_stdin(broker, tmp_path):
@@ -192,16 +204,17 @@ def test_a_connection_the_broker_drops_fails_over_at_once_not_after_request_time
     monitor) and the idempotent producer resends the batch at once: acknowledged once, stored
     once. The workers are held (SIGSTOP) while the batch and the oversized part go out, so the
     reply cannot come before the close."""
-    Admin(broker.bootstrap).create_topic("dropped", 1)
+    topic = f"dropped-{client.name}-{direct}"
+    Admin(broker.bootstrap).create_topic(topic, 1)
     workers = [pid for name, pid in broker.pids().items() if name.startswith("worker")]
     prod = client.Producer(broker.bootstrap, acks="memory", direct=direct, request_timeout_ms=30_000, linger_ms=0)
     try:
-        prod.send("dropped", b"before")
+        prod.send(topic, b"before")
         prod.flush(timeout_ms=10_000)  # connected, the partition's owner known
         for pid in workers:
             os.kill(pid, signal.SIGSTOP)
         try:
-            prod.send("dropped", b"in flight")
+            prod.send(topic, b"in flight")
             assert prod.in_flight == 1
             via = next(iter(prod._inflight.values())).via
             assert (via is not None) == direct
@@ -216,11 +229,11 @@ def test_a_connection_the_broker_drops_fails_over_at_once_not_after_request_time
         took = time.monotonic() - t0
         assert took < 2.0, f"the batch in flight on the dropped connection finished after {took:.1f}s"
         assert prod.retries >= 1
-        prod.send("dropped", b"after")  # the producer goes on over the new connection
+        prod.send(topic, b"after")  # the producer goes on over the new connection
         prod.flush(timeout_ms=10_000)
     finally:
         prod.close()
-    stored = read_all(client, broker.bootstrap, "dropped", 3)
+    stored = read_all(client, broker.bootstrap, topic, 3)
     assert [r.value for r in stored] == [b"before", b"in flight", b"after"]  # once each, in order
 
 
@@ -230,18 +243,19 @@ def test_a_batch_that_fails_for_good_leaves_no_gap_the_next_batches_are_stored(b
     producer then takes a new producer id for the partition and numbers its batches again, those
     already queued included. Here the failure is a send_batch chunk over the broker's limit (its
     size is judged from its first 64 records), refused before it is sent."""
-    Admin(broker.bootstrap).create_topic("gap", 1)
+    topic = f"gap-{client.name}"
+    Admin(broker.bootstrap).create_topic(topic, 1)
     with client.Producer(broker.bootstrap, acks="memory", linger_ms=0) as prod:
-        prod.send_batch("gap", [b"first-%d" % i for i in range(5)], partition=0)
+        prod.send_batch(topic, [b"first-%d" % i for i in range(5)], partition=0)
         prod.flush(timeout_ms=10_000)
-        prod.send_batch("gap", [b"s"] * 64 + [b"B" * 1_100_000], partition=0)  # one chunk: over 1 MiB
-        prod.send_batch("gap", [b"after-a-%d" % i for i in range(5)], partition=0)  # queued behind it
-        prod.send_batch("gap", [b"after-b-%d" % i for i in range(5)], partition=0)
+        prod.send_batch(topic, [b"s"] * 64 + [b"B" * 1_100_000], partition=0)  # one chunk: over 1 MiB
+        prod.send_batch(topic, [b"after-a-%d" % i for i in range(5)], partition=0)  # queued behind it
+        prod.send_batch(topic, [b"after-b-%d" % i for i in range(5)], partition=0)
         with pytest.raises(BatchTooLargeError):
             prod.flush(timeout_ms=10_000)
-        prod.send_batch("gap", [b"later-%d" % i for i in range(5)], partition=0)
+        prod.send_batch(topic, [b"later-%d" % i for i in range(5)], partition=0)
         prod.flush(timeout_ms=10_000)
-    stored = [r.value for r in read_all(client, broker.bootstrap, "gap", 20)]
+    stored = [r.value for r in read_all(client, broker.bootstrap, topic, 20)]
     assert stored == ([b"first-%d" % i for i in range(5)] + [b"after-a-%d" % i for i in range(5)]
                       + [b"after-b-%d" % i for i in range(5)] + [b"later-%d" % i for i in range(5)])
 
