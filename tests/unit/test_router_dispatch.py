@@ -19,6 +19,7 @@ def _own():
     own = {op: _handler for op in (*topics.HANDLERS, *status.HANDLERS)}
     own[P.Op.DESCRIBE_TOPIC] = _handler
     own[P.Op.FIND_COORDINATOR] = _handler  # the group coordinator's (router/groups.py Coordinator.find)
+    own[P.Op.PRODUCE_DELAYED] = _handler  # the timer's (router/timer.py Timer.produce)
     return own
 
 
