@@ -1,4 +1,5 @@
-"""Admin: create, list and describe topics; list offsets; broker status; move partitions.
+"""Admin: create, list and describe topics; list offsets; broker status; move partitions; consumer
+groups and share groups.
 
 Each operation is written once, as a ``Call`` (the request to make and how to read its reply):
 ``Admin`` makes it with a blocking round trip, ``aio.AsyncAdmin`` with an awaited one.
@@ -11,6 +12,7 @@ from typing import Any, Callable, NamedTuple
 import msgspec
 
 from . import protocol as P
+from . import share_protocol as S
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Connection, Reply
 from .errors import NotControllerError, NotCoordinatorError, TailraceError
 from .security import curve_keys
@@ -102,6 +104,21 @@ class AdminCalls:
         req = P.OffsetCommitRequest([(t, int(p), int(o)) for (t, p), o in offsets.items()], member_id, member_epoch)
         return Call(P.Op.OFFSET_COMMIT, group, -1, P.encode(req),
                     lambda r: {(t, p): o for t, p, o in P.decoder(P.CommittedOffsets).decode(r.header).offsets})
+
+    @staticmethod
+    def list_share_groups() -> Call:
+        return Call(P.Op.LIST_SHARE_GROUPS, "", -1, P.EMPTY_MAP,
+                    lambda r: P.decoder(S.ListShareGroupsReply).decode(r.header).groups)
+
+    @staticmethod
+    def describe_share_group(group: str) -> Call:
+        return Call(P.Op.DESCRIBE_SHARE_GROUP, group, -1, P.EMPTY_MAP, lambda r: P.decoder(S.ShareGroupInfo).decode(r.header))
+
+    @staticmethod
+    def alter_share_group(group: str, config: dict) -> Call:
+        conf = {str(k): "" if v is None else str(v) for k, v in config.items()}
+        return Call(P.Op.ALTER_SHARE_GROUP, group, -1, P.encode(S.AlterShareGroupRequest(conf)),
+                    lambda r: P.decoder(S.ShareGroupInfo).decode(r.header))
 
     @staticmethod
     def status() -> Call:
@@ -227,6 +244,25 @@ class Admin:
         """Set a group's committed offsets (only while it has no members, as Kafka's
         ``kafka-consumer-groups --reset-offsets``), durably before the reply."""
         return self._call(AdminCalls.commit(group, offsets))
+
+    def list_share_groups(self) -> list[str]:
+        """The names of every share group the broker knows (client/share.py; docs/PROTOCOL.md 4.9)."""
+        return self._call(AdminCalls.list_share_groups())
+
+    def describe_share_group(self, group: str) -> S.ShareGroupInfo:
+        """A share group's settings (defaults filled in), members, and per share partition its
+        start and end offsets, records in flight, acquired and available, the delivery-count
+        histogram and the dead-lettered count; its dead-letter topic ("" when dead records are
+        archived). ``UnknownGroupError`` for a group the broker does not know."""
+        return self._call(AdminCalls.describe_share_group(group))
+
+    def alter_share_group(self, group: str, config: dict[str, str]) -> S.ShareGroupInfo:
+        """Set share group settings (``share.record.lock.duration.ms``, ``share.delivery.count.limit``,
+        ``share.retry.backoff.ms``, ``share.dlq.topic``, ``share.auto.offset.reset``,
+        ``share.session.timeout.ms``); a value of None or "" resets one to the default. Makes the
+        group if it does not exist yet (so it can be set up before its first member). Returns the
+        group as ``describe_share_group`` does, once the settings are durable."""
+        return self._call(AdminCalls.alter_share_group(group, config))
 
     def status(self) -> dict:
         return self._call(AdminCalls.status())

@@ -1,13 +1,13 @@
-"""The asyncio client: ``AsyncAdmin``, ``AsyncProducer``, ``AsyncConsumer``.
+"""The asyncio client: ``AsyncAdmin``, ``AsyncProducer``, ``AsyncConsumer``, ``AsyncShareConsumer``.
 
 The same names, options and semantics as the blocking client (admin.py, producer.py,
 consumer.py), and the same protocol logic: the batching, sequence numbers, retries, routing and
 reply handling are ``ProducerCore``, ``ConsumerCore``, ``Routes`` and ``AdminCalls``, shared with
 the blocking classes; only the I/O is here (``AsyncProducer``, ``AsyncAdmin``), in aio_consumer.py
-(``AsyncConsumer``) and in aio_connection.py (``AsyncPool``, ``AsyncRoutes``). ZeroMQ DEALERs and
-the workers' same-host Unix sockets (unixwire.py) are both read with the event loop's
-``add_reader`` on their file descriptors (_ZmqLink says why not ``zmq.asyncio``). No thread, no
-per-call executor; works under uvloop.
+(``AsyncConsumer``), aio_share.py (``AsyncShareConsumer``) and aio_connection.py (``AsyncPool``,
+``AsyncRoutes``). ZeroMQ DEALERs and the workers' same-host Unix sockets (unixwire.py) are both
+read with the event loop's ``add_reader`` on their file descriptors (_ZmqLink says why not
+``zmq.asyncio``). No thread, no per-call executor; works under uvloop.
 
 Producing::
 
@@ -43,15 +43,18 @@ from .admin import AdminCalls, Call, other_brokers
 from .accumulator import batch_times, header_bytes
 from .aio_connection import AsyncPool, AsyncRoutes
 from .aio_consumer import AsyncConsumer
+from .aio_share import AsyncShareConsumer
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Reply
 from .sections import HeaderArrays
 from .security import curve_keys
 from .consumer import Record
+from .share import ShareRecord
 from .errors import TailraceError, TimeoutError_
 from .producer import TIMEOUT_SCAN_S, Ack, ProducerCore
 from . import protocol as P
+from . import share_protocol as S
 
-__all__ = ["Ack", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "Record"]
+__all__ = ["Ack", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "AsyncShareConsumer", "Record", "ShareRecord"]
 
 
 class AsyncProducer(ProducerCore):
@@ -408,6 +411,15 @@ class AsyncAdmin:
 
     async def reset_offsets(self, group: str, offsets: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
         return await self._call(AdminCalls.commit(group, offsets))
+
+    async def list_share_groups(self) -> list[str]:
+        return await self._call(AdminCalls.list_share_groups())
+
+    async def describe_share_group(self, group: str) -> S.ShareGroupInfo:
+        return await self._call(AdminCalls.describe_share_group(group))
+
+    async def alter_share_group(self, group: str, config: dict[str, str]) -> S.ShareGroupInfo:
+        return await self._call(AdminCalls.alter_share_group(group, config))
 
     async def status(self) -> dict:
         return await self._call(AdminCalls.status())

@@ -1,8 +1,9 @@
-"""The asyncio client: ``AsyncAdmin``, ``AsyncProducer``, ``AsyncConsumer`` (tailrace.client.aio).
+"""The asyncio client: ``AsyncAdmin``, ``AsyncProducer``, ``AsyncConsumer``, ``AsyncShareConsumer``
+(tailrace.client.aio).
 
-    from tailrace.aio import AsyncProducer, AsyncConsumer, AsyncAdmin
+    from tailrace.aio import AsyncProducer, AsyncConsumer, AsyncAdmin, AsyncShareConsumer
 """
 
-from tailrace.client.aio import Ack, AsyncAdmin, AsyncConsumer, AsyncProducer, Record
+from tailrace.client.aio import Ack, AsyncAdmin, AsyncConsumer, AsyncProducer, AsyncShareConsumer, Record, ShareRecord
 
-__all__ = ["Ack", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "Record"]
+__all__ = ["Ack", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "AsyncShareConsumer", "Record", "ShareRecord"]

@@ -10,8 +10,8 @@ error.
 Here: the parser (every command, option and help text), serve, workers, status and main. The
 other commands live in console.py (produce, consume), admin_commands.py (topic, groups),
 access_commands.py (keys, acl, quota), cluster_commands.py (cluster status, dev-cluster),
-reassign_commands.py (partitions reassign, cluster decommission) and top.py; tables.py prints
-what they show.
+reassign_commands.py (partitions reassign, cluster decommission), share_commands.py (consume
+--share-group, share-groups, dlq replay) and top.py; tables.py prints what they show.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import argparse
 import os
 import sys
 
-from tailrace import access_commands, admin_commands, cluster_commands, console, reassign_commands
+from tailrace import access_commands, admin_commands, cluster_commands, console, reassign_commands, share_commands
 from tailrace.access_commands import data_dir_of
 from tailrace.admin_commands import open_admin, security
 from tailrace.broker import acl as acl_mod
@@ -106,7 +106,7 @@ def cmd_produce(args) -> int:
 
 
 def cmd_consume(args) -> int:
-    return console.consume(args)
+    return share_commands.consume(args) if args.share_group is not None else console.consume(args)
 
 
 # --- workers and status --------------------------------------------------------------------------
@@ -437,6 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--base64", action="store_true",
                     help="with --json: key, value and header values as base64 (for binary data)")
     co.set_defaults(func=cmd_consume)
+    share_commands.add_parsers(sub, co, command, with_bootstrap)  # consume --share-group, share-groups, dlq
 
     wk = command(sub, "workers", "show or change the number of workers of a running broker")
     wsub = wk.add_subparsers(dest="workers_cmd", required=True, metavar="SUBCOMMAND")

@@ -20,6 +20,13 @@ from tailrace.client.errors import (BrokerUnavailableError, InvalidRequestError,
 LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
 
 
+@pytest.fixture
+def broker(module_broker):
+    """One broker for the whole module (tests/conftest.py): each test's topics are named after
+    its parameters, so no two tests share one."""
+    return module_broker
+
+
 async def _read_all(bootstrap: str, topic: str, expect: int, same_host: bool = False, timeout_s: float = 30) -> list:
     async with AsyncConsumer(bootstrap, max_wait_ms=100, same_host=same_host) as c:
         await c.assign(topic, start="earliest")
@@ -33,7 +40,8 @@ async def _read_all(bootstrap: str, topic: str, expect: int, same_host: bool = F
 
 @pytest.mark.parametrize("loop,same_host", [("asyncio", False), ("uvloop", False), ("uvloop", True)])
 def test_many_coroutines_share_one_producer_each_gets_its_own_offset_and_sends_are_batched(broker, loop, same_host):
-    Admin(broker.bootstrap).create_topic("many", 2)
+    topic = f"many-{loop}-{same_host}"
+    Admin(broker.bootstrap).create_topic(topic, 2)
     coroutines, each = 64, 40
     sent_requests = []
 
@@ -50,11 +58,11 @@ def test_many_coroutines_share_one_producer_each_gets_its_own_offset_and_sends_a
             async def one(j: int) -> list:
                 acks = []
                 for i in range(each):
-                    acks.append(await p.send("many", b"%d-%d" % (j, i), partition=j % 2))
+                    acks.append(await p.send(topic, b"%d-%d" % (j, i), partition=j % 2))
                 return acks
 
             results = await asyncio.gather(*(one(j) for j in range(coroutines)))
-        records = await _read_all(broker.bootstrap, "many", coroutines * each, same_host)
+        records = await _read_all(broker.bootstrap, topic, coroutines * each, same_host)
         return results, records
 
     results, records = LOOPS[loop](main())
@@ -109,7 +117,8 @@ def test_cancelling_pending_sends_at_random_leaves_each_message_acked_once_or_no
 
 
 def test_client_errors_are_the_same_exceptions_from_both_clients(broker, client):
-    Admin(broker.bootstrap).create_topic("errs", 1)
+    topic = f"errs-{client.name}"
+    Admin(broker.bootstrap).create_topic(topic, 1)
     with client.Producer(broker.bootstrap, acks="memory") as prod:
         with pytest.raises(UnknownTopicError):
             prod.send("no-such-topic", b"x")
@@ -117,14 +126,14 @@ def test_client_errors_are_the_same_exceptions_from_both_clients(broker, client)
         with pytest.raises(InvalidRequestError):
             prod.send("t" * 300, b"x", partition=0)
             prod.flush()
-        prod.send("errs", b"fine", partition=0)  # and it still works
+        prod.send(topic, b"fine", partition=0)  # and it still works
         assert prod.flush() >= 1
     with client.Consumer(broker.bootstrap, max_wait_ms=50) as cons:
-        cons.assign("errs", start=10**6)
+        cons.assign(topic, start=10**6)
         with pytest.raises(OffsetOutOfRangeError) as err:
             cons.poll(2000)
         assert err.value.details["log_start_offset"] == 0 and err.value.details["high_watermark"] == 1
-        cons.seek("errs", 0, 0)
+        cons.seek(topic, 0, 0)
         assert [r.value for r in cons.poll(2000)] == [b"fine"]
     with pytest.raises(UnknownTopicError):
         with client.Admin(broker.bootstrap) as a:
@@ -163,7 +172,8 @@ def test_clients_opened_and_closed_one_after_another_on_one_loop_each_answer_at_
     """File descriptor numbers come back: a socket the loop watches must be unwatched before it
     closes, or the next socket given that number is never polled and its replies wait for the
     request timeout. Thirty clients in turn, each a handshake, a describe and direct produces."""
-    Admin(broker.bootstrap).create_topic("turns", 2)
+    topic = f"turns-{loop}"
+    Admin(broker.bootstrap).create_topic(topic, 2)
 
     async def main() -> list[float]:
         took = []
@@ -172,7 +182,7 @@ def test_clients_opened_and_closed_one_after_another_on_one_loop_each_answer_at_
             async with AsyncAdmin(broker.bootstrap, timeout_ms=4000) as a:
                 await a.list_topics()
             async with AsyncProducer(broker.bootstrap, acks="memory", linger_ms=0, request_timeout_ms=4000) as p:
-                await asyncio.gather(*(p.send("turns", b"%d" % i, partition=q) for q in (0, 1)))
+                await asyncio.gather(*(p.send(topic, b"%d" % i, partition=q) for q in (0, 1)))
             took.append(time.monotonic() - t0)
         return took
 
