@@ -142,6 +142,7 @@ CRASH_MARKER_PREFIX = "debug-crashed-"
 # program names: each names its role lock (locks/<role>.lock) and its stats file (stats/<role>.msgpack)
 FLUSHER_ROLE, ROUTER_ROLE, METRICS_ROLE = "flusher", "router", "metrics"
 GROUPS_STATS = "groups"  # the router's group coordinator keeps a stats file of its own
+QUEUES_STATS = "queues"  # ... and its share groups and timer another (router/share.py, router/timer.py)
 
 
 def segment_name(start: int) -> str:

@@ -377,7 +377,7 @@ class Producer(ProducerCore):
             stamp = int((time.time() * 1000 if timestamp_ms is None else timestamp_ms) * 1000)
             if self._delayed.add(topic, partition, due_ms(deliver_at_ms, deliver_after_ms), value, key, headers, stamp,
                                  len(value) + (0 if key is None else len(key)) + extra):
-                self._send_delayed()
+                self.flush_delayed()
             return
         rec = len(value) + (0 if key is None else len(key)) + extra
         if not self._room(rec):
@@ -463,7 +463,7 @@ class Producer(ProducerCore):
     def flush(self, timeout_ms: int = 60_000) -> int:
         """Send everything queued and wait for every ack; return records acked so far. With
         acks="none", wait until the broker has taken every batch sent (the module docstring)."""
-        self._send_delayed()
+        self.flush_delayed()
         self._seal_all()
         deadline = time.monotonic() + timeout_ms / 1000
         self._advance()
@@ -476,8 +476,9 @@ class Producer(ProducerCore):
         self._take_errors()
         return self.acked_records
 
-    def _send_delayed(self) -> None:
-        """The delayed records queued, to the broker's timer: one request per (partition, time)."""
+    def flush_delayed(self) -> None:
+        """The delayed records queued, to the broker's timer now: one request per (partition,
+        time); returns once the timer holds them durably (``flush`` does this first)."""
         for topic, partition, due, _n, batch in self._delayed.take():
             self.conn.request(P.Op.PRODUCE_DELAYED, topic, partition, P.encode(DelayedProduceRequest(due)), body=batch,
                               timeout_ms=30_000)

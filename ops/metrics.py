@@ -86,6 +86,14 @@ PROCESS_METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
                                      "Cluster: seconds since this broker's copy of a partition it follows last reached the leader's high watermark."),
     "replica_leader_changes": ("counter", (), "Cluster: leader changes of partitions this broker holds a replica of, as its view saw them."),
     "group_committed_offset": ("gauge", ("topic", "partition", "group"), "The group's committed offset of the partition."),
+    "share_in_flight": ("gauge", ("topic", "partition", "group"), "Share group: records read and not yet done "
+                                                                   "(acquired, available again, or dead-letter pending)."),
+    "share_acquired": ("gauge", ("topic", "partition", "group"), "Share group: records a member holds under a lock now."),
+    "share_deliveries": ("counter", ("group",), "Share group: records handed to members (acquired), redeliveries included."),
+    "share_redeliveries": ("counter", ("group",), "Share group: deliveries of records delivered before (released, lock ended)."),
+    "share_dead_letters": ("counter", ("group",), "Share group: records written to its dead-letter topic, or archived when it has none."),
+    "delayed_backlog_batches": ("gauge", (), "Delayed batches the timer holds, not yet due or being delivered (router/timer.py)."),
+    "delayed_delivered_batches": ("counter", (), "Delayed batches the timer appended to their partitions."),
 }
 EXIT_NO_PORT = 2  # listed in supervisord.conf's exitcodes: not restarted in a loop
 

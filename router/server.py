@@ -123,6 +123,7 @@ class Router:
                                                     self.send_internal, lambda frames: self.port.send(frames), acls))
         self.timer = Timer(TimerContext(s, self.catalog, self.make_internal_topic, self.next_internal_id,
                                         self.send_internal))  # delayed delivery (router/timer.py)
+        self.queue_stats = StatsFile(s.ipc_path(), datadir.QUEUES_STATS)
         own = {**{op: partial(fn, self.topic_ctx) for op, fn in topics.HANDLERS.items()},
                **{op: partial(fn, self.status_ctx) for op, fn in status.HANDLERS.items()},
                P.Op.DESCRIBE_TOPIC: self.asks.ask, P.Op.FIND_COORDINATOR: self.groups.find,
@@ -342,6 +343,7 @@ class Router:
             log.exception("share coordinator tick failed")
         try:
             self.timer.tick(now)
+            self.queue_stats.maybe_write(self.queue_parts)
         except Exception:  # noqa: BLE001 - as above
             log.exception("timer tick failed")
         if self.acls is not None:
@@ -354,6 +356,12 @@ class Router:
             self.leaders.tick()
         self.count_clients()
         self.stats.maybe_write(partial(status.stats_parts, self.status_ctx))
+
+    def queue_parts(self) -> tuple[dict, dict, dict]:
+        counters, gauges = self.shares.stats_parts()
+        counters["delayed_delivered_batches"] = {"": self.timer.delivered}
+        gauges["delayed_backlog_batches"] = {"": self.timer.backlog()}
+        return counters, gauges, {}
 
     def count_clients(self) -> None:
         """Drain the front socket's monitor: connections accepted and gone."""

@@ -119,6 +119,7 @@ class ShareGroup:
         self.next_index = 0
         self.parts: dict[tuple[str, int], SharePartition] = {}
         self.rotor = 0  # where the next fetch starts among the partitions (fairness)
+        self.delivered = 0
         self.config_written_at = 0.0
         self.refresh_settings()
 
@@ -187,7 +188,6 @@ class ShareCoordinator:
         self.load_offset = 0
         self.load_rid = 0
         self.load_sent = 0.0
-        self.delivered = self.redelivered = 0
 
     # --- serving ---------------------------------------------------------------------------
     def serve(self, req) -> None:
@@ -294,7 +294,7 @@ class ShareCoordinator:
         for sp, offs, counts, data in results:
             parts.append(S.SharePartitionData(sp.topic, sp.partition, ranges(offs, counts), sum(len(d) for d in data)))
             bodies.extend(data)
-            self.delivered += len(offs)
+            w.group.delivered += len(offs)
         reply = S.ShareFetchReply(parts, w.outcomes, int(w.group.lock_s * 1000))
         frames = [P.encode(reply), b"".join(bodies)]
         if not w.wrote:
@@ -492,6 +492,24 @@ class ShareCoordinator:
                 self._write(g, lambda code, why: None, config=now - g.config_written_at > REFRESH_S)
         if woke or any(sp.until.size and sp.due_at() <= now for g in self.groups.values() for sp in g.parts.values()):
             self._wake(now)
+
+    def stats_parts(self) -> tuple[dict, dict]:
+        """(counters, gauges) for the metrics endpoint (ops/metrics.py ``share_*``): partitions by slot."""
+        counters: dict[str, dict] = {"share_deliveries": {}, "share_redeliveries": {}, "share_dead_letters": {}}
+        in_flight, acquired = {}, {}
+        for g in self.groups.values():
+            counters["share_deliveries"][g.name] = g.delivered
+            counters["share_redeliveries"][g.name] = sum(sp.redelivered for sp in g.parts.values())
+            counters["share_dead_letters"][g.name] = sum(sp.dead_total for sp in g.parts.values())
+            for (t, p), sp in g.parts.items():
+                e = self.ctx.catalog.get(t)
+                if e is None or p >= e.partitions or sp.start < 0:
+                    continue
+                key = f"{e.slots[p]}|{g.name}"
+                c = sp.counts_by_state()
+                in_flight[key] = sp.end - sp.start - c.get(S.ACKNOWLEDGED, 0) - c.get(S.ARCHIVED, 0)
+                acquired[key] = c.get(S.ACQUIRED, 0)
+        return counters, {"share_in_flight": in_flight, "share_acquired": acquired}
 
     # --- describing and altering -------------------------------------------------------------------
     def info(self, g: ShareGroup) -> S.ShareGroupInfo:

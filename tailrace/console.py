@@ -97,8 +97,9 @@ class LineProducer:
     """
 
     def __init__(self, prod: Producer, topic: str, *, key: bytes | None, separator: bytes | None,
-                 partition: int | None, linger_s: float = 0.005, headers: list | None = None):
+                 partition: int | None, linger_s: float = 0.005, headers: list | None = None, delay_ms: int | None = None):
         self.prod, self.topic, self.key, self.sep, self.partition = prod, topic, key, separator, partition
+        self.delay_ms = delay_ms  # --delay: each line is appended this long after it was read (router/timer.py)
         self.headers = headers or None  # [(key str, value bytes or None), ...]: every line's
         self.linger_s = linger_s
         self.pair = None if separator is None else re.compile(b"(?m)^(.*?)" + re.escape(separator) + b"(.*)$")
@@ -160,6 +161,12 @@ class LineProducer:
         elif self.sep is None:
             keys = None
         headers = None if self.headers is None else [self.headers] * len(values)
+        if self.delay_ms is not None:  # one send per line: a delayed line is the exception, not the stream
+            for i, v in enumerate(values):
+                self.prod.send(self.topic, v, None if keys is None else keys[i], self.headers, partition=self.partition,
+                               deliver_after_ms=self.delay_ms)
+            self.prod.flush_delayed()
+            return
         if self.partition is not None or keys is not None:
             self.prod.send_batch(self.topic, values, keys, partition=self.partition, headers=headers)
             return
@@ -208,6 +215,17 @@ def level_error(compression: str, level: int | None) -> str | None:
     return None
 
 
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def duration_ms(text: str) -> int:
+    """``30s``, ``500ms``, ``2m``, ``1h``, ``1d`` (a bare number: ms) as milliseconds (argparse type)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", text)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (30s, 500ms, 2m, 1h, 1d)")
+    return int(float(m.group(1)) * _UNITS_MS[m.group(2) or "ms"])
+
+
 def produce(args, stdin_fd: int = 0) -> int:
     key = args.key.encode() if args.key is not None else None
     sep = args.key_separator.encode() if args.key_separator is not None else None
@@ -221,7 +239,7 @@ def produce(args, stdin_fd: int = 0) -> int:
                     key_file=args.key_file, server_key=args.server_key,
                     compression=args.compression, compression_level=args.compression_level)
     lines = LineProducer(prod, args.name, key=key, separator=sep, partition=args.partition,
-                         linger_s=args.linger_ms / 1000, headers=args.header)
+                         linger_s=args.linger_ms / 1000, headers=args.header, delay_ms=args.delay)
     try:
         if args.partition is not None:  # a wrong partition is one line at once, not a retry loop
             count = prod.partitions_for(args.name)

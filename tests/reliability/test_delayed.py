@@ -3,6 +3,8 @@ within a second of due, across a broker killed -9 and restarted; bad requests re
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -57,6 +59,14 @@ def test_delayed_records_come_at_their_time_never_early_and_others_at_once(make_
         recs = [r for r in c.poll(500) + c.poll(500) + c.poll(500) if r.value.startswith(b"due:")]
     assert recs and all(dict(r.headers)["h"] == r.value.split(b":")[2] and r.key == b"k" + r.value.split(b":")[2]
                         for r in recs), "key and headers kept"
+    with Admin(b.bootstrap) as a:
+        a.create_topic("cli", 1)
+    sent = int(time.time() * 1000)
+    subprocess.run([sys.executable, "-m", "tailrace", "produce", "cli", "--delay", "1.5s", "--bootstrap", b.bootstrap],
+                   input=b"one\ntwo\n", capture_output=True, timeout=60, check=True)
+    got = drain(b.bootstrap, "cli", 2, 10)
+    assert sorted(v for _t, v in got) == [b"one", b"two"]
+    assert min(t for t, _v in got) >= sent + 1500, "tailrace produce --delay 1.5s: not before"
 
 
 def test_delayed_records_survive_a_broker_killed_and_still_come_on_time(make_broker):

@@ -9,6 +9,9 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from tailrace.client import Admin, Consumer, Producer, ShareConsumer
 from tailrace.client import protocol as P
@@ -132,6 +135,19 @@ def test_a_poison_record_reaches_the_dead_letter_topic_after_the_limit_with_its_
     assert by_value[b"bad-input"].key is None
     info = describe(b.bootstrap, "g")
     assert {(p.partition, p.start, p.in_flight, p.dead) for p in info.partitions} == {(0, 1, 0, 1), (1, 3, 0, 1)}
+    want = {"tailrace_share_deliveries_total": 6.0, "tailrace_share_redeliveries_total": 2.0,
+            "tailrace_share_dead_letters_total": 2.0}
+    deadline = time.monotonic() + 10
+    while (got := scrape(b)) != want and time.monotonic() < deadline:  # the router writes its figures every second
+        time.sleep(0.3)
+    assert got == want
+
+
+def scrape(b) -> dict[str, float]:
+    with urllib.request.urlopen(b.metrics_url, timeout=10) as r:
+        fams = text_string_to_metric_families(r.read().decode())
+    return {s.name: s.value for f in fams for s in f.samples if s.name.startswith("tailrace_share_")
+            and s.labels.get("group") == "g" and "partition" not in s.labels}
 
 
 def test_a_broker_killed_under_acknowledgements_loses_no_answered_accept(make_broker):
