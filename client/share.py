@@ -28,11 +28,10 @@ import numpy as np
 
 from . import protocol as P
 from . import share_protocol as S
-from .columns import CREATE_TIME, batches_to_columns
+from .columns import CREATE_TIME
 from .connection import CONNECT_TIMEOUT_MS, Connection
-from .consumer import ConsumerCore
 from .security import curve_keys
-from .views import iter_batches
+from .share_records import share_records
 
 _reply = P.decoder(S.ShareFetchReply)
 
@@ -147,26 +146,10 @@ class ShareConsumer:
         return self._records(reply, data)
 
     def _records(self, reply: S.ShareFetchReply, data) -> list[ShareRecord]:
-        out: list[ShareRecord] = []
-        buf = memoryview(data.buffer if hasattr(data, "buffer") else (data or b"")).cast("B")
-        pos = 0
-        for part in reply.partitions:
-            chunk, pos = buf[pos : pos + part.body_bytes], pos + part.body_bytes
-            if not part.acquired:
-                continue
-            cols = batches_to_columns(iter_batches(chunk), part.acquired[0].first, part.acquired[-1].last + 1)
-            firsts = np.array([a.first for a in part.acquired], np.int64)
-            lasts = np.array([a.last for a in part.acquired], np.int64)
-            counts = np.array([a.delivery_count for a in part.acquired], np.int64)
-            where = np.searchsorted(firsts, cols.offsets, side="right") - 1
-            keep = (where >= 0) & (cols.offsets <= lasts[np.maximum(where, 0)])
-            recs = ConsumerCore._to_records([(part.topic, part.partition, cols)])
-            kept = np.flatnonzero(keep).tolist()
-            dc = counts[where[keep]].tolist()
-            out.extend(ShareRecord(*recs[i], delivery_count=c) for i, c in zip(kept, dc))
-            if self.implicit:
-                self._delivered[(part.topic, part.partition)] = cols.offsets[keep]
-        return out
+        records, delivered = share_records(reply, data, ShareRecord)
+        if self.implicit:
+            self._delivered.update(delivered)
+        return records
 
     def close(self) -> None:
         """Send what was acknowledged and leave: what this member still holds goes back at once."""

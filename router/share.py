@@ -318,6 +318,8 @@ class ShareCoordinator:
         for w in waiting:
             if w.member.id in w.group.members:
                 self._try(w, now)
+            else:  # its session ended while it waited: answered empty (its next request joins again)
+                self._finish(w, [])
 
     # --- reading the log -------------------------------------------------------------------------
     def _read(self, g: ShareGroup, sp: SharePartition) -> None:
