@@ -7,6 +7,7 @@ import time
 import zlib
 
 import numpy as np
+import pytest
 
 from tailrace import Admin, Consumer, Producer
 from tailrace.client import protocol as P
@@ -16,6 +17,13 @@ from tailrace.client.records import encode_batch, iter_batches
 from tests.clients import BLOCKING
 from tests.helpers import MSG_BYTES, PROGRAMS, partition_payload
 
+
+@pytest.fixture
+def broker(module_broker):
+    """One broker for the module's tests that take ``broker`` (tests/conftest.py): each test's
+    topics are named after its client, so no two tests share one. A test that needs a broker of
+    its own settings, or one that nothing else used, takes ``make_broker``."""
+    return module_broker
 
 
 def produce_partitions(bootstrap, topic, partitions, per_partition, acks, batch=4000, start=0, client=BLOCKING):
@@ -189,9 +197,11 @@ def test_bad_input_gets_named_errors_and_broker_keeps_serving(make_broker):
     admin.close()
 
 
-def test_cli_produce_and_consume_round_trip(broker):
+def test_cli_produce_and_consume_round_trip(make_broker):
     import subprocess
     import sys
+
+    broker = make_broker()  # of its own: ``status`` says it holds the one topic made here
 
     def cli(*args, stdin=None):
         return subprocess.run([sys.executable, "-m", "tailrace", *args, "--bootstrap", broker.bootstrap],
@@ -211,12 +221,13 @@ def test_cli_produce_and_consume_round_trip(broker):
 
 
 def test_producer_partitioners_and_consumer_records(broker, client):
-    Admin(broker.bootstrap).create_topic("keys", 4)
+    topic = f"keys-{client.name}"
+    Admin(broker.bootstrap).create_topic(topic, 4)
     with client.Producer(broker.bootstrap, partitioner="key_hash", acks="memory", linger_ms=1) as prod:
         for i in range(200):
-            prod.send("keys", b"v%d" % i, key=b"user-%d" % (i % 5))
+            prod.send(topic, b"v%d" % i, key=b"user-%d" % (i % 5))
     with client.Consumer(broker.bootstrap, max_wait_ms=100) as cons:
-        cons.assign("keys", start="earliest")
+        cons.assign(topic, start="earliest")
         recs = []
         deadline = time.monotonic() + 10
         while len(recs) < 200 and time.monotonic() < deadline:
@@ -236,15 +247,16 @@ def test_producer_partitioners_and_consumer_records(broker, client):
 def test_the_sticky_partitioner_sends_unkeyed_records_in_runs_and_keyed_ones_by_hash(broker, client):
     """Kafka's default partitioner: 128 unkeyed records in a row to one partition, then the next
     (as even as round robin over time); a keyed record where key_hash puts it."""
-    Admin(broker.bootstrap).create_topic("sticky", 4)
+    topic = f"sticky-{client.name}"
+    Admin(broker.bootstrap).create_topic(topic, 4)
     n = 4 * STICKY_RECORDS * 2
     with client.Producer(broker.bootstrap, partitioner="sticky", acks="memory", linger_ms=1) as prod:
         for i in range(n):
-            prod.send("sticky", b"%d" % i)
+            prod.send(topic, b"%d" % i)
         for i in range(40):
-            prod.send("sticky", b"k%d" % i, key=b"user-%d" % i)
+            prod.send(topic, b"k%d" % i, key=b"user-%d" % i)
     with client.Consumer(broker.bootstrap, max_wait_ms=100) as cons:
-        cons.assign("sticky", start="earliest")
+        cons.assign(topic, start="earliest")
         recs, deadline = [], time.monotonic() + 10
         while len(recs) < n + 40 and time.monotonic() < deadline:
             recs.extend(cons.poll(200))
@@ -257,24 +269,25 @@ def test_the_sticky_partitioner_sends_unkeyed_records_in_runs_and_keyed_ones_by_
 
 
 def test_clients_address_the_owning_worker_directly_and_fall_back_to_the_router(broker, client):
-    Admin(broker.bootstrap).create_topic("direct", 2)
+    topic = f"direct-{client.name}"
+    Admin(broker.bootstrap).create_topic(topic, 2)
 
     def forwarded():
         with Admin(broker.bootstrap) as a:
             return a.status()["forwarded"]
 
     with client.Producer(broker.bootstrap, acks="memory") as prod:
-        prod.send_batch("direct", [b"warm"] * 10, partition=0)
-        prod.send_batch("direct", [b"warm"] * 10, partition=1)
+        prod.send_batch(topic, [b"warm"] * 10, partition=0)
+        prod.send_batch(topic, [b"warm"] * 10, partition=1)
         prod.flush()
         before = forwarded()
         for i in range(50):
-            prod.send_batch("direct", [b"m%d" % i] * 20, partition=i % 2)
+            prod.send_batch(topic, [b"m%d" % i] * 20, partition=i % 2)
         prod.flush()
         assert forwarded() == before, "produce went through the router instead of the owner"
         assert set(prod.pool.direct) == {broker.settings.worker_endpoint(0), broker.settings.worker_endpoint(1)}
     with client.Consumer(broker.bootstrap, max_wait_ms=100) as cons:
-        cons.assign("direct", start="earliest")
+        cons.assign(topic, start="earliest")
         got = 0
         deadline = time.monotonic() + 10
         while got < 1020 and time.monotonic() < deadline:
@@ -282,36 +295,37 @@ def test_clients_address_the_owning_worker_directly_and_fall_back_to_the_router(
         assert got == 1020
     # A simple client without client-side addressing still works through the router.
     with client.Producer(broker.bootstrap, acks="memory", direct=False) as prod:
-        prod.send("direct", b"via-router", partition=0)
+        prod.send(topic, b"via-router", partition=0)
         before = forwarded()
         prod.flush()
         assert forwarded() == before + 1 and not prod.pool.direct
 
 
 def test_describe_says_which_partitions_are_adopted_and_new_clients_go_direct_from_the_first_request(broker, client):
-    Admin(broker.bootstrap).create_topic("adopt", 2)
+    topic = f"adopt-{client.name}"
+    Admin(broker.bootstrap).create_topic(topic, 2)
 
     def forwarded():
         with Admin(broker.bootstrap) as a:
             return a.status()["forwarded"]
 
     with Admin(broker.bootstrap) as a:
-        assert [p.adopted for p in a.describe_topic("adopt").partitions] == [False, False]
+        assert [p.adopted for p in a.describe_topic(topic).partitions] == [False, False]
     with client.Producer(broker.bootstrap, acks="memory") as prod:  # first use: through the router
-        prod.send("adopt", b"warm", partition=0)
+        prod.send(topic, b"warm", partition=0)
         prod.flush()
     with Admin(broker.bootstrap) as a:
-        assert [p.adopted for p in a.describe_topic("adopt").partitions] == [True, False]
+        assert [p.adopted for p in a.describe_topic(topic).partitions] == [True, False]
     before = forwarded()
     with client.Producer(broker.bootstrap, acks="memory") as prod:  # a new client: straight to the owner
-        prod.send("adopt", b"direct", partition=0)
+        prod.send(topic, b"direct", partition=0)
         prod.flush()
         assert forwarded() == before, "a new client's first request for an adopted partition went through the router"
-        prod.send("adopt", b"first use", partition=1)  # not adopted yet: the router makes the owner adopt it
+        prod.send(topic, b"first use", partition=1)  # not adopted yet: the router makes the owner adopt it
         prod.flush()
         assert forwarded() == before + 1
     with client.Consumer(broker.bootstrap, max_wait_ms=100) as cons:
-        cons.assign("adopt", [0], start="earliest")
+        cons.assign(topic, [0], start="earliest")
         got = []
         deadline = time.monotonic() + 10
         while len(got) < 2 and time.monotonic() < deadline:
