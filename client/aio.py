@@ -44,6 +44,7 @@ from .accumulator import batch_times, header_bytes
 from .aio_connection import AsyncPool, AsyncRoutes
 from .aio_consumer import AsyncConsumer
 from .aio_share import AsyncShareConsumer
+from .delayed import DelayedProduceReply, delayed_request, reply_decoder
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Reply
 from .sections import HeaderArrays
 from .security import curve_keys
@@ -177,6 +178,14 @@ class AsyncProducer(ProducerCore):
                     f"{self.buffer_memory}; no room for {nbytes} more within max_block_ms={self.max_block_s * 1000:g}"))
             else:
                 break
+
+    async def send_delayed(self, topic: str, values: Sequence[bytes], *, partition: int, keys: Sequence[bytes] | None = None,
+                           headers: Sequence | None = None, deliver_at_ms: int | None = None,
+                           deliver_after_ms: int | None = None) -> DelayedProduceReply:
+        """``Producer.send_delayed``: one batch appended to ``partition`` at one time, not before."""
+        header, batch = delayed_request(values, keys, headers, deliver_at_ms, deliver_after_ms)
+        r = await self.pool.request(P.Op.PRODUCE_DELAYED, topic, partition, header, body=batch, timeout_ms=30_000)
+        return reply_decoder.decode(r.header)
 
     def send_batch(self, topic: str, values: Sequence[bytes], keys: Sequence[bytes] | None = None,
                    partition: int | None = None, headers: Sequence | None = None,

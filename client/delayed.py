@@ -14,6 +14,7 @@ import time
 
 import msgspec
 
+from . import protocol as P
 from . import records as R
 
 GRANULARITY_MS = 100  # delivery times are rounded up to this (the timer's precision is ~0.1 s)
@@ -33,6 +34,19 @@ def due_ms(deliver_at_ms: int | None, deliver_after_ms: int | None) -> int:
     """The delivery time, rounded up to the timer's granularity."""
     at = int(deliver_at_ms) if deliver_at_ms is not None else int(time.time() * 1000) + int(deliver_after_ms)
     return -(-at // GRANULARITY_MS) * GRANULARITY_MS
+
+
+def delayed_request(values, keys=None, headers=None, deliver_at_ms: int | None = None,
+                    deliver_after_ms: int | None = None) -> tuple[bytes, bytes]:
+    """A ``send_delayed`` call's request: (header frame, one batch of the records, created now)."""
+    if (deliver_at_ms is None) == (deliver_after_ms is None):
+        raise ValueError("send_delayed takes one of deliver_at_ms and deliver_after_ms")
+    batch = R.encode_batch(list(values), None if keys is None else list(keys), headers=headers,
+                           create_time_us=int(time.time() * 1_000_000))
+    return P.encode(DelayedProduceRequest(due_ms(deliver_at_ms, deliver_after_ms))), batch
+
+
+reply_decoder = P.decoder(DelayedProduceReply)
 
 
 class DelayBuffer:

@@ -59,7 +59,7 @@ from . import codecs
 from . import protocol as P
 from .accumulator import DEFAULT_MAX_BATCH_BYTES, Accumulator, _Pending, batch_times, header_bytes, headers_sample_bytes
 from .connection import CONNECT_TIMEOUT_MS, DEFAULT_BOOTSTRAP, Pool
-from .delayed import DelayBuffer, DelayedProduceRequest, due_ms
+from .delayed import DelayBuffer, DelayedProduceReply, DelayedProduceRequest, delayed_request, due_ms, reply_decoder
 from .security import curve_keys
 from .routes import BlockingRoutes
 from .errors import BatchTooLargeError, TailraceError, TimeoutError_, error_for
@@ -475,6 +475,15 @@ class Producer(ProducerCore):
             self._pump(timeout_ms=50)
         self._take_errors()
         return self.acked_records
+
+    def send_delayed(self, topic: str, values: Sequence[bytes], *, partition: int, keys: Sequence[bytes] | None = None,
+                     headers: Sequence | None = None, deliver_at_ms: int | None = None,
+                     deliver_after_ms: int | None = None) -> DelayedProduceReply:
+        """One batch appended to ``partition`` at one time, not before: sent now, answered once
+        the broker's timer holds it durably (docs/PROTOCOL.md 4.1c)."""
+        header, batch = delayed_request(values, keys, headers, deliver_at_ms, deliver_after_ms)
+        r = self.conn.request(P.Op.PRODUCE_DELAYED, topic, partition, header, body=batch, timeout_ms=30_000)
+        return reply_decoder.decode(r.header)
 
     def flush_delayed(self) -> None:
         """The delayed records queued, to the broker's timer now: one request per (partition,

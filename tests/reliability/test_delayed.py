@@ -3,6 +3,7 @@ within a second of due, across a broker killed -9 and restarted; bad requests re
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -64,9 +65,19 @@ def test_delayed_records_come_at_their_time_never_early_and_others_at_once(make_
     sent = int(time.time() * 1000)
     subprocess.run([sys.executable, "-m", "tailrace", "produce", "cli", "--delay", "1.5s", "--bootstrap", b.bootstrap],
                    input=b"one\ntwo\n", capture_output=True, timeout=60, check=True)
-    got = drain(b.bootstrap, "cli", 2, 10)
-    assert sorted(v for _t, v in got) == [b"one", b"two"]
-    assert min(t for t, _v in got) >= sent + 1500, "tailrace produce --delay 1.5s: not before"
+    with Producer(b.bootstrap) as p:
+        at = (sent // 100 + 16) * 100  # a multiple of the timer's 100 ms (a time between is rounded up)
+        reply = p.send_delayed("cli", [b"three", b"four"], partition=0, keys=[b"a", b"b"], deliver_at_ms=at)
+    assert (reply.record_count, reply.deliver_at_ms) == (2, at)
+
+    async def send_async():
+        from tailrace.aio import AsyncProducer
+        async with AsyncProducer(b.bootstrap) as ap:
+            return await ap.send_delayed("cli", [b"five"], partition=0, deliver_after_ms=1500)
+    assert asyncio.run(send_async()).record_count == 1
+    got = drain(b.bootstrap, "cli", 5, 10)
+    assert sorted(v for _t, v in got) == [b"five", b"four", b"one", b"three", b"two"]
+    assert min(t for t, _v in got) >= sent + 1500, "tailrace produce --delay 1.5s, send_delayed: not before"
 
 
 def test_delayed_records_survive_a_broker_killed_and_still_come_on_time(make_broker):
