@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tailrace import Admin, Consumer, Producer
+from tailrace.client import ShareConsumer
 from tailrace.aio import AsyncProducer
 from tailrace.broker import quota as quota_mod
 from tailrace.broker.auth import AllowList, ZapHandler, auth_dir, default_allow_dir, generate_keys
@@ -525,6 +526,13 @@ def test_a_refusal_names_the_operation_the_request_was_for_and_produce_or_consum
             c.create_topic("other", 1)
         with pytest.raises(NotAuthorizedError, match="principal 'carol' may not administer the broker"):
             c.status()
+    with ShareConsumer(b.bootstrap, group="sg", topics=["events"], **carol) as sc:  # share groups: share on the group...
+        with pytest.raises(NotAuthorizedError, match="principal 'carol' may not use share group 'sg'"):
+            sc.poll(100)
+        _acl(b, "add", "carol", "--topic", "sg", "--ops", "share")
+        time.sleep(1.5)
+        with pytest.raises(NotAuthorizedError, match="principal 'carol' may not consume from topic 'events'"):
+            sc.poll(100)  # ... and consume on each topic read (the share coordinator's check)
 
 
 def test_acl_and_quota_files_are_private_whatever_the_operator_s_umask(make_broker):
