@@ -23,6 +23,14 @@ from ..helpers import hard_kill_all, wait_restarted
 FAST = dict(heartbeat_interval_ms=300, session_timeout_ms=3000, max_wait_ms=50)
 
 
+@pytest.fixture
+def broker(module_broker):
+    """One broker for the module's tests that take ``broker`` (tests/conftest.py): each test has
+    topics and groups of its own names. The tests that kill the broker's programs, or need
+    settings of their own, take ``make_broker``."""
+    return module_broker
+
+
 class Member(threading.Thread):
     """A group member polling in its own thread, keeping what it read: {(partition, offset): time}."""
 
@@ -259,9 +267,10 @@ def test_a_static_member_restarted_within_its_session_gets_its_partitions_back(b
 
 
 @pytest.mark.parametrize("victim", ["router", "worker-0", "flusher"])
-def test_committed_offsets_survive_a_kill_of_any_process(broker, victim):
+def test_committed_offsets_survive_a_kill_of_any_process(make_broker, victim):
     """Offsets committed (and acknowledged) before a kill -9 of the router, a worker or the
     flusher are there after it, never lower; and after a kill of everything."""
+    broker = make_broker()  # of its own: its programs are killed
     with Admin(broker.bootstrap) as a:
         a.create_topic("c", 2)
     acked: dict[int, int] = {}
@@ -340,22 +349,23 @@ def test_poll_columns_works_in_a_group_and_commit_and_committed_say_the_same(bro
     """The blocking and the asyncio consumer (the ``client`` fixture) in a group: poll_columns,
     on_assign, commit (positions, or given offsets), committed, seek; a later member of the
     group starts at the committed offsets."""
-    _topic_of_numbers(broker, "cols", 2, 500)
+    topic = f"cols-{client.name}"  # the topic and its group
+    _topic_of_numbers(broker, topic, 2, 500)
     assigned = []
-    with client.Consumer(broker.bootstrap, group="cols", auto_offset_reset="earliest", auto_commit=False,
+    with client.Consumer(broker.bootstrap, group=topic, auto_offset_reset="earliest", auto_commit=False,
                          on_assign=assigned.extend, max_wait_ms=50) as c:
-        c.subscribe("cols")
+        c.subscribe(topic)
         n, deadline = 0, time.monotonic() + 20
         while n < 500 and time.monotonic() < deadline:
             n += sum(len(cols) for _t, _p, cols in c.poll_columns(100))
-        assert n == 500 and sorted(assigned) == [("cols", 0), ("cols", 1)]
+        assert n == 500 and sorted(assigned) == [(topic, 0), (topic, 1)]
         assert c.committed() == {}  # nothing committed without auto_commit
-        assert c.commit() == {("cols", 0): 250, ("cols", 1): 250} == c.committed()
-        assert c.position("cols", 0) == 250
-        c.seek("cols", 0, 100)  # a seek and a commit of it: the group starts there next time
-        c.commit({("cols", 0): 100})
-    with client.Consumer(broker.bootstrap, group="cols", max_wait_ms=50) as c:
-        c.subscribe(["cols"])
+        assert c.commit() == {(topic, 0): 250, (topic, 1): 250} == c.committed()
+        assert c.position(topic, 0) == 250
+        c.seek(topic, 0, 100)  # a seek and a commit of it: the group starts there next time
+        c.commit({(topic, 0): 100})
+    with client.Consumer(broker.bootstrap, group=topic, max_wait_ms=50) as c:
+        c.subscribe([topic])
         got, deadline = [], time.monotonic() + 20
         while len(got) < 150 and time.monotonic() < deadline:
             got += c.poll(100)
