@@ -174,3 +174,92 @@ async def _e2e_consume(spec: dict, ctx) -> dict:
         pass
     await nc.close()
     return {"consumed": len(lat), "latency_ns": np.asarray(lat, dtype=np.int64)}
+
+
+# --- work queue: workloads.work_queue ---------------------------------------------------------
+#
+# One stream (file storage) on ``<queue>.*``, the messages on ``<queue>.0``, and one durable pull
+# consumer (AckExplicit, every message from the start, max_ack_pending above what the consumers
+# can hold together) made before the fill. Fill: publish_async windows of ``batch``. Each
+# consumer process binds to the durable consumer and fetches ``batch`` at a time, msg.ack() per
+# message (a publish to the message's reply subject, no reply awaited: nats-py's ack, not
+# ack_sync); the last ones are flushed (PING/PONG) before it ends.
+
+
+def queue_setup(spec: dict) -> None:
+    asyncio.run(_queue_setup(spec))
+
+
+async def _queue_setup(spec: dict) -> None:
+    from nats.js.api import StorageType, StreamConfig
+
+    nc = await nats.connect(spec["endpoint"])
+    try:
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name=spec["queue"], subjects=[f"{spec['queue']}.*"], storage=StorageType.FILE))
+        await js.add_consumer(spec["queue"], ConsumerConfig(
+            durable_name=spec["group"], ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
+            max_ack_pending=max(1000, 4 * spec["batch"] * spec["consumers"]), max_waiting=512))
+    finally:
+        await nc.close()
+
+
+def queue_fill(spec: dict, ctx) -> dict:
+    return asyncio.run(_queue_fill(spec, ctx))
+
+
+async def _queue_fill(spec: dict, ctx) -> dict:
+    from .payload import id_values
+
+    nc = await nats.connect(spec["endpoint"], pending_size=64 << 20)
+    window = spec["batch"]
+    js = nc.jetstream(publish_async_max_pending=max(window, 1) * 2)
+    subj = subject(spec["queue"], 0)
+    ctx.ready()
+    first, end = spec["first_id"], spec["first_id"] + spec["messages"]
+    sent = acked = 0
+    while first < end:
+        n = min(window, end - first)
+        futs = [await js.publish_async(subj, v) for v in id_values(spec["size"], first, n)]
+        ok = sum(1 for x in await asyncio.gather(*futs, return_exceptions=True) if not isinstance(x, BaseException))
+        acked += ok
+        sent += n
+        first += n
+        ctx.add(ok)
+    await nc.drain()
+    return {"sent": sent, "acked": acked, "errors": sent - acked}
+
+
+def queue_work(spec: dict, ctx) -> dict:
+    return asyncio.run(_queue_work(spec, ctx))
+
+
+async def _queue_work(spec: dict, ctx) -> dict:
+    from .payload import ID, ack_summary
+
+    unpack = ID.unpack_from
+    nc = await nats.connect(spec["endpoint"], pending_size=64 << 20)
+    js = nc.jetstream()
+    sub = await js.pull_subscribe_bind(durable=spec["group"], stream=spec["queue"])
+    ids: list[int] = []
+    stamps: list[int] = []
+    now = time.monotonic_ns
+    polls = 0
+    wait_s = spec["poll_ms"] / 1000
+    ctx.ready()
+    deadline = ctx.t_start + spec["max_seconds"]
+    while ctx.total() < spec["expected"] and time.monotonic() < deadline:
+        polls += 1
+        try:
+            msgs = await sub.fetch(spec["batch"], timeout=wait_s)
+        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            continue
+        for m in msgs:
+            ids.append(unpack(m.data)[0])
+            await m.ack()
+            stamps.append(now())
+        ctx.add(len(msgs))
+    await nc.flush()
+    info = await js.consumer_info(spec["queue"], spec["group"])
+    await nc.close()
+    return ack_summary(ids, stamps, polls=polls, pending_after=info.num_ack_pending)

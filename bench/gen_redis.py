@@ -228,3 +228,88 @@ async def _e2e_consume_async(spec: dict, ctx) -> dict:
         _take_xread(await r.xread(streams, count=1000, block=spec["max_wait_ms"]), streams, lat)
     await r.aclose()
     return {"consumed": len(lat), "latency_ns": np.asarray(lat, dtype=np.int64)}
+
+
+# --- work queue: workloads.work_queue ---------------------------------------------------------
+#
+# One stream key (the queue) and one consumer group made at offset 0 before the fill. Fill:
+# pipelines of XADD, ``batch`` per pipeline. Each consumer: XREADGROUP ... COUNT batch BLOCK
+# poll_ms STREAMS key >, and every entry acknowledged with XACK. ``xack="batch"`` (the default):
+# the ids of one read are acknowledged by one XACK with all of them, pipelined with the next
+# XREADGROUP (one round trip, as the ShareConsumer's acknowledgements ride on its next poll);
+# ``xack="each"``: one XACK round trip per entry. An acknowledgement's time is when the entry was
+# acknowledged in the client's own way: its id put on the next XACK, or its own XACK answered.
+
+
+def queue_setup(spec: dict) -> None:
+    r = _client(spec["endpoint"])
+    try:
+        r.xgroup_create(spec["queue"], spec["group"], id="0", mkstream=True)
+    finally:
+        r.close()
+
+
+def queue_fill(spec: dict, ctx) -> dict:
+    from .payload import id_values
+
+    r = _client(spec["endpoint"])
+    r.ping()
+    ctx.ready()
+    first, end, batch = spec["first_id"], spec["first_id"] + spec["messages"], spec["batch"]
+    sent = acked = 0
+    while first < end:
+        n = min(batch, end - first)
+        pipe = r.pipeline(transaction=False)
+        for v in id_values(spec["size"], first, n):
+            pipe.xadd(spec["queue"], {FIELD: v})
+        ok = sum(1 for x in pipe.execute(raise_on_error=False) if not isinstance(x, Exception))
+        acked += ok
+        sent += n
+        first += n
+        ctx.add(ok)
+    r.close()
+    return {"sent": sent, "acked": acked, "errors": sent - acked}
+
+
+def queue_work(spec: dict, ctx) -> dict:
+    from .payload import ID, ack_summary
+
+    unpack = ID.unpack_from
+    r = _client(spec["endpoint"])
+    key, group, me = spec["queue"], spec["group"], f"c{ctx.index}"
+    each = spec.get("xack", "batch") == "each"
+    r.ping()
+    ids: list[int] = []
+    stamps: list[int] = []
+    now = time.monotonic_ns
+    pending: list[bytes] = []  # xack="batch": ids acknowledged, sent with the next read
+    polls = xacked = 0
+    ctx.ready()
+    deadline = ctx.t_start + spec["max_seconds"]
+    while ctx.total() < spec["expected"] and time.monotonic() < deadline:
+        pipe = r.pipeline(transaction=False)
+        if pending:
+            pipe.xack(key, group, *pending)
+        pipe.xreadgroup(group, me, {key: ">"}, count=spec["batch"], block=spec["poll_ms"])
+        replies = pipe.execute()
+        if pending:
+            xacked += replies[0]
+            pending = []
+        polls += 1
+        got = 0
+        for _key, entries in replies[-1] or []:
+            for entry_id, fields in entries:
+                ids.append(unpack(fields[FIELD])[0])
+                if each:
+                    xacked += r.xack(key, group, entry_id)
+                else:
+                    pending.append(entry_id)
+                stamps.append(now())
+            got += len(entries)
+        if got:
+            ctx.add(got)
+    if pending:
+        xacked += r.xack(key, group, *pending)
+    left = r.xpending(key, group)["pending"]  # entries delivered and not acknowledged, every consumer's
+    r.close()
+    return ack_summary(ids, stamps, polls=polls, xacked=xacked, xack=spec.get("xack", "batch"), pending_after=left)

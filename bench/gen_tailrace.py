@@ -335,3 +335,79 @@ def paced(spec: dict, ctx) -> dict:
     prod.conn.close()
     return {"sent": i, "acked": len(lat_ns), "errors": errors, "latency_ns": np.asarray(lat_ns, dtype=np.int64),
             "at_s": np.asarray(at), "partition": np.asarray(sent_to, dtype=np.int64)}
+
+
+# --- work queue (share groups): workloads.work_queue ------------------------------------------
+#
+# queue_setup (in the parent): the topic and the share group, reset to earliest (the default is
+# latest: a group made after the fill would skip it). queue_fill: batched produce of ids
+# first_id.. (acks=durable), batches round robin over the partitions. queue_work: one
+# ShareConsumer member, acknowledge() per record (ACCEPT; sent in ranges with the next poll, the
+# last ones by commit_sync), until every consumer together acknowledged ``expected``.
+
+
+def queue_setup(spec: dict) -> None:
+    from tailrace.client.admin import Admin
+    from tailrace.client import share_protocol as S
+
+    with Admin(spec["endpoint"], timeout_ms=60_000) as admin:
+        admin.create_topic(spec["queue"], spec["partitions"], spec.get("ring_bytes", 0))
+        # until Admin has a method for it: the op itself
+        admin.conn.request(P.Op.ALTER_SHARE_GROUP, spec["group"], -1,
+                           P.encode(S.AlterShareGroupRequest({"share.auto.offset.reset": "earliest"})))
+
+
+def queue_fill(spec: dict, ctx) -> dict:
+    from .payload import id_batch
+
+    topic, parts, batch = spec["queue"], list(range(spec["partitions"])), spec["batch"]
+    prod = Producer(spec["endpoint"], acks="durable", max_in_flight_per_partition=4, request_timeout_ms=FLUSH_TIMEOUT_MS)
+    prod.partitions_for(topic)
+    ctx.ready()
+    first, end = spec["first_id"], spec["first_id"] + spec["messages"]
+    sent = i = reported = 0
+    while first < end:
+        n = min(batch, end - first)
+        while prod.in_flight >= 4 * len(parts):
+            prod.poll(5)
+        values, offsets = id_batch(spec["size"], first, n)
+        prod.send_buffers(topic, values, offsets, partition=parts[i % len(parts)])
+        first += n
+        sent += n
+        i += 1
+        if prod.acked_records != reported:
+            ctx.add(prod.acked_records - reported)
+            reported = prod.acked_records
+    prod.flush(FLUSH_TIMEOUT_MS)
+    ctx.add(prod.acked_records - reported)
+    prod.close()
+    return {"sent": sent, "acked": prod.acked_records, "errors": len(prod.errors)}
+
+
+def queue_work(spec: dict, ctx) -> dict:
+    from tailrace.client.share import ShareConsumer
+
+    from .payload import ID, ack_summary
+
+    unpack = ID.unpack_from
+    c = ShareConsumer(spec["endpoint"], group=spec["group"], topics=[spec["queue"]], max_records=spec["batch"])
+    ids: list[int] = []
+    stamps: list[int] = []
+    now = time.monotonic_ns
+    polls = 0
+    ctx.ready()
+    deadline = ctx.t_start + spec["max_seconds"]
+    try:
+        while ctx.total() < spec["expected"] and time.monotonic() < deadline:
+            records = c.poll(spec["poll_ms"])
+            polls += 1
+            for r in records:
+                ids.append(unpack(r.value)[0])
+                c.acknowledge(r)
+                stamps.append(now())
+            if records:
+                ctx.add(len(records))
+        c.commit_sync()
+    finally:
+        c.close()
+    return ack_summary(ids, stamps, polls=polls, refused_ranges=len(c.failed))

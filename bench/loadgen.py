@@ -40,9 +40,10 @@ class LoadgenError(RuntimeError):
 class Ctx:
     """What a load-generator function gets besides its spec (lives in the child)."""
 
-    def __init__(self, index: int, counter, go, events):
+    def __init__(self, index: int, counters, go, events):
         self.index = index
-        self._counter = counter  # multiprocessing Value('q'); this child is its only writer
+        self._counters = counters  # every child's multiprocessing Value('q'), in job order
+        self._counter = counters[index]  # this child is its only writer
         self._go = go
         self._events = events
         self.t_start = 0.0
@@ -57,15 +58,20 @@ class Ctx:
     def add(self, n: int) -> None:
         self._counter.value += n
 
+    def total(self) -> int:
+        """Every child's count so far (each written by its child only): the work-queue consumers
+        stop once all of them together acknowledged what was loaded."""
+        return sum(c.value for c in self._counters)
+
 
 def _resolve(target: str) -> Callable:
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)
 
 
-def _child(target: str, spec: dict, index: int, counter, go, events) -> None:
+def _child(target: str, spec: dict, index: int, counters, go, events) -> None:
     try:
-        ctx = Ctx(index, counter, go, events)
+        ctx = Ctx(index, counters, go, events)
         out = _resolve(target)(spec, ctx) or {}
         out["t_start"] = ctx.t_start
         out["t_end"] = time.monotonic()
@@ -101,7 +107,7 @@ def run_jobs(jobs: list[Job], *, label: str, total: int, timeout_s: float,
     go = ctx.Event()
     events = ctx.Queue()
     counters = [ctx.Value("q", 0, lock=False) for _ in jobs]
-    procs = [ctx.Process(target=_child, args=(j.target, j.spec, i, counters[i], go, events), daemon=True,
+    procs = [ctx.Process(target=_child, args=(j.target, j.spec, i, counters, go, events), daemon=True,
                          name=f"bench-loadgen-{i}") for i, j in enumerate(jobs)]
     results: list[dict | None] = [None] * len(jobs)
 

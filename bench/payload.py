@@ -48,3 +48,34 @@ def value_stamps(values: np.ndarray, value_offsets: np.ndarray) -> np.ndarray:
     idx = starts[:, None] + np.arange(STAMP.size)
     return np.ascontiguousarray(values[idx]).view("<i8").ravel()
 
+
+
+ID = STAMP  # a work-queue message starts with its id: int64, little-endian, 0 .. N-1
+
+
+def id_batch(size: int, first_id: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` values of ``size`` bytes (at least 8) back to back, value i starting with the id
+    ``first_id + i`` (the rest zero), and their int32 offsets [count + 1] (send_buffers' shape)."""
+    size = max(size, ID.size)
+    values = np.zeros((count, size), np.uint8)
+    values[:, : ID.size] = np.arange(first_id, first_id + count, dtype="<i8").view(np.uint8).reshape(count, ID.size)
+    return values.ravel(), np.arange(count + 1, dtype=np.int32) * size
+
+
+def id_values(size: int, first_id: int, count: int) -> list[bytes]:
+    """The same values as a list of bytes objects (clients that take one value per call)."""
+    values, _ = id_batch(size, first_id, count)
+    raw, size = values.tobytes(), max(size, ID.size)
+    return [raw[i * size : (i + 1) * size] for i in range(count)]
+
+
+def id_of(value: bytes) -> int:
+    return ID.unpack_from(value, 0)[0]
+
+
+def ack_summary(ids: list[int], stamps: list[int], **extra) -> dict:
+    """What a work-queue consumer returns: the ids it acknowledged (in order), the gaps between its
+    consecutive acknowledgements (ns, CLOCK_MONOTONIC), and its first and last acknowledgement."""
+    t = np.asarray(stamps, np.int64)
+    return {"acked": len(ids), "ids": np.asarray(ids, np.int64), "gaps_ns": np.diff(t),
+            "first_ack_ns": int(t[0]) if len(t) else 0, "last_ack_ns": int(t[-1]) if len(t) else 0, **extra}

@@ -1,4 +1,4 @@
-"""Peer brokers for compare.py: Redis Streams and NATS JetStream, started and stopped by pid.
+"""Peer brokers for compare.py: Redis Streams, NATS JetStream and RabbitMQ, started and stopped by pid.
 
 Each server runs on 127.0.0.1 on a free port, in a temporary directory, with the durable
 configuration documented here and in docs/BENCHMARKS.md; ``stop()`` sends SIGTERM to the pid it
@@ -14,6 +14,9 @@ NATS (2.9 in Debian 12): ``-js`` with file storage in the temporary directory; o
 topic capturing ``<topic>.*``. 2.9 cannot fsync before it acks (``sync_interval`` arrived in
 2.10): its PubAck means written to the OS, synced every 2 minutes. Its rows are not durable
 acks, and docs/BENCHMARKS.md says so next to every figure.
+
+RabbitMQ (3.10 in Debian 12): the work-queue workload only (``RabbitMQSystem.workloads``); a
+durable classic queue, persistent messages, its own epmd (RabbitMQSystem).
 """
 
 from __future__ import annotations
@@ -163,3 +166,91 @@ class NatsSystem(_ServerSystem):
     def describe(self) -> dict:
         return {"version": self.version(), "persistence": "JetStream file storage; 2.9 acks before fsync"}
 
+
+
+RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"  # Debian's; /usr/sbin's wrapper would su to the rabbitmq user
+
+
+class RabbitMQSystem(_ServerSystem):
+    """RabbitMQ (3.10 in Debian 12), for the work-queue workload only (``workloads``).
+
+    Started as root straight from Debian's script with ``RUNNING_UNDER_SYSTEMD`` set, so the
+    script execs the Erlang VM and the pid is the broker's; everything lives in the temporary
+    directory (``HOME`` too, for the Erlang cookie). Its own ``epmd`` (the Erlang port mapper)
+    runs on a free loopback port, started and stopped by pid here, so no system-wide epmd is
+    left behind. AMQP listens on 127.0.0.1 only; no plugins; the Erlang schedulers do not
+    busy-wait (``+sbwt none`` and the dirty ones), which on these 2 cores is RabbitMQ's faster
+    setting. Queues are durable classic queues with persistent messages (gen_rabbitmq.py).
+    """
+
+    name = "rabbitmq"
+    gen = "tailrace.bench.gen_rabbitmq"
+    workloads = ("work-queue",)
+    START_TIMEOUT_S = 90.0
+
+    def __init__(self, data_root: str | None = None):
+        super().__init__(data_root)
+        self.epmd: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def command(self, workload: str) -> list[str]:
+        return [RABBITMQ_SERVER]
+
+    def start(self, workload: str) -> None:
+        if not os.path.exists(RABBITMQ_SERVER) or shutil.which("epmd") is None:
+            raise RuntimeError("rabbitmq-server not found: run bench/setup_peers.sh")
+        self.dir = tempfile.mkdtemp(prefix=f"rabbitmq-bench-{workload}-", dir=self.data_root)
+        self.port = free_port()
+        epmd_port, dist_port = free_port(), free_port()
+        with open(os.path.join(self.dir, "rabbitmq.conf"), "w") as f:
+            f.write(f"listeners.tcp.default = 127.0.0.1:{self.port}\nloopback_users = none\n")
+        env = {**os.environ, "HOME": self.dir, "RUNNING_UNDER_SYSTEMD": "true",
+               "ERL_EPMD_ADDRESS": "127.0.0.1", "ERL_EPMD_PORT": str(epmd_port),
+               "RABBITMQ_NODENAME": f"bench{self.port}@localhost", "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+               "RABBITMQ_NODE_PORT": str(self.port), "RABBITMQ_DIST_PORT": str(dist_port),
+               "RABBITMQ_CONFIG_FILE": os.path.join(self.dir, "rabbitmq.conf"),
+               "RABBITMQ_MNESIA_BASE": os.path.join(self.dir, "mnesia"), "RABBITMQ_LOG_BASE": os.path.join(self.dir, "log"),
+               "RABBITMQ_ENABLED_PLUGINS_FILE": os.path.join(self.dir, "enabled_plugins"),
+               "RABBITMQ_PID_FILE": os.path.join(self.dir, "rabbit.pid"), "RABBITMQ_LOGS": "-",
+               # no scheduler busy-waiting: on 2 shared cores the spinning schedulers take the CPU the
+               # consumers need (RabbitMQ's own advice for small or shared hosts); its best case here
+               "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "+sbwt none +sbwtdcpu none +sbwtdio none"}
+        log = open(os.path.join(self.dir, "server.out"), "ab")
+        try:
+            self.epmd = subprocess.Popen(["epmd", "-address", "127.0.0.1", "-port", str(epmd_port)],
+                                         stdout=log, stderr=subprocess.STDOUT, cwd=self.dir)
+            _wait_port(epmd_port, self.epmd, "epmd")
+            self.proc = subprocess.Popen(self.command(workload), stdout=log, stderr=subprocess.STDOUT, cwd=self.dir, env=env)
+            _wait_port(self.port, self.proc, self.name, self.START_TIMEOUT_S)
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            log.close()
+
+    def stop(self) -> None:
+        try:
+            super().stop()  # the broker first (SIGTERM: a clean shutdown), then its port mapper
+        finally:
+            if self.epmd is not None:
+                if self.epmd.poll() is None:
+                    self.epmd.kill()
+                self.epmd.wait(STOP_TIMEOUT_S)
+                self.epmd = None
+
+    def create_topic(self, name: str, partitions: int, ring_bytes: int = 0) -> None:
+        raise NotImplementedError("RabbitMQ runs the work-queue workload only")
+
+    def version(self) -> str:
+        try:
+            out = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "rabbitmq-server"], capture_output=True,
+                                 text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        return f"rabbitmq-server {out}" if out else "not installed"
+
+    def describe(self) -> dict:
+        return {"version": self.version(), "persistence": "durable classic queue, persistent messages"}

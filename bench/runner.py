@@ -115,6 +115,17 @@ def add_workload_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sizes", type=_ints, default=[16, 100, 1024, 16384], help="sizes workload, comma list of bytes")
     ap.add_argument("--sweep-bytes", type=_count, default=1 << 30, help="sizes workload: payload bytes per size, at most")
     ap.add_argument("--batch-bytes", type=_count, default=400_000, help="sizes workload: payload bytes per request")
+    ap.add_argument("--queue-messages", type=_count, default=200_000, help="work-queue: messages loaded, then drained")
+    ap.add_argument("--queue-consumers", type=_count, default=4, help="work-queue: consumer processes")
+    ap.add_argument("--queue-batch", type=_count, default=500,
+                    help="work-queue: records per poll / XREADGROUP COUNT / fetch batch / RabbitMQ prefetch, and per fill request")
+    ap.add_argument("--queue-partitions", type=_count, default=4, help="work-queue: partitions of tailrace's topic (peers: one queue)")
+    ap.add_argument("--queue-ring-bytes", type=_count, default=32 * MiB, help="work-queue: ring per partition of tailrace's topic")
+    ap.add_argument("--queue-poll-ms", type=_count, default=100, help="work-queue: longest wait of one empty poll")
+    ap.add_argument("--queue-seconds", type=_seconds, default=60.0, help="work-queue: time bound of the drain (and of the fill)")
+    ap.add_argument("--xack", choices=["batch", "each"], default="batch",
+                    help="work-queue on Redis: one XACK with every id of a read, pipelined with the next XREADGROUP "
+                         "(batch), or one XACK round trip per message (each; cases end in /xack-each)")
     ap.add_argument("--max-seconds", type=_seconds, default=120.0, help="time bound of each measured phase")
     ap.add_argument("--repeat", type=_count, default=1, help="runs per workload; the table shows the median")
     ap.add_argument("--json", action="store_true", help="print results as JSON on stdout (table goes to stderr)")
@@ -140,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Targets (report.TARGETS) are judged only when every size is at least its default: a small run
 # says nothing about them, and "MISSED" on it read like a failure.
-SIZE_OPTIONS = ("messages", "single_messages", "single_seconds", "duration", "many_partitions", "sweep_bytes")
+SIZE_OPTIONS = ("messages", "single_messages", "single_seconds", "duration", "many_partitions", "sweep_bytes",
+                "queue_messages")
 
 
 def full_size(opts, ap: argparse.ArgumentParser) -> bool:
@@ -156,6 +168,7 @@ WHAT = {
     "partitions": "produce over 1,000 partitions against 8 (--many-partitions)",
     "e2e-latency": "produce-to-consume latency at a fixed rate (--rate, --duration)",
     "sizes": "throughput over value sizes (--sizes)",
+    "work-queue": "share group: 4 consumers drain 200,000 messages, acknowledging each (--queue-messages)",
 }
 
 
@@ -181,7 +194,11 @@ def run_all(system, names: list[str], opts, keep_going: bool = False) -> list[di
     """Every workload ``opts.repeat`` times; with ``keep_going`` a failed run is reported on
     stderr and skipped (compare.py: one peer's failure must not lose the others' figures)."""
     rows = []
+    supported = getattr(system, "workloads", None)  # a peer that runs some workloads only (RabbitMQ)
     for name in names:
+        if supported is not None and name not in supported:
+            print(f"-- {system.name}: {name} skipped (it runs {', '.join(supported)} only)", file=sys.stderr)
+            continue
         for i in range(opts.repeat):
             print(f"-- {system.name}: {name} (run {i + 1}/{opts.repeat})", file=sys.stderr)
             try:

@@ -17,6 +17,7 @@ of the measured phase (progress.Sampler), and for latency cases ``latency_cdf``,
 | partitions      | partitions/8, /1000, /ratio        | batched produce over many partitions vs 8     |
 | e2e-latency     | e2e/<rate>[/same-host]             | produce-to-consume latency at a fixed rate    |
 | sizes           | sizes/<bytes>                      | batched produce, acks=memory, per value size  |
+| work-queue      | work-queue/<consumers>             | a loaded queue drained by consumers acking each message: msgs/s, ack-to-ack gaps |
 
 The two latency workloads run once per transport (``--transports``): ``zmq``, what any client
 on any host uses, and, for tailrace, ``same-host`` (k in 1,16,64 for durable-single).
@@ -30,7 +31,7 @@ import time
 
 import numpy as np
 
-from .loadgen import Job, RunResult, run_jobs
+from .loadgen import Job, RunResult, _resolve, run_jobs
 
 MiB = 1 << 20
 _topic_ids = itertools.count(1)
@@ -351,6 +352,69 @@ def sizes(system, o) -> list[dict]:
     return rows
 
 
+QUEUE_GEN = {"tailrace.bench.gen_aio": "tailrace.bench.gen_tailrace"}  # --client async: the same ShareConsumer
+
+
+@_with_system("work-queue")
+def work_queue(system, o) -> list[dict]:
+    """A work queue: a producer loads ``--queue-messages`` values of ``--size`` bytes (each starting
+    with its id), untimed; then ``--queue-consumers`` processes drain the queue, acknowledging
+    every message on its own in the system's own way (gen_*.py ``queue_work``), until all of them
+    together acknowledged what was loaded. msgs/s: distinct ids acknowledged over the drain (the
+    release to the last acknowledgement of any consumer); latency: the gaps between consecutive
+    acknowledgements of one consumer, every consumer's together; counts: distinct ids, duplicates
+    (acknowledgements beyond the first of an id) and ids never acknowledged."""
+    gen = QUEUE_GEN.get(system.gen, system.gen)
+    module = __import__(gen, fromlist=["queue_work"])
+    n, k = o.queue_messages, o.queue_consumers
+    xack = getattr(o, "xack", "batch")
+    case = f"work-queue/{k}" + ("/xack-each" if system.name == "redis" and xack == "each" else "")
+    name = new_topic("queue")
+    spec = {"endpoint": system.endpoint, "queue": name, "group": f"{name}-workers", "partitions": o.queue_partitions,
+            "ring_bytes": o.queue_ring_bytes, "size": max(o.size, 8), "batch": o.queue_batch, "consumers": k,
+            "poll_ms": o.queue_poll_ms, "max_seconds": o.queue_seconds, "xack": xack}
+    module.queue_setup(spec)
+    fillers = max(1, o.producers)
+    firsts = np.concatenate(([0], np.cumsum(_quota(n, fillers))[:-1])).tolist()
+    t_fill = time.monotonic()
+    fill = run_jobs([Job(f"{gen}:queue_fill", {**spec, "first_id": f, "messages": q})
+                     for f, q in zip(firsts, _quota(n, fillers))],
+                    label=f"{system.name} {case} (fill)", total=n, timeout_s=o.queue_seconds + 120)
+    loaded = sum(r["acked"] for r in fill.results)
+    depth = None
+    if hasattr(module, "queue_depth"):  # no publish confirms (RabbitMQ): wait until the queue holds them
+        deadline = time.monotonic() + o.queue_seconds
+        while (depth := module.queue_depth(spec)) < loaded and time.monotonic() < deadline:
+            time.sleep(0.1)
+        loaded = min(loaded, depth)
+    fill_s = time.monotonic() - t_fill
+    jobs = [Job(f"{gen}:queue_work", {**spec, "expected": loaded}) for _ in range(k)]
+    run = run_jobs(jobs, label=f"{system.name} {case}", total=loaded, timeout_s=o.queue_seconds + 120,
+                   broker_pids=system.pids(), on_go=_profiler(o, system, case))
+    ids = np.concatenate([r["ids"] for r in run.results])
+    distinct = np.unique(ids)
+    known = distinct[(distinct >= 0) & (distinct < n)]
+    last = max((r["last_ack_ns"] for r in run.results if r["acked"]), default=0)
+    start = min(r["t_start"] for r in run.results)
+    if last:
+        run.wall_s = max(last / 1e9 - start, 1e-9)  # the drain: release -> last acknowledgement
+    gaps = np.concatenate([r["gaps_ns"] for r in run.results])
+    per = [{key: v for key, v in r.items() if key not in ("ids", "gaps_ns")} for r in run.results]
+    for p, r in zip(per, run.results):
+        p["gap_p50_us"], p["gap_p99_us"] = (np.percentile(r["gaps_ns"], [50, 99]) / 1000).round(1).tolist() \
+            if len(r["gaps_ns"]) else (None, None)
+    return [_row(case, system, run, messages=len(distinct), size=spec["size"], latency_ns=gaps,
+                 counts={"expected": n, "loaded": loaded, "acked": int(len(ids)), "distinct": int(len(distinct)),
+                         "duplicates": int(len(ids) - len(distinct)), "missing": int(n - len(known)),
+                         "unknown": int(len(distinct) - len(known))},
+                 params={"consumers": k, "size": spec["size"], "batch": o.queue_batch, "poll_ms": o.queue_poll_ms,
+                         "partitions": o.queue_partitions if system.name == "tailrace" else 1, "fillers": fillers,
+                         **({"xack": xack} if system.name == "redis" else {})},
+                 extra={"fill": {"seconds": round(fill_s, 3), "msgs_per_s": round(loaded / max(fill_s, 1e-9), 1),
+                                 "depth": depth},
+                        "consumers": per})]
+
+
 WORKLOADS = {
     "produce": produce,
     "produce-durable": produce_durable,
@@ -360,6 +424,7 @@ WORKLOADS = {
     "partitions": partitions,
     "e2e-latency": e2e_latency,
     "sizes": sizes,
+    "work-queue": work_queue,
 }
 
 

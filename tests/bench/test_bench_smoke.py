@@ -65,6 +65,19 @@ def test_bench_e2e_latency_through_the_asyncio_client_reports_every_message_on_b
         assert counts["errors"] == 0 and rows[case]["latency"]["count"] == 500
 
 
+def test_bench_work_queue_acknowledges_every_message_once_through_the_share_group():
+    """``work-queue`` (share groups): 4 ShareConsumer processes drain what was loaded, each
+    record acknowledged on its own; every id comes back, none twice, none unknown."""
+    doc = run_bench("work-queue", "--queue-messages", "2000", "--queue-batch", "100", timeout_s=120)
+    row = by_case(doc)["work-queue/4"]
+    c = row["counts"]
+    assert c["expected"] == c["loaded"] == c["distinct"] == 2000, c
+    assert c["duplicates"] == c["missing"] == c["unknown"] == 0 and c["acked"] == 2000, c
+    assert len(row["consumers"]) == 4 and sum(x["acked"] for x in row["consumers"]) == 2000
+    assert all(x["refused_ranges"] == 0 for x in row["consumers"])
+    assert row["latency"]["count"] == 2000 - sum(1 for x in row["consumers"] if x["acked"]) and row["msgs_per_s"] > 0
+
+
 def test_bench_hop_reports_every_round_trip_of_both_transports():
     proc = subprocess.run([sys.executable, "-m", "tailrace.bench.probes.hop", "--round-trips", "300", "--in-flight", "1,8", "--json"],
                           cwd=str(ROOT), capture_output=True, text=True, timeout=120)
