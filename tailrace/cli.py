@@ -101,10 +101,6 @@ def cmd_serve(args) -> int:
 
 
 # --- produce / consume ---------------------------------------------------------------------------
-def cmd_produce(args) -> int:
-    return console.produce(args)
-
-
 def cmd_consume(args) -> int:
     return share_commands.consume(args) if args.share_group is not None else console.consume(args)
 
@@ -400,7 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the codec's level: " + ", ".join(
                         f"{codecs.NAMES[c]} {lo}..{hi} (default {codecs.DEFAULT_LEVELS[c]})"
                         for c, (lo, hi) in codecs.LEVEL_RANGES.items()) + "; snappy has none")
-    pr.set_defaults(func=cmd_produce)
+    pr.add_argument("--delay", type=console.duration_ms, default=None, metavar="DURATION",
+                    help="append each line this long after it is read (30s, 500ms, 2m, 1h; the broker's timer keeps it)")
+    pr.set_defaults(func=console.produce)
 
     co = with_bootstrap(command(sub, "consume", "print messages, one per line (values, or what --print-*, --format or --json ask)"))
     co.add_argument("name", help="topic name")
