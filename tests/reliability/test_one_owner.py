@@ -64,6 +64,14 @@ def open_tmp():
     shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture
+def broker(module_broker):
+    """One broker for the module's tests that take ``broker`` (tests/conftest.py): they leave its
+    programs as they found them and make topics of their own names. The tests that stop or kill
+    it, or see everything it holds, take ``make_broker``."""
+    return module_broker
+
+
 # --- no orphans ----------------------------------------------------------------------------
 
 
@@ -144,12 +152,13 @@ def test_a_second_program_started_by_hand_refuses_and_the_broker_keeps_serving(b
     holder = before["worker-0" if role == "worker" else role]
     assert "in use" in r.stderr and str(holder) in r.stderr, r.stderr
     assert broker.pids() == before
-    Admin(broker.bootstrap).create_topic("still", 2)
+    topic = f"still-{role}"
+    Admin(broker.bootstrap).create_topic(topic, 2)
     with Producer(broker.bootstrap, acks="durable") as p:
-        p.send_batch("still", [b"a", b"b", b"c"])
+        p.send_batch(topic, [b"a", b"b", b"c"])
         assert p.flush() == 3
     with Consumer(broker.bootstrap) as c:
-        c.assign("still", start="earliest")
+        c.assign(topic, start="earliest")
         got = []
         deadline = time.monotonic() + 10
         while len(got) < 3 and time.monotonic() < deadline:
@@ -271,8 +280,8 @@ def _router_rss(b) -> int:
     return rss_kib(b.pids()["router"])
 
 
-def test_huge_frames_are_dropped_before_python_sees_them_and_deep_nesting_is_malformed(broker):
-    b = broker
+def test_huge_frames_are_dropped_before_python_sees_them_and_deep_nesting_is_malformed(make_broker):
+    b = make_broker()  # of its own: it checks the broker holds its one topic
     Admin(b.bootstrap).create_topic("big", 1)
     huge = bytes(64 << 20)
     ok_head = P.pack_routing(P.Op.CREATE_TOPIC, 0, 1, b"x")
