@@ -22,6 +22,13 @@ CODECS = [None, "gzip", "snappy", "lz4", "zstd"]
 SIZES = [0, 100, 10_000, 1 << 20]
 
 
+@pytest.fixture
+def broker(module_broker):
+    """One broker for the module's tests that take ``broker`` (tests/conftest.py): each makes
+    topics of its own names."""
+    return module_broker
+
+
 def _records(n_each: int = 2):
     """(value, key, headers) per record: each size, keyed or not, with headers or not."""
     out = []
