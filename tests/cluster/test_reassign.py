@@ -40,6 +40,20 @@ def make_cluster(tmp_path, request):
     yield from cluster_fixture(tmp_path, request)
 
 
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, request, etcd_server):
+    """The 3-broker cluster (replica_lag_time_max_ms 1500) of the first two tests, started once: a
+    cluster start and stop is 10-15 s on a 2-core CI box. The move under load runs first, the
+    decommission second (it stops the broker it empties, and its checks hold whatever the first
+    test left: its own topics, and a broker it empties of every replica it holds)."""
+    made = cluster_fixture(tmp_path_factory.mktemp("reassign"), request)
+    make = next(made)
+    try:
+        yield make(etcd_server.endpoint, replica_lag_time_max_ms=1500)
+    finally:
+        made.close()
+
+
 def following(c, b: int) -> int:
     return c.status(b)["cluster"]["replication"]["following"]
 
@@ -49,8 +63,8 @@ def logged(c, b: int, text: str) -> bool:
     return any(text in f.read_text(errors="replace") for f in logs.iterdir() if f.is_file())
 
 
-def test_a_partition_moved_off_its_leader_under_acks_all_load_loses_and_duplicates_nothing(make_cluster, etcd_server):
-    c = make_cluster(etcd_server.endpoint, replica_lag_time_max_ms=1500)
+def test_a_partition_moved_off_its_leader_under_acks_all_load_loses_and_duplicates_nothing(cluster):
+    c = cluster
     with Admin(c.bootstrap(0)) as adm:
         adm.create_topic(TOPIC, 1, replication_factor=2)
     a = assignment(c)
@@ -98,8 +112,8 @@ def test_a_partition_moved_off_its_leader_under_acks_all_load_loses_and_duplicat
           f"started {stall * 1000:.0f} ms; the removed broker keeps {kept[1]} records")
 
 
-def test_decommission_moves_every_replica_off_a_broker_and_refusals_change_nothing(make_cluster, etcd_server, tmp_path):
-    c = make_cluster(etcd_server.endpoint, replica_lag_time_max_ms=1500)
+def test_decommission_moves_every_replica_off_a_broker_and_refusals_change_nothing(cluster, tmp_path):
+    c = cluster
     with Admin(c.bootstrap(0)) as adm:
         adm.create_topic("spread", 3, replication_factor=2)
         adm.create_topic("single", 3, replication_factor=1)
