@@ -49,7 +49,7 @@ class Settings(msgspec.Struct, kw_only=True):
     # share groups (router/share.py): the defaults of each group's settings (tailrace share-groups alter)
     share_record_lock_duration_ms: int = 30_000  # an acquired record is the member's this long (Kafka's)
     share_delivery_count_limit: int = 5  # delivered this many times and still not accepted: dead-lettered (Kafka's)
-    share_max_in_flight: int = 5000  # records read but not done, per share partition (Kafka's record locks)
+    share_max_in_flight: int = 10_000  # records read but not done, per share partition (Kafka's record locks)
     share_session_timeout_ms: int = 45_000  # a member silent this long leaves; what it holds goes back
     delay_max_ms: int = 7 * 24 * 3600 * 1000  # a delayed record's delivery time at most this far ahead (router/timer.py)
     direct_io: str = "auto"  # "auto": O_DIRECT where the filesystem allows it; "off"

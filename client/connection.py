@@ -316,6 +316,13 @@ class Connection:
         return ConnectionLostError(f"{self.endpoint} closed the connection before replying to request {rid} "
                                    "(a broker process stopped, or a message over its frame limit): its fate is unknown")
 
+    def answered(self, rid: int) -> bool:
+        """Whether the reply to ``rid`` is here (taking what the socket holds, without waiting)."""
+        while rid not in self._early and self._sock is not None and self.sock.poll(0):
+            r = self._recv_ready()
+            self._early[r.request_id] = r
+        return rid in self._early
+
     def wait_for(self, rid: int, timeout_ms: int) -> Reply:
         """The reply to ``rid``; ``TimeoutError_`` after ``timeout_ms``, ``ConnectionLostError``
         as soon as the connection it went on closes."""

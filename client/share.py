@@ -34,6 +34,7 @@ from .security import curve_keys
 from .share_records import share_records
 
 _reply = P.decoder(S.ShareFetchReply)
+PREFETCH_WAIT_MS = 500  # a fetch ahead waits at most this long at the broker for records
 
 
 class ShareRecord(NamedTuple):
@@ -62,7 +63,10 @@ def ack_ranges(topic: str, partition: int, offsets: np.ndarray, kinds: np.ndarra
 class ShareConsumer:
     def __init__(self, bootstrap: str | None = None, *, group: str, topics: Iterable[str] | str = (),
                  max_records: int = 500, max_bytes: int = 8 << 20, implicit: bool = False, timeout_ms: int = 30_000,
-                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, key_file=None, server_key=None):
+                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, key_file=None, server_key=None, prefetch: bool = True):
+        self.prefetch = prefetch  # ask for the next records as soon as a poll returned some (``poll``)
+        self._ahead = 0  # the request id of that fetch, 0: none
+        self._acking: list[int] = []  # SHARE_ACKNOWLEDGE requests not yet answered
         self.group = group
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         self.member_id = uuid.uuid4().hex
@@ -82,12 +86,19 @@ class ShareConsumer:
     def acknowledge(self, record, type: str | int = "accept", *, delay_ms: int | None = None, error: str = "") -> None:
         """Acknowledge one record (or a list of records of any partitions): ``accept``, ``release``
         (``delay_ms``: when it may come again; default the group's backoff) or ``reject``."""
-        kind = S.ACK_TYPES[type] if isinstance(type, str) else int(type)
+        kind = S.ACK_TYPES.get(type, 0) if isinstance(type, str) else int(type)
         if kind not in (S.ACCEPT, S.RELEASE, S.REJECT):
             raise ValueError(f"acknowledgement type {type!r}: accept, release or reject")
-        records = [record] if hasattr(record, "offset") else record
-        for r in records:
-            if delay_ms is not None or error:
+        plain = delay_ms is None and not error
+        if plain and hasattr(record, "offset"):  # one record: the common call, kept short
+            entry = self._acks.get((record.topic, record.partition))
+            if entry is None:
+                entry = self._acks[(record.topic, record.partition)] = [[], []]
+            entry[0].append(record.offset)
+            entry[1].append(kind)
+            return
+        for r in [record] if hasattr(record, "offset") else record:
+            if not plain:
                 self._special.append(S.ShareAck(r.topic, r.partition, r.offset, r.offset, kind,
                                                 -1 if delay_ms is None else int(delay_ms), error))
             else:
@@ -120,30 +131,66 @@ class ShareConsumer:
         self._acks, self._special = {}, []
         return acks
 
-    def _request(self, op: int, body: S.ShareFetchRequest, timeout_ms: int):
-        r = self.conn.request(op, self.group, -1, P.encode(body), timeout_ms=timeout_ms)
+    def _send(self, op: int, body: S.ShareFetchRequest) -> int:
+        return self.conn.send(op, self.group, -1, P.encode(body))
+
+    def _wait(self, rid: int, timeout_ms: int):
+        """The reply to request ``rid``: (ShareFetchReply, body, refused acknowledgements)."""
+        r = self.conn.wait_for(rid, timeout_ms)
+        r.raise_for_code()
         reply = _reply.decode(r.header)
         self.lock_duration_ms = reply.lock_duration_ms or self.lock_duration_ms
         bad = [o for o in reply.acks if o.code != P.ErrorCode.OK]
         self.failed.extend(bad)
         return reply, r.body, bad
 
+    def _request(self, op: int, body: S.ShareFetchRequest, timeout_ms: int):
+        self.conn.connected()
+        return self._wait(self._send(op, body), timeout_ms)
+
+    def _settle_acks(self, timeout_ms: int | None) -> list[S.AckOutcome]:
+        """Wait for every acknowledgement in flight (None: take only the answers already here)."""
+        bad = []
+        for rid in list(self._acking):
+            if timeout_ms is None and not self.conn.answered(rid):
+                continue
+            self._acking.remove(rid)
+            bad.extend(self._wait(rid, timeout_ms or self.timeout_ms)[2])
+        return bad
+
     def commit_sync(self, timeout_ms: int | None = None) -> list[S.AckOutcome]:
-        """Send the acknowledgements made so far now; returns those the broker refused."""
+        """Send the acknowledgements made so far now and wait for them (and for any sent with
+        earlier polls); returns those the broker refused. Each answered one is durable."""
         acks = self._take_acks()
-        if not acks:
-            return []
-        return self._request(P.Op.SHARE_ACKNOWLEDGE, S.ShareFetchRequest(self.member_id, acks=acks),
-                             timeout_ms or self.timeout_ms)[2]
+        if acks:
+            self.conn.connected()
+            self._acking.append(self._send(P.Op.SHARE_ACKNOWLEDGE, S.ShareFetchRequest(self.member_id, acks=acks)))
+        return self._settle_acks(timeout_ms or self.timeout_ms)
 
     # --- polling --------------------------------------------------------------------------------
     def poll(self, timeout_ms: int = 1000) -> list[ShareRecord]:
         """Acknowledge what was acknowledged since the last poll and acquire records: at most
-        ``max_records``, waiting up to ``timeout_ms`` for some."""
-        body = S.ShareFetchRequest(self.member_id, self.topics, self._take_acks(), self.max_records, self.max_bytes,
-                                   max(int(timeout_ms), 0))
-        reply, data, _bad = self._request(P.Op.SHARE_FETCH, body, int(timeout_ms) + self.timeout_ms)
-        return self._records(reply, data)
+        ``max_records``, waiting up to ``timeout_ms`` for some. With ``prefetch`` (the default),
+        a poll that returned records asks for the next ones at once, and the next poll sends its
+        acknowledgements on their own (``SHARE_ACKNOWLEDGE``, not waited for: ``commit_sync`` and
+        ``close`` wait) and returns what was fetched meanwhile: the broker's fsync of one batch's
+        acknowledgements overlaps the work on the next."""
+        self.conn.connected()
+        acks = self._take_acks()
+        if self._ahead:
+            rid, self._ahead = self._ahead, 0
+            if acks:
+                self._acking.append(self._send(P.Op.SHARE_ACKNOWLEDGE, S.ShareFetchRequest(self.member_id, acks=acks)))
+        else:
+            rid = self._send(P.Op.SHARE_FETCH, S.ShareFetchRequest(self.member_id, self.topics, acks, self.max_records,
+                                                                   self.max_bytes, max(int(timeout_ms), 0)))
+        reply, data, _bad = self._wait(rid, int(timeout_ms) + self.timeout_ms)
+        records = self._records(reply, data)
+        self._settle_acks(None)
+        if records and self.prefetch:
+            self._ahead = self._send(P.Op.SHARE_FETCH, S.ShareFetchRequest(
+                self.member_id, self.topics, [], self.max_records, self.max_bytes, PREFETCH_WAIT_MS))
+        return records
 
     def _records(self, reply: S.ShareFetchReply, data) -> list[ShareRecord]:
         records, delivered = share_records(reply, data, ShareRecord)
@@ -152,13 +199,18 @@ class ShareConsumer:
         return records
 
     def close(self) -> None:
-        """Send what was acknowledged and leave: what this member still holds goes back at once."""
+        """Send what was acknowledged and leave: what this member still holds (what a prefetch
+        acquired too) goes back at once."""
         if self.closed:
             return
         self.closed = True
         try:
+            if self._ahead:
+                rid, self._ahead = self._ahead, 0
+                self._wait(rid, PREFETCH_WAIT_MS + self.timeout_ms)  # not returned: the leave gives them back
             self._request(P.Op.SHARE_ACKNOWLEDGE, S.ShareFetchRequest(self.member_id, acks=self._take_acks(), leave=True),
                           self.timeout_ms)
+            self._settle_acks(self.timeout_ms)
         finally:
             self.conn.close()
 

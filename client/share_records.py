@@ -12,8 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import share_protocol as S
-from .columns import batches_to_columns
-from .consumer import ConsumerCore
+from .columns import CREATE_TIME, batches_to_columns
 from .views import iter_batches
 
 
@@ -35,9 +34,21 @@ def share_records(reply: S.ShareFetchReply, data, record_type) -> tuple[list, di
         counts = np.array([a.delivery_count for a in part.acquired], np.int64)
         where = np.searchsorted(firsts, cols.offsets, side="right") - 1
         keep = (where >= 0) & (cols.offsets <= lasts[np.maximum(where, 0)])
-        recs = ConsumerCore._to_records([(part.topic, part.partition, cols)])
-        kept = np.flatnonzero(keep).tolist()
-        dc = counts[where[keep]].tolist()
-        out.extend(record_type(*recs[i], delivery_count=c) for i, c in zip(kept, dc))
-        delivered[(part.topic, part.partition)] = cols.offsets[keep]
+        kept = np.flatnonzero(keep)
+        out.extend(_make(record_type, part.topic, part.partition, cols, kept, counts[where[kept]]))
+        delivered[(part.topic, part.partition)] = cols.offsets[kept]
     return out, delivered
+
+
+def _make(record_type, topic: str, partition: int, cols, kept: np.ndarray, counts: np.ndarray) -> list:
+    """The records at ``kept`` of ``cols``, each made once (``record_type(topic, partition, offset,
+    timestamp ms, key, value, headers, timestamp_type, delivery_count)``)."""
+    v, vo = cols.values.tobytes(), cols.value_offsets.tolist()
+    k, ko, kv = cols.keys.tobytes(), cols.key_offsets.tolist(), cols.key_valid.tolist()
+    ts = (cols.timestamps_us // 1000).tolist()
+    offs = cols.offsets.tolist()
+    hs = cols.headers.lists() if cols.headers is not None else None
+    tt = cols.timestamp_types.tolist() if cols.timestamp_types is not None else None
+    return [record_type(topic, partition, offs[i], ts[i], k[ko[i]:ko[i + 1]] if kv[i] else None, v[vo[i]:vo[i + 1]],
+                        hs[i] if hs is not None else (), tt[i] if tt is not None else CREATE_TIME, c)
+            for i, c in zip(kept.tolist(), counts.tolist())]

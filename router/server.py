@@ -446,6 +446,11 @@ def main() -> int:
                 if mon in events and router.asks.peers.on_monitor(ep):
                     log.info("cluster: %s refused our CURVE handshake (it had not seen our registration yet): "
                              "connecting again at the next question", ep)
+        if router.shares.write_due:
+            try:
+                router.shares.flush()  # one state write per share group per loop, for every request waiting on it
+            except Exception:  # noqa: BLE001 - the router keeps serving
+                log.exception("share coordinator flush failed")
         if router.port.backlog:
             router.port.flush()
         if router.cluster is not None:

@@ -120,6 +120,7 @@ class ShareGroup:
         self.parts: dict[tuple[str, int], SharePartition] = {}
         self.rotor = 0  # where the next fetch starts among the partitions (fairness)
         self.delivered = 0
+        self.awaiting: list = []  # (request, reply frames) answered once the next write is durable
         self.config_written_at = 0.0
         self.refresh_settings()
 
@@ -184,6 +185,7 @@ class ShareCoordinator:
         self.groups: dict[str, ShareGroup] = {}
         self.pending: dict[int, list] = {}  # rid -> [kind, sent, ...]
         self.parked: list[Waiter] = []
+        self.write_due: dict[str, ShareGroup] = {}  # groups with requests waiting for a write (``flush``)
         self.loaded = ctx.catalog.get(SHARE_STATE_TOPIC) is None
         self.load_offset = 0
         self.load_rid = 0
@@ -299,8 +301,21 @@ class ShareCoordinator:
         frames = [P.encode(reply), b"".join(bodies)]
         if not w.wrote:
             return self._answer(w.req, P.ErrorCode.OK, frames)
-        self._write(w.group, lambda code, why: self._answer(w.req, code, frames if code == P.ErrorCode.OK else
-                                                             [P.encode(P.ErrorReply(f"acknowledgements not stored: {why}"))]))
+        w.group.awaiting.append((w.req, frames))  # answered once the state is durable: one write per group
+        self.write_due[w.group.name] = w.group  # and router loop (``flush``), whatever the requests in it
+
+    def flush(self) -> None:
+        """End of a router loop: write the changed state of every group that has requests
+        waiting on it, once each, and answer them when it is durable."""
+        due, self.write_due = self.write_due, {}
+        for g in due.values():
+            waiting, g.awaiting = g.awaiting, []
+
+            def done(code, why, waiting=waiting):
+                err = [P.encode(P.ErrorReply(f"acknowledgements not stored: {why}"))]
+                for req, frames in waiting:
+                    self._answer(req, code, frames if code == P.ErrorCode.OK else err)
+            self._write(g, done)
 
     def _answer(self, req, code: int, frames: list) -> None:
         rid = P.unpack_routing(req.routing)[4]

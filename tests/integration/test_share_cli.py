@@ -189,7 +189,7 @@ def test_share_groups_list_describe_and_alter(broker):
     assert r.returncode == 0, r.stderr
     assert b"share.delivery.count.limit=2" in r.stdout and b"share.record.lock.duration.ms=4000" in r.stdout, r.stdout
     setup(broker, "cli-jobs", "cli-g", [b"x", b"y", b"z"])
-    with ShareConsumer(broker.bootstrap, group="cli-g", topics=["cli-jobs"], max_records=2) as c:
+    with ShareConsumer(broker.bootstrap, group="cli-g", topics=["cli-jobs"], max_records=2, prefetch=False) as c:
         held = []
         deadline = time.monotonic() + 10
         while not held and time.monotonic() < deadline:

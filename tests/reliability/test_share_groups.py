@@ -40,7 +40,7 @@ def produce(bootstrap: str, topic: str, n: int, partition: int | None = None) ->
 VICTIM = textwrap.dedent("""
     import sys, time
     from tailrace.client import ShareConsumer
-    c = ShareConsumer(sys.argv[1], group="g", topics=["jobs"], max_records=150)
+    c = ShareConsumer(sys.argv[1], group="g", topics=["jobs"], max_records=150, prefetch=False)  # holds what it printed
     got = []
     deadline = time.time() + 20
     while not got and time.time() < deadline:
@@ -84,7 +84,7 @@ def test_a_member_killed_holding_locks_has_its_records_redelivered_and_every_rec
     assert sorted(accepted) == list(range(1000))
     assert not early, f"the killed member's records came back before its locks ended: {sorted(early)[:5]}"
     assert {accepted[o] for o in held} == {2}, "the killed member's records: delivered twice (it, then a survivor)"
-    assert {c for o, c in accepted.items() if o not in held} == {1}
+    assert {c for o, c in accepted.items() if o not in held} == {1}, sorted((o, c) for o, c in accepted.items() if c != 1 and o not in held)[:20]
     info = describe(b.bootstrap, "g")
     assert [(p.start, p.in_flight) for p in info.partitions] == [(1000, 0)]
 
