@@ -227,8 +227,9 @@ def cmd_share_groups(args) -> int:
             info = admin.alter_share_group(args.group, dict(args.config))
         else:
             info = admin.describe_share_group(args.group)
+        held = _dlq_records(admin, info.dlq_topic)
     if args.json:
-        print_json({"group": info.group, "config": info.config, "dlq_topic": info.dlq_topic,
+        print_json({"group": info.group, "config": info.config, "dlq_topic": info.dlq_topic, "dlq_records": held,
                     "members": [_row(m) for m in info.members], "partitions": [_row(p) for p in info.partitions]})
         return EXIT_OK
     if args.share_cmd == "alter":
@@ -236,6 +237,8 @@ def cmd_share_groups(args) -> int:
         return EXIT_OK
     dead = sum(p.dead for p in info.partitions)
     dlq = f"dead letters to {info.dlq_topic} ({dead} so far)" if info.dlq_topic else f"dead records archived ({dead} so far)"
+    if held is not None:
+        dlq += f"; {info.dlq_topic} holds {held}"
     print_table(["topic", "partition", "start", "end", "in flight", "acquired", "available", "deliveries", "dead"],
                 [[p.topic, p.partition, p.start, p.end, p.in_flight, p.acquired, p.available,
                   _histogram(p.delivery_histogram), p.dead] for p in info.partitions],
@@ -245,6 +248,16 @@ def cmd_share_groups(args) -> int:
                     [[m.member_id[:12], ",".join(m.topics), m.acquired, m.idle_ms] for m in info.members])
     print("settings: " + ", ".join(f"{k}={v}" for k, v in sorted(info.config.items())))
     return EXIT_OK
+
+
+def _dlq_records(admin: Admin, topic: str) -> int | None:
+    """Records the dead-letter topic holds now (None: no such topic yet, or none configured)."""
+    if not topic:
+        return None
+    try:
+        return sum(p.high_watermark - p.log_start_offset for p in admin.list_offsets(topic))
+    except TailraceError:
+        return None
 
 
 # --- dlq replay --------------------------------------------------------------------------------------

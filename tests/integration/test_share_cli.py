@@ -180,7 +180,7 @@ def test_a_broken_pipe_with_reject_on_error_dead_letters_the_record_it_could_not
     r = run(broker, "share-groups", "describe", "bp-g", "--json")
     doc = json.loads(r.stdout)
     (p,) = doc["partitions"]
-    assert (doc["dlq_topic"], p["start"], p["in_flight"], p["dead"]) == ("bp-g.dlq", 3, 0, 1), doc
+    assert (doc["dlq_topic"], doc["dlq_records"], p["start"], p["in_flight"], p["dead"]) == ("bp-g.dlq", 1, 3, 0, 1), doc
 
 
 def test_share_groups_list_describe_and_alter(broker):
