@@ -138,15 +138,16 @@ def test_same_host_producer_and_consumer_through_many_ring_laps_read_back_everyt
     assert cons_endpoints <= unix
 
 
-def test_a_tailing_same_host_consumer_sees_every_message_once_in_order(make_broker, client):
-    b = make_broker(workers=2)
+def test_a_tailing_same_host_consumer_sees_every_message_once_in_order(module_broker, client):
+    b = module_broker  # the module's broker (tests/conftest.py), 2 workers; a topic per client
+    topic = f"tail-{client.name}"
     partitions, before, per_partition = 2, 1000, 20_000
     with Admin(b.bootstrap) as a:
-        a.create_topic("tail", partitions)
+        a.create_topic(topic, partitions)
     with Producer(b.bootstrap, acks="memory") as prod:  # history the consumer must not see
         for p in range(partitions):
             values, offsets = partition_payload(p, 0, before)
-            prod.send_buffers("tail", values, offsets, partition=p)
+            prod.send_buffers(topic, values, offsets, partition=p)
     errors: list = []
     sent = Counter()
 
@@ -160,15 +161,15 @@ def test_a_tailing_same_host_consumer_sees_every_message_once_in_order(make_brok
                         if n <= 0:
                             continue
                         values, offsets = partition_payload(p, before + sent[p], n)
-                        prod.send_buffers("tail", values, offsets, partition=p)
+                        prod.send_buffers(topic, values, offsets, partition=p)
                         sent[p] += n
                     prod.poll(int(rng.integers(0, 4)))  # gaps: the consumer goes idle and waits on the futex
         except Exception as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
 
     with client.Consumer(b.bootstrap, same_host=True, max_wait_ms=200) as cons:
-        cons.assign("tail", start="latest")
-        starts = {p: cons.position("tail", p) for p in range(partitions)}
+        cons.assign(topic, start="latest")
+        starts = {p: cons.position(topic, p) for p in range(partitions)}
         assert starts == dict.fromkeys(range(partitions), before), starts
         reader = Reader(cons, starts)
         th = threading.Thread(target=produce)
@@ -403,11 +404,11 @@ def _send_values(b, topic: str, partition: int, values: list[bytes]) -> None:
         prod.flush()
 
 
-def test_a_partition_whose_ring_is_gone_mid_poll_does_not_break_the_others(make_broker):
+def test_a_partition_whose_ring_is_gone_mid_poll_does_not_break_the_others(module_broker):
     """Two partitions with data in one poll, the first answering GONE (its slot now holds
     another partition, as after a topic's slot is reused): the second is still read, nothing
     raises, and the first is mapped again and read within the next recheck."""
-    b = make_broker()
+    b = module_broker  # the module's broker (tests/conftest.py): a topic of its own
     Admin(b.bootstrap).create_topic("gone", 2)
     for p in (0, 1):  # the rings exist once each owner has taken its partition on
         _send_values(b, "gone", p, [b"warm"])
@@ -429,11 +430,11 @@ def test_a_partition_whose_ring_is_gone_mid_poll_does_not_break_the_others(make_
     print(f"\nGONE mid-poll: partition 1 read {len(got[1])} records, partition 0 re-mapped and read {len(got[0])}")
 
 
-def test_an_error_after_ring_records_in_one_poll_is_raised_next_time_and_no_record_is_skipped(make_broker):
+def test_an_error_after_ring_records_in_one_poll_is_raised_next_time_and_no_record_is_skipped(module_broker):
     """Partition 0 read from its ring, partition 1 asked at an offset past its end (the broker
     answers OFFSET_OUT_OF_RANGE): the records of partition 0 handed out in the same poll are
     never skipped; the error comes from the next poll."""
-    b = make_broker()
+    b = module_broker  # the module's broker (tests/conftest.py): a topic of its own
     Admin(b.bootstrap).create_topic("err", 2)
     _send_values(b, "err", 1, [b"x"])
     _send_values(b, "err", 0, [b"warm"])
