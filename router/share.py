@@ -43,7 +43,7 @@ from tailrace.client import records as R
 from tailrace.client import share_protocol as S
 from tailrace.client.views import iter_batches
 
-from .share_state import SharePartition, SnapshotRecord, ranges
+from .share_state import ARCHIVE, DEFAULT_BACKOFF_MS, SharePartition, SnapshotRecord, check_config, ranges, split_batches
 
 log = logging.getLogger("tailrace.router")
 
@@ -54,40 +54,11 @@ DLQ_CHUNK = 500  # dead records sent to the dead-letter topic in one produce, at
 REFRESH_S = 600.0  # every share partition's snapshot is written again this often...
 KEEP_S = 1800.0  # ...and __share_group_state keeps records this long: a start reads at most that
 LATEST = 1 << 62  # a read there is out of range, and the error names the log's end
-# RocketMQ's 18 retry levels: a RELEASE without a delay waits the level of the record's delivery count
-DEFAULT_BACKOFF_MS = "1000,5000,10000,30000,60000,120000,180000,240000,300000,360000,420000,480000,540000,600000,1200000,1800000,3600000,7200000"
-ARCHIVE = "none"  # share.dlq.topic: dead records are archived, not written anywhere
 
 _fetch_reply = P.decoder(P.FetchReply)
 _error_reply = P.decoder(P.ErrorReply)
 _snapshot = P.decoder(SnapshotRecord)
 _DECODE = {S.ShareFetchRequest: P.decoder(S.ShareFetchRequest), S.AlterShareGroupRequest: P.decoder(S.AlterShareGroupRequest)}
-
-
-KEYS = ("share.record.lock.duration.ms", "share.delivery.count.limit", "share.retry.backoff.ms", "share.dlq.topic",
-        "share.auto.offset.reset", "share.session.timeout.ms")
-
-
-def check_config(name: str, value: str) -> str | None:
-    """Why ``name=value`` is not a share group setting (None: it is; "" resets a known name)."""
-    if name in KEYS and value == "":
-        return None
-    if name in ("share.record.lock.duration.ms", "share.delivery.count.limit", "share.session.timeout.ms"):
-        if not value.isdigit() or not 0 < int(value) <= (255 if name == "share.delivery.count.limit" else 86_400_000):
-            return f"{name} takes a positive whole number (ms, or deliveries up to 255), got {value!r}"
-    elif name == "share.retry.backoff.ms":
-        parts = value.split(",")
-        if not all(p.strip().isdigit() for p in parts):
-            return f"{name} takes a comma-separated list of delays in ms (one per delivery), got {value!r}"
-    elif name == "share.dlq.topic":
-        if not value or len(value.encode()) > P.MAX_TOPIC_BYTES or value.startswith("__"):
-            return f"{name} takes a topic name (or {ARCHIVE!r} to archive dead records), got {value!r}"
-    elif name == "share.auto.offset.reset":
-        if value not in ("latest", "earliest"):
-            return f"{name} is 'latest' or 'earliest', got {value!r}"
-    else:
-        return f"unknown share group setting {name!r} ({', '.join(KEYS)})"
-    return None
 
 
 @dataclass
@@ -158,21 +129,6 @@ class Waiter:
     def __init__(self, req, group: ShareGroup, member: Member, body: S.ShareFetchRequest, outcomes: list, deadline: float):
         self.req, self.group, self.member, self.body, self.outcomes, self.deadline = req, group, member, body, outcomes, deadline
         self.wrote = False  # an acknowledgement changed state: answered once that is durable
-
-
-def split_batches(body) -> list[tuple[int, int, memoryview]]:
-    """A fetch body's batches as (first offset, end offset, bytes): one step per batch."""
-    mv = memoryview(body).cast("B")
-    out, pos, end = [], 0, mv.nbytes
-    while pos + R.PREFIX_BYTES <= end:
-        length = R.LENGTH.unpack_from(mv, pos)[0]
-        if length < R.PREFIX_BYTES:
-            break
-        step = R.align8(length)
-        base = R.BASE_OFFSET.unpack_from(mv, pos + R.STAMP_AT)[0]
-        out.append((base, base + R.COUNT.unpack_from(mv, pos + R.COUNT_AT)[0], mv[pos : pos + step]))
-        pos += step
-    return out
 
 
 class ShareCoordinator:
@@ -265,15 +221,15 @@ class ShareCoordinator:
 
     def _try(self, w: Waiter, now: float) -> None:
         g, m, body = w.group, w.member, w.body
-        keys = [(t, p) for t in m.topics if (e := self.ctx.catalog.get(t)) is not None for p in range(e.partitions)]
+        keys = [(t, p, e.topic_id) for t in m.topics if (e := self.ctx.catalog.get(t)) is not None for p in range(e.partitions)]
         if keys:
             g.rotor = (g.rotor + 1) % len(keys)
             keys = keys[g.rotor:] + keys[: g.rotor]
         results, n, nbytes = [], body.max_records, 0
-        for key in keys:
-            sp = g.parts.get(key)
-            if sp is None:
-                sp = g.parts[key] = SharePartition(key[0], key[1], -1)
+        for t, p, topic_id in keys:
+            sp = g.parts.get((t, p))
+            if sp is None or (sp.topic_id and sp.topic_id != topic_id):  # new, or its topic was made again
+                sp = g.parts[(t, p)] = SharePartition(t, p, -1, topic_id)
             if sp.start < 0:
                 self._read(g, sp)
                 continue
@@ -358,14 +314,18 @@ class ShareCoordinator:
         if code == P.ErrorCode.OK:
             batches = split_batches(frames[2]) if len(frames) > 2 else []
             if sp.start < 0:
-                sp.__init__(sp.topic, sp.partition, offset)
+                sp.__init__(sp.topic, sp.partition, offset, sp.topic_id)
             if batches and batches[-1][1] > sp.buf_end:
                 sp.add_batches(batches)
         elif code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
             err = _error_reply.decode(frames[1])
-            if sp.start < 0:
+            if sp.start < 0 or 0 <= err.high_watermark < sp.buf_end:  # new, or the log is behind what was read
+                if sp.start >= 0:
+                    log.warning("share group %s: %s/%d ends at %d, below the %d read: started again", g.name, sp.topic,
+                                sp.partition, err.high_watermark, sp.buf_end)
                 start = err.log_start_offset if g.earliest or err.high_watermark < 0 else err.high_watermark
-                sp.__init__(sp.topic, sp.partition, max(start, 0))
+                sp.__init__(sp.topic, sp.partition, max(start, 0), sp.topic_id)
+                sp.dirty = True
             elif err.log_start_offset > sp.buf_end:
                 sp.skip_to(err.log_start_offset)  # retention took records never done: archived
         self._wake(time.monotonic())
@@ -495,6 +455,10 @@ class ShareCoordinator:
                 self._send_produce(SHARE_STATE_TOPIC if item[0] == "write" else item[2].dlq, rid, item[5])
         woke = False
         for g in self.groups.values():
+            for key, sp in list(g.parts.items()):  # a topic deleted (or made again: a new id) takes its state with it
+                e = self.ctx.catalog.get(key[0])
+                if e is None or key[1] >= e.partitions or (sp.topic_id and e.topic_id != sp.topic_id):
+                    del g.parts[key]
             for m in [m for m in g.members.values() if now - m.last_seen > g.session_s]:
                 log.info("share group %s: member %s left (silent for %.0f s): its records go back", g.name, m.id, g.session_s)
                 for sp in g.parts.values():

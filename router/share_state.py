@@ -26,8 +26,55 @@ import time
 import msgspec
 import numpy as np
 
+from tailrace.client import protocol as P
+from tailrace.client import records as R
 from tailrace.client.share_protocol import (ACCEPT, ACKNOWLEDGED, ACQUIRED, ARCHIVED, AVAILABLE, DEAD, RELEASE,
                                             AcquiredRange)
+
+# RocketMQ's 18 retry levels: a RELEASE without a delay waits the level of the record's delivery count
+DEFAULT_BACKOFF_MS = "1000,5000,10000,30000,60000,120000,180000,240000,300000,360000,420000,480000,540000,600000,1200000,1800000,3600000,7200000"
+ARCHIVE = "none"  # share.dlq.topic: dead records are archived, not written anywhere
+
+KEYS = ("share.record.lock.duration.ms", "share.delivery.count.limit", "share.retry.backoff.ms", "share.dlq.topic",
+        "share.auto.offset.reset", "share.session.timeout.ms")
+
+
+def check_config(name: str, value: str) -> str | None:
+    """Why ``name=value`` is not a share group setting (None: it is; "" resets a known name)."""
+    if name in KEYS and value == "":
+        return None
+    if name in ("share.record.lock.duration.ms", "share.delivery.count.limit", "share.session.timeout.ms"):
+        if not value.isdigit() or not 0 < int(value) <= (255 if name == "share.delivery.count.limit" else 86_400_000):
+            return f"{name} takes a positive whole number (ms, or deliveries up to 255), got {value!r}"
+    elif name == "share.retry.backoff.ms":
+        parts = value.split(",")
+        if not all(p.strip().isdigit() for p in parts):
+            return f"{name} takes a comma-separated list of delays in ms (one per delivery), got {value!r}"
+    elif name == "share.dlq.topic":
+        if not value or len(value.encode()) > P.MAX_TOPIC_BYTES or value.startswith("__"):
+            return f"{name} takes a topic name (or {ARCHIVE!r} to archive dead records), got {value!r}"
+    elif name == "share.auto.offset.reset":
+        if value not in ("latest", "earliest"):
+            return f"{name} is 'latest' or 'earliest', got {value!r}"
+    else:
+        return f"unknown share group setting {name!r} ({', '.join(KEYS)})"
+    return None
+
+
+def split_batches(body) -> list[tuple[int, int, memoryview]]:
+    """A fetch body's batches as (first offset, end offset, bytes): one step per batch."""
+    mv = memoryview(body).cast("B")
+    out, pos, end = [], 0, mv.nbytes
+    while pos + R.PREFIX_BYTES <= end:
+        length = R.LENGTH.unpack_from(mv, pos)[0]
+        if length < R.PREFIX_BYTES:
+            break
+        step = R.align8(length)
+        base = R.BASE_OFFSET.unpack_from(mv, pos + R.STAMP_AT)[0]
+        out.append((base, base + R.COUNT.unpack_from(mv, pos + R.COUNT_AT)[0], mv[pos : pos + step]))
+        pos += step
+    return out
+
 
 _DONE = np.zeros(256, bool)
 _DONE[[ACKNOWLEDGED, ARCHIVED]] = True
@@ -48,14 +95,15 @@ class SnapshotRecord(msgspec.Struct, omit_defaults=True):
     errors: dict[int, str] = {}
     config: dict[str, str] | None = None  # a group's settings record (topic ""), in place of a partition
     deleted: bool = False
+    topic_id: int = 0  # the topic's catalog id: a topic deleted and made again under its name starts afresh
 
 
 class SharePartition:
-    __slots__ = ("topic", "partition", "start", "end", "state", "count", "until", "owner", "errors", "batches",
+    __slots__ = ("topic_id", "topic", "partition", "start", "end", "state", "count", "until", "owner", "errors", "batches",
                  "buf_end", "fetching", "dirty", "dead_total", "redelivered", "written_at", "dlq_busy")
 
-    def __init__(self, topic: str, partition: int, start: int):
-        self.topic, self.partition = topic, partition
+    def __init__(self, topic: str, partition: int, start: int, topic_id: int = 0):
+        self.topic, self.partition, self.topic_id = topic, partition, topic_id
         self.start = self.end = self.buf_end = start
         self.state = np.zeros(0, np.uint8)
         self.count = np.zeros(0, np.uint16)
@@ -246,11 +294,11 @@ class SharePartition:
         later = np.flatnonzero((self.state == AVAILABLE) & (self.until > 0))
         delayed = [(o, int((u + wall) * 1000)) for o, u in zip((later + self.start).tolist(), self.until[later].tolist())]
         return SnapshotRecord(group, self.topic, self.partition, self.start, self.end, states.tobytes(),
-                              self.count.astype("<u2").tobytes(), delayed, dict(self.errors))
+                              self.count.astype("<u2").tobytes(), delayed, dict(self.errors), topic_id=self.topic_id)
 
     @classmethod
     def restore(cls, rec: SnapshotRecord) -> "SharePartition":
-        sp = cls(rec.topic, rec.partition, rec.start)
+        sp = cls(rec.topic, rec.partition, rec.start, rec.topic_id)
         n = rec.end - rec.start
         sp._grow(rec.end)
         sp.buf_end = rec.start  # the bytes are read again

@@ -36,7 +36,7 @@ from tailrace.console import EXIT_OK, EXIT_USAGE, interrupted_code, say
 from tailrace.tables import print_json, print_table
 
 SHARE_KEYS = ("share.record.lock.duration.ms", "share.delivery.count.limit", "share.retry.backoff.ms", "share.dlq.topic",
-              "share.auto.offset.reset", "share.session.timeout.ms")  # router/share.py KEYS, for the help text
+              "share.auto.offset.reset", "share.session.timeout.ms")  # router/share_state.py KEYS, for the help text
 DLQ_PREFIX = "tailrace.dlq."
 REPLAY_GROUP = "{}.replay"  # the consumer group whose committed offsets say how far a replay of {} got
 POLL_MS = 500  # one fetch waits at most this long

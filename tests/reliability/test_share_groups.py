@@ -141,6 +141,18 @@ def test_a_poison_record_reaches_the_dead_letter_topic_after_the_limit_with_its_
     while (got := scrape(b)) != want and time.monotonic() < deadline:  # the router writes its figures every second
         time.sleep(0.3)
     assert got == want
+    with Admin(b.bootstrap) as a:  # a topic deleted and made again under its name: the group starts it afresh
+        a.delete_topic("jobs")
+        a.create_topic("jobs", 1)
+    produce(b.bootstrap, "jobs", 2, partition=0)
+    with ShareConsumer(b.bootstrap, group="g", topics=["jobs"]) as c:
+        again: list = []
+        deadline = time.monotonic() + 15
+        while len(again) < 2 and time.monotonic() < deadline:
+            recs = c.poll(300)
+            again += [(r.offset, r.delivery_count) for r in recs]
+            c.acknowledge(recs)
+    assert again == [(0, 1), (1, 1)]
 
 
 def scrape(b) -> dict[str, float]:
