@@ -185,9 +185,9 @@ def test_a_broken_pipe_with_reject_on_error_dead_letters_the_record_it_could_not
 
 def test_share_groups_list_describe_and_alter(broker):
     r = run(broker, "share-groups", "alter", "cli-g", "--config", "share.auto.offset.reset=earliest",
-            "share.record.lock.duration.ms=4000", "--config", "share.delivery.count.limit=2")
+            "share.record.lock.duration.ms=60000", "--config", "share.delivery.count.limit=2")
     assert r.returncode == 0, r.stderr
-    assert b"share.delivery.count.limit=2" in r.stdout and b"share.record.lock.duration.ms=4000" in r.stdout, r.stdout
+    assert b"share.delivery.count.limit=2" in r.stdout and b"share.record.lock.duration.ms=60000" in r.stdout, r.stdout
     setup(broker, "cli-jobs", "cli-g", [b"x", b"y", b"z"])
     with ShareConsumer(broker.bootstrap, group="cli-g", topics=["cli-jobs"], max_records=2, prefetch=False) as c:
         held = []
