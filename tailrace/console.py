@@ -216,6 +216,7 @@ def level_error(compression: str, level: int | None) -> str | None:
 
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+MAX_DURATION_MS = 3650 * 86_400_000  # ten years: far past any broker's delay_max_ms, well inside the wire's int64
 
 
 def duration_ms(text: str) -> int:
@@ -223,7 +224,10 @@ def duration_ms(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", text)
     if m is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration (30s, 500ms, 2m, 1h, 1d)")
-    return int(float(m.group(1)) * _UNITS_MS[m.group(2) or "ms"])
+    ms = int(float(m.group(1)) * _UNITS_MS[m.group(2) or "ms"])
+    if ms > MAX_DURATION_MS:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than 3650 days")
+    return ms
 
 
 def produce(args, stdin_fd: int = 0) -> int:
