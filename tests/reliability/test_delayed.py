@@ -37,7 +37,7 @@ def check_on_time(got: list[tuple[int, bytes]]) -> list[int]:
     return late
 
 
-def test_delayed_records_come_at_their_time_never_early_and_others_at_once(make_broker):
+def test_delayed_records_come_at_their_time_never_early_and_others_at_once_and_bad_ones_are_refused(make_broker):
     b = make_broker()
     with Admin(b.bootstrap) as a:
         a.create_topic("t", 2)
@@ -78,6 +78,23 @@ def test_delayed_records_come_at_their_time_never_early_and_others_at_once(make_
     got = drain(b.bootstrap, "cli", 5, 10)
     assert sorted(v for _t, v in got) == [b"five", b"four", b"one", b"three", b"two"]
     assert min(t for t, _v in got) >= sent + 1500, "tailrace produce --delay 1.5s, send_delayed: not before"
+    refused_and_nothing_kept(b)
+
+
+def refused_and_nothing_kept(b) -> None:
+    """Too far ahead (past delay_max_ms, 7 days) and to a topic that does not exist: refused."""
+    with Admin(b.bootstrap) as a:
+        a.create_topic("refused", 1)
+    with Producer(b.bootstrap) as p:
+        p.send("refused", b"x", deliver_after_ms=8 * 86_400_000)
+        with pytest.raises(InvalidRequestError, match="delay_max_ms"):
+            p.flush()
+    with Producer(b.bootstrap) as p:
+        p.send("refused", b"x", partition=0, deliver_after_ms=10)
+        p._delayed.groups = {("nope", 0, k[2]): g for k, g in p._delayed.groups.items()}  # as a client naming another topic
+        with pytest.raises(UnknownTopicError):
+            p.flush()
+    assert drain(b.bootstrap, "refused", 1, 1.5) == []
 
 
 def test_delayed_records_survive_a_broker_killed_and_still_come_on_time(make_broker):
@@ -97,19 +114,3 @@ def test_delayed_records_survive_a_broker_killed_and_still_come_on_time(make_bro
         "every delayed record once (its done record may be lost only with a kill after delivery)"
     late = check_on_time(got)
     assert max(late) < 1000, f"delivered up to {max(late)} ms after due"
-
-
-def test_a_delayed_produce_to_nowhere_or_too_far_ahead_is_refused_and_nothing_is_kept(make_broker):
-    b = make_broker(delay_max_ms=60_000)
-    with Admin(b.bootstrap) as a:
-        a.create_topic("t", 1)
-    with Producer(b.bootstrap) as p:
-        p.send("t", b"x", deliver_after_ms=120_000)
-        with pytest.raises(InvalidRequestError, match="delay_max_ms"):
-            p.flush()
-    with Producer(b.bootstrap) as p:
-        p.send("t", b"x", partition=0, deliver_after_ms=10)
-        p._delayed.groups = {("nope", 0, k[2]): g for k, g in p._delayed.groups.items()}  # as a client naming another topic
-        with pytest.raises(UnknownTopicError):
-            p.flush()
-    assert drain(b.bootstrap, "t", 1, 1.5) == []

@@ -11,11 +11,18 @@ import textwrap
 import time
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tailrace.client import Admin, Consumer, Producer, ShareConsumer
 from tailrace.client import protocol as P
 from tailrace.client import share_protocol as S
+
+
+@pytest.fixture
+def broker(module_broker):
+    """The first two tests share one broker (their own topics and groups); the kill test has its own."""
+    return module_broker
 
 
 def alter(bootstrap: str, group: str, **config) -> S.ShareGroupInfo:
@@ -40,7 +47,7 @@ def produce(bootstrap: str, topic: str, n: int, partition: int | None = None) ->
 VICTIM = textwrap.dedent("""
     import sys, time
     from tailrace.client import ShareConsumer
-    c = ShareConsumer(sys.argv[1], group="g", topics=["jobs"], max_records=150, prefetch=False)  # holds what it printed
+    c = ShareConsumer(sys.argv[1], group="hg", topics=["held"], max_records=150, prefetch=False)  # holds what it printed
     got = []
     deadline = time.time() + 20
     while not got and time.time() < deadline:
@@ -50,12 +57,12 @@ VICTIM = textwrap.dedent("""
 """)
 
 
-def test_a_member_killed_holding_locks_has_its_records_redelivered_and_every_record_is_accepted_once(make_broker):
-    b = make_broker()
+def test_a_member_killed_holding_locks_has_its_records_redelivered_and_every_record_is_accepted_once(broker):
+    b = broker
     with Admin(b.bootstrap) as a:
-        a.create_topic("jobs", 1)
-    alter(b.bootstrap, "g", share_auto_offset_reset="earliest", share_record_lock_duration_ms=2000)
-    produce(b.bootstrap, "jobs", 1000)
+        a.create_topic("held", 1)
+    alter(b.bootstrap, "hg", share_auto_offset_reset="earliest", share_record_lock_duration_ms=2000)
+    produce(b.bootstrap, "held", 1000)
     victim = subprocess.Popen([sys.executable, "-c", VICTIM, b.bootstrap], stdout=subprocess.PIPE, text=True)
     try:
         held = [int(x) for x in victim.stdout.readline().split()]
@@ -66,7 +73,7 @@ def test_a_member_killed_holding_locks_has_its_records_redelivered_and_every_rec
         victim.wait(10)
     killed = time.monotonic()
     accepted: dict[int, int] = {}  # offset -> delivery count when accepted (answered)
-    members = [ShareConsumer(b.bootstrap, group="g", topics=["jobs"], max_records=100) for _ in range(3)]
+    members = [ShareConsumer(b.bootstrap, group="hg", topics=["held"], max_records=100) for _ in range(3)]
     early = set()
     deadline = time.monotonic() + 30
     while len(accepted) < 1000 and time.monotonic() < deadline:
@@ -85,12 +92,12 @@ def test_a_member_killed_holding_locks_has_its_records_redelivered_and_every_rec
     assert not early, f"the killed member's records came back before its locks ended: {sorted(early)[:5]}"
     assert {accepted[o] for o in held} == {2}, "the killed member's records: delivered twice (it, then a survivor)"
     assert {c for o, c in accepted.items() if o not in held} == {1}, sorted((o, c) for o, c in accepted.items() if c != 1 and o not in held)[:20]
-    info = describe(b.bootstrap, "g")
+    info = describe(b.bootstrap, "hg")
     assert [(p.start, p.in_flight) for p in info.partitions] == [(1000, 0)]
 
 
-def test_a_poison_record_reaches_the_dead_letter_topic_after_the_limit_with_its_provenance(make_broker):
-    b = make_broker()
+def test_a_poison_record_reaches_the_dead_letter_topic_after_the_limit_with_its_provenance(broker):
+    b = broker
     with Admin(b.bootstrap) as a:
         a.create_topic("jobs", 2)
     alter(b.bootstrap, "g", share_auto_offset_reset="earliest", share_delivery_count_limit=3,
