@@ -14,7 +14,9 @@ partition with no other handshake). Replies come back on the DEALER as ``[client
 handler per op the router takes, from client/ops.py's SPEC by its ``served`` column (Kafka's
 ``KafkaApis.handle``). The handlers live in their own modules over narrow contexts, never the
 router: topic admin in router/topics.py, STATUS and SET_WORKERS in router/status.py, DESCRIBE
-and LIST_OFFSETS in router/offsets.py, the group ops in router/groups.py; worker liveness
+and LIST_OFFSETS in router/offsets.py, the group ops in router/groups.py, the share-group ops in
+router/share.py (its state written once per loop, after the sockets are drained: ``flush``),
+PRODUCE_DELAYED in router/timer.py (due batches taken every loop: ``poll``); worker liveness
 (router/liveness.py) is a part the router holds.
 """
 
