@@ -43,6 +43,7 @@ from tailrace.client import records as R
 from tailrace.client import share_protocol as S
 from tailrace.client.views import iter_batches
 
+from .readback import ReadBack
 from .share_state import ARCHIVE, DEFAULT_BACKOFF_MS, SharePartition, SnapshotRecord, check_config, ranges, split_batches
 
 log = logging.getLogger("tailrace.router")
@@ -55,7 +56,6 @@ REFRESH_S = 600.0  # every share partition's snapshot is written again this ofte
 KEEP_S = 1800.0  # ...and __share_group_state keeps records this long: a start reads at most that
 LATEST = 1 << 62  # a read there is out of range, and the error names the log's end
 
-_fetch_reply = P.decoder(P.FetchReply)
 _error_reply = P.decoder(P.ErrorReply)
 _snapshot = P.decoder(SnapshotRecord)
 _DECODE = {S.ShareFetchRequest: P.decoder(S.ShareFetchRequest), S.AlterShareGroupRequest: P.decoder(S.AlterShareGroupRequest)}
@@ -143,9 +143,7 @@ class ShareCoordinator:
         self.parked: list[Waiter] = []
         self.write_due: dict[str, ShareGroup] = {}  # groups with requests waiting for a write (``flush``)
         self.loaded = ctx.catalog.get(SHARE_STATE_TOPIC) is None
-        self.load_offset = 0
-        self.load_rid = 0
-        self.load_sent = 0.0
+        self.back = ReadBack(SHARE_STATE_TOPIC, ctx.next_internal_id, ctx.send_internal)  # at start (router/readback.py)
 
     # --- serving ---------------------------------------------------------------------------
     def serve(self, req) -> None:
@@ -405,7 +403,7 @@ class ShareCoordinator:
         """An owner's reply to a request of ours (False: not ours)."""
         item = self.pending.pop(rid, None)
         if item is None:
-            if rid == self.load_rid and not self.loaded:
+            if rid == self.back.rid and not self.loaded:
                 self._on_load(code, frames)
                 return True
             return False
@@ -438,8 +436,8 @@ class ShareCoordinator:
 
     def tick(self, now: float) -> None:
         if not self.loaded:
-            if now - self.load_sent > RETRY_S:
-                self._load_step()
+            if self.back.due(now):
+                self.back.step()
             return
         for rid, item in list(self.pending.items()):
             if now - item[1] <= RETRY_S:
@@ -523,24 +521,14 @@ class ShareCoordinator:
         self._write(g, lambda code, why: req.reply(code, self.info(g) if code == P.ErrorCode.OK else P.ErrorReply(why)), config=True)
 
     # --- reading the state back at start -----------------------------------------------------------
-    def _load_step(self) -> None:
-        self.load_sent = time.monotonic()
-        self.load_rid = self.ctx.next_internal_id()
-        topic = SHARE_STATE_TOPIC.encode()
-        header = P.encode(P.FetchRequest(self.load_offset, max_bytes=READ_BYTES))
-        self.ctx.send_internal(topic, 0, [P.pack_routing(P.Op.FETCH, 0, self.load_rid, topic), header])
-
     def _on_load(self, code: int, frames: list) -> None:
-        if code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
-            self.load_offset = max(self.load_offset, _error_reply.decode(frames[1]).log_start_offset)
-            return self._load_step()
-        if code != P.ErrorCode.OK:
-            return  # the tick asks again
-        head = _fetch_reply.decode(frames[1])
-        if len(frames) > 2 and len(frames[2]):
-            for v in iter_batches(frames[2]):
+        body = self.back.take(code, frames)
+        if body is None:
+            return
+        if len(body):
+            for v in iter_batches(body):
                 for i in range(v.record_count):  # at start only: one step per snapshot record
-                    if v.base_offset + i < self.load_offset:
+                    if v.base_offset + i < self.back.offset:
                         continue
                     try:
                         rec = _snapshot.decode(v.value(i))
@@ -553,9 +541,6 @@ class ShareCoordinator:
                         g.refresh_settings()
                     else:
                         g.parts[(rec.topic, rec.partition)] = SharePartition.restore(rec)
-        self.load_offset = max(self.load_offset, head.next_offset)
-        if self.load_offset >= head.high_watermark:
+        if self.back.advance():
             self.loaded = True
-            log.info("share coordinator ready: %d share groups read back up to offset %d", len(self.groups), self.load_offset)
-        else:
-            self._load_step()
+            log.info("share coordinator ready: %d share groups read back up to offset %d", len(self.groups), self.back.offset)

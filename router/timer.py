@@ -40,6 +40,8 @@ from tailrace.client.columns import batches_to_columns
 from tailrace.client.delayed import DelayedProduceReply, DelayedProduceRequest
 from tailrace.client.views import iter_batches
 
+from .readback import ReadBack
+
 log = logging.getLogger("tailrace.router")
 
 ENVELOPE = struct.Struct("<qi")  # an envelope's key: delivery time (ms since the epoch), partition; the topic follows
@@ -54,7 +56,6 @@ DAY_MS = 86_400_000
 
 _request = P.decoder(DelayedProduceRequest)
 _produce_reply = P.decoder(P.ProduceReply)
-_fetch_reply = P.decoder(P.FetchReply)
 _error = P.decoder(P.ErrorReply)
 
 
@@ -78,7 +79,7 @@ class Timer:
         self.done: list[int] = []  # delivered envelopes' offsets not yet in a done record
         self.delivering: set[int] = set()
         self.loaded = ctx.catalog.get(DELAY_TOPIC) is None
-        self.load_offset, self.load_rid, self.load_sent = 0, 0, 0.0
+        self.back = ReadBack(DELAY_TOPIC, ctx.next_internal_id, ctx.send_internal)  # at start (router/readback.py)
         self.seen_done: list[np.ndarray] = []  # while loading
         self.seen_env: list[tuple[np.ndarray, np.ndarray]] = []
         self.delivered = 0
@@ -207,7 +208,7 @@ class Timer:
     def on_reply(self, rid: int, op: int, code: int, frames: list) -> bool:
         item = self.pending.pop(rid, None)
         if item is None:
-            if rid == self.load_rid and not self.loaded:
+            if rid == self.back.rid and not self.loaded:
                 self._on_load(code, frames)
                 return True
             return False
@@ -235,8 +236,8 @@ class Timer:
 
     def tick(self, now: float) -> None:
         if not self.loaded:
-            if now - self.load_sent > RETRY_S:
-                self._load_step()
+            if self.back.due(now):
+                self.back.step()
             return
         for rid, item in list(self.pending.items()):
             if now - item[1] <= RETRY_S:
@@ -269,22 +270,12 @@ class Timer:
             self._requeue(np.array([item[3]], np.int64))
 
     # --- reading the topic back at start ---------------------------------------------------
-    def _load_step(self) -> None:
-        self.load_sent = time.monotonic()
-        self.load_rid = self.ctx.next_internal_id()
-        topic = DELAY_TOPIC.encode()
-        header = P.encode(P.FetchRequest(self.load_offset, max_bytes=READ_BYTES))
-        self.ctx.send_internal(topic, 0, [P.pack_routing(P.Op.FETCH, 0, self.load_rid, topic), header])
-
     def _on_load(self, code: int, frames: list) -> None:
-        if code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
-            self.load_offset = max(self.load_offset, _error.decode(frames[1]).log_start_offset)
-            return self._load_step()
-        if code != P.ErrorCode.OK:
+        body = self.back.take(code, frames)
+        if body is None:
             return
-        head = _fetch_reply.decode(frames[1])
-        if len(frames) > 2 and len(frames[2]):
-            cols = batches_to_columns(iter_batches(frames[2]), self.load_offset)
+        if len(body):
+            cols = batches_to_columns(iter_batches(body), self.back.offset)
             ko = cols.key_offsets.astype(np.int64)
             ours = np.flatnonzero(cols.key_valid & (np.diff(ko) >= ENVELOPE.size))  # (anything else is not the timer's)
             if len(ours):
@@ -295,9 +286,8 @@ class Timer:
                 vo = cols.value_offsets
                 for i in ours[done].tolist():  # done records: a few per heartbeat
                     self.seen_done.append(cols.values[vo[i]:vo[i + 1]].copy().view("<i8"))
-        self.load_offset = max(self.load_offset, head.next_offset)
-        if self.load_offset < head.high_watermark:
-            return self._load_step()
+        if not self.back.advance():
+            return
         due = np.concatenate([d for d, _ in self.seen_env] or [np.zeros(0, np.int64)])
         offs = np.concatenate([o for _, o in self.seen_env] or [np.zeros(0, np.int64)])
         done = np.concatenate(self.seen_done or [np.zeros(0, np.int64)])
@@ -306,4 +296,4 @@ class Timer:
         self.due, self.offs = due[keep][order], offs[keep][order]
         self.seen_env, self.seen_done = [], []
         self.loaded = True
-        log.info("timer ready: %d delayed batches waiting, read back up to offset %d", len(self.due), self.load_offset)
+        log.info("timer ready: %d delayed batches waiting, read back up to offset %d", len(self.due), self.back.offset)
