@@ -15,7 +15,7 @@ coordinator reads the log through the partition's owner like any consumer (one r
 per share partition, long-polled) and keeps the window's batches, so a redelivery and a dead
 letter come from memory. **Durability**: every change an acknowledgement makes is written to
 ``__share_group_state`` (a snapshot record per share partition changed, zstd-compressed, one
-produce per request, ``acks=durable``) before the request is answered: an ACCEPT answered is
+produce per group per router loop for every request in it: ``flush``, ``acks=durable``) before the request is answered: an ACCEPT answered is
 never lost. Acquisitions are not written; a restart makes what was acquired available again
 (delivery counts as last written): at least once, and the duplicate window is the records
 acquired but not yet acknowledged when the broker stopped. At start the topic is read back,
