@@ -109,6 +109,12 @@ class Replies:
             b.alone = b.alone or code == P.ErrorCode.NOT_OWNER
             b.not_before = time.monotonic() + self.retry_backoff_s
             self._retry.setdefault(tp, deque()).appendleft(b)
+        elif code == P.ErrorCode.OUT_OF_ORDER_SEQUENCE and b.barrier:
+            # acks="none"'s closing round trip, refused because one-way batches before it were
+            # lost (a process killed with them in flight: acks="none" promises nothing for them).
+            # The answer still says the broker has handled everything sent before it on this
+            # path, which is all the round trip is for: the flush is closed, with no error.
+            return
         elif (code == P.ErrorCode.OUT_OF_ORDER_SEQUENCE
               and (self._inflight_per[tp] or self._retry.get(tp) or b.gaps != self._gaps.get(tp, 0))
               and time.monotonic() - b.first_sent < self.delivery_timeout_s):

@@ -279,3 +279,33 @@ def test_a_look_for_closed_connections_before_the_first_request_keeps_the_handsh
         assert time.monotonic() - t0 < 1.0
     finally:
         c.close()
+
+
+def test_acks_none_flush_after_lost_one_way_batches_returns_without_error(broker):
+    """One-way batches lost on the way (here the last two are never sent, as when a process dies
+    with them in flight) leave a gap before the copy of the last one that closes the flush: the
+    broker refuses that copy OUT_OF_ORDER_SEQUENCE. acks="none" promises nothing for lost
+    records, so the flush returns at once and raises nothing; before the fix it resent the copy
+    until delivery_timeout_ms and raised OUT_OF_ORDER_SEQUENCE (the kill -9 test's acks=none case)."""
+    topic = "none-lost"
+    Admin(broker.bootstrap).create_topic(topic, 1)
+    prod = BLOCKING.Producer(broker.bootstrap, acks="none", linger_ms=0, delivery_timeout_ms=5000)
+    send, dropped = prod.pool.send, []
+
+    def lossy(via, op, *args):
+        if len(dropped) < 2 and args[0] == topic and prod.acked_records >= 3:
+            dropped.append(op)
+            return -1  # never sent
+        return send(via, op, *args)
+
+    prod.pool.send = lossy
+    for i in range(5):
+        prod.send(topic, b"r%d" % i, partition=0)
+        prod.poll(0)
+    assert len(dropped) == 2
+    t0 = time.monotonic()
+    prod.flush(10_000)
+    assert time.monotonic() - t0 < 2
+    prod.close()
+    stored = [r.value for r in read_all(BLOCKING, broker.bootstrap, topic, 3, timeout_s=5)]
+    assert stored == [b"r0", b"r1", b"r2"]
