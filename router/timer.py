@@ -19,6 +19,9 @@ append and its done record appends it again. Its records keep their create times
 are the partition's at delivery.
 
 The topic keeps records ``delay_max_ms`` plus a day: a delivery time further out is refused.
+
+In a cluster the broker that took a batch keeps it, and appends it when due at the partition's
+leader: its own worker, or another broker's router over the peer link (``_send``).
 """
 
 from __future__ import annotations
@@ -83,7 +86,12 @@ class Timer:
         self.seen_done: list[np.ndarray] = []  # while loading
         self.seen_env: list[tuple[np.ndarray, np.ndarray]] = []
         self.delivered = 0
-        self.cluster = None  # --cluster: refused for now (one broker's timer)
+        self.cluster = None  # --cluster: the ClusterAgent; delivered to leaders elsewhere through ``peers``
+        self.peers = None
+        self.mirror = None  # --cluster: take a cluster topic into the catalog now (router/topics.py mirror_topic)
+
+    def attach_cluster(self, agent, peers, mirror) -> None:
+        self.cluster, self.peers, self.mirror = agent, peers, mirror
 
     def backlog(self) -> int:
         return len(self.due) + len(self.new) + len(self.delivering)
@@ -93,9 +101,9 @@ class Timer:
         """The PRODUCE_DELAYED handler (router/server.py's own table)."""
         head = _request.decode(req.frames[2])
         name, s = req.name, self.ctx.s
-        if self.cluster is not None:
-            return req.reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply("delayed delivery runs on a single broker for now (not with --cluster)"))
         t = self.ctx.catalog.get(name)
+        if t is None and self.cluster is not None and name in self.cluster.topics:
+            t = self.mirror(name)  # a cluster topic this broker's view has and its catalog not yet
         if t is None or name in INTERNAL_TOPICS:
             return req.reply(P.ErrorCode.UNKNOWN_TOPIC, P.ErrorReply(f"topic {name!r} does not exist"))
         if not 0 <= req.partition < t.partitions:
@@ -126,8 +134,19 @@ class Timer:
         self._send(DELAY_TOPIC.encode(), 0, rid, batch)
 
     def _send(self, topic: bytes, partition: int, rid: int, batch: bytes) -> None:
+        """A durable produce of ``batch``: to this broker's owner of the partition, or in a cluster
+        to the broker that leads it (no live leader: not sent; the tick sends it again)."""
         header = P.encode(P.ProduceRequest(acks=P.Acks.DURABLE))
-        self.ctx.send_internal(topic, partition, [P.pack_routing(P.Op.PRODUCE, partition, rid, topic), header, batch])
+        frames = [P.pack_routing(P.Op.PRODUCE, partition, rid, topic), header, batch]
+        agent = self.cluster
+        if agent is None or not agent.managed(topic) or agent.leads(topic, partition):
+            self.ctx.send_internal(topic, partition, frames)
+            return
+        a = agent.assignment(topic, partition)
+        endpoint = agent.endpoint_of(a.leader) if a is not None and a.leader in agent.brokers else ""
+        if endpoint:
+            self.peers.send(endpoint, frames, rid, lambda _ep, reply: reply and self.on_reply(
+                rid, P.Op.PRODUCE, P.unpack_routing(reply[0])[2], reply))
 
     def _index(self, due: int, offset: int) -> None:
         self.new.append((due, offset))

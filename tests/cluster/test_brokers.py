@@ -86,6 +86,22 @@ def test_topics_spread_over_brokers_and_any_broker_serves_them(make_cluster, etc
     from tailrace.cluster.metadata import read_loads
     assert wait_until(lambda: set(read_loads(c.etcd, c.keys)) == {0, 1, 2}, 5)
     assert sorted(r.value for r in got) == sorted(b"v%d" % i for i in range(600))
+    # delayed delivery: broker 0's timer holds the batches and appends each, when due, at its
+    # partition's leader (two partitions are its own, four the other brokers'): never early, within 1 s
+    due = int(time.time() * 1000) + 1500
+    with Producer(c.bootstrap(0)) as p:
+        for part in range(6):
+            p.send("spread", b"due:%d:%d" % (due, part), partition=part, deliver_at_ms=due)
+    late = {}
+    with Consumer(c.bootstrap(2)) as cons:
+        cons.assign("spread", start=100)
+        deadline = time.monotonic() + 10
+        while len(late) < 6 and time.monotonic() < deadline:
+            for r in cons.poll(50):
+                late[r.partition] = int(time.time() * 1000) - due
+                assert r.value == b"due:%d:%d" % (due, r.partition) and r.offset == 100
+    assert sorted(late) == list(range(6)), late
+    assert 0 <= min(late.values()) and max(late.values()) < 1000, late
     # a broker asked directly for a partition it does not lead names the leader
     follower = next(p for p, b in leaders.items() if b != 0)
     with Admin(c.bootstrap(0)) as a:
@@ -108,6 +124,9 @@ def test_a_killed_broker_s_partitions_are_unavailable_and_come_back_whole(make_c
     victim = 2 if c.controller()[0] != 2 else 1
     lost = sorted(p for p, b in c.leaders("dies").items() if b == victim)
     kept = sorted(p for p, b in c.leaders("dies").items() if b != victim)
+    with Producer(c.bootstrap(victim)) as p:  # held by the victim's timer, due while it is down
+        for part in (lost[0], kept[0]):
+            p.send_delayed("dies", [b"delayed%d" % part], partition=part, deliver_after_ms=1000)
     hard_kill_all(c.brokers[victim])
     died = time.monotonic()
     assert wait_until(lambda: all(c.leaders("dies")[p] == NO_LEADER for p in lost), TTL_S + 5), "not reported unavailable"
@@ -139,9 +158,9 @@ def test_a_killed_broker_s_partitions_are_unavailable_and_come_back_whole(make_c
     # it comes back: every acknowledged record is there
     c.brokers[victim].start(90)
     assert wait_until(lambda: all(c.leaders("dies")[p] == victim for p in lost), 20)
-    got = consume_all(c.bootstrap(other), "dies", 400)
-    assert len(got) == 400
-    assert {r.value for r in got} >= {b"v%d" % i for i in range(300)}
+    got = consume_all(c.bootstrap(other), "dies", 402)  # and the delayed batches it held: appended once it is back
+    assert len(got) == 402
+    assert {r.value for r in got} >= {b"v%d" % i for i in range(300)} | {b"delayed%d" % lost[0], b"delayed%d" % kept[0]}
     # and its catalog lost what the cluster deleted meanwhile: "again" is the new topic, empty of the old
     catalog = Catalog(str(c.brokers[victim].data_dir))
     assert wait_until(lambda: catalog.reload() or (catalog.get("gone") is None and catalog.get("again") is not None
