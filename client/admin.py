@@ -254,7 +254,20 @@ class Admin:
         start and end offsets, records in flight, acquired and available, the delivery-count
         histogram and the dead-lettered count; its dead-letter topic ("" when dead records are
         archived). ``UnknownGroupError`` for a group the broker does not know."""
-        return self._call(AdminCalls.describe_share_group(group))
+        info = self._call(AdminCalls.describe_share_group(group))
+        if not info.brokers:
+            return info
+        infos = [info]  # a cluster: each broker describes the partitions it leads, merged here
+        for ep in info.brokers:
+            conn = self._elsewhere.get(ep)
+            if conn is None:
+                conn = self._elsewhere[ep] = Connection(ep, *self._connect)
+            try:
+                r = conn.request(P.Op.DESCRIBE_SHARE_GROUP, group, -1, timeout_ms=self.timeout_ms)
+            except TailraceError:  # a broker gone meanwhile, or one that has not seen the group: what the others know
+                continue
+            infos.append(P.decoder(S.ShareGroupInfo).decode(r.header))
+        return S.merge_infos(infos)
 
     def alter_share_group(self, group: str, config: dict[str, str]) -> S.ShareGroupInfo:
         """Set share group settings (``share.record.lock.duration.ms``, ``share.delivery.count.limit``,
@@ -262,7 +275,8 @@ class Admin:
         ``share.session.timeout.ms``); a value of None or "" resets one to the default. Makes the
         group if it does not exist yet (so it can be set up before its first member). Returns the
         group as ``describe_share_group`` does, once the settings are durable."""
-        return self._call(AdminCalls.alter_share_group(group, config))
+        info = self._call(AdminCalls.alter_share_group(group, config))
+        return self.describe_share_group(group) if info.brokers else info
 
     def status(self) -> dict:
         return self._call(AdminCalls.status())

@@ -425,10 +425,20 @@ class AsyncAdmin:
         return await self._call(AdminCalls.list_share_groups())
 
     async def describe_share_group(self, group: str) -> S.ShareGroupInfo:
-        return await self._call(AdminCalls.describe_share_group(group))
+        """``Admin.describe_share_group``: in a cluster every broker's part, merged."""
+        info = await self._call(AdminCalls.describe_share_group(group))
+        infos = [info]
+        for ep in info.brokers:
+            try:
+                r = await self.pool.request(P.Op.DESCRIBE_SHARE_GROUP, group, -1, timeout_ms=self.timeout_ms, endpoint=ep)
+            except TailraceError:
+                continue
+            infos.append(P.decoder(S.ShareGroupInfo).decode(r.header))
+        return S.merge_infos(infos) if info.brokers else info
 
     async def alter_share_group(self, group: str, config: dict[str, str]) -> S.ShareGroupInfo:
-        return await self._call(AdminCalls.alter_share_group(group, config))
+        info = await self._call(AdminCalls.alter_share_group(group, config))
+        return await self.describe_share_group(group) if info.brokers else info
 
     async def status(self) -> dict:
         return await self._call(AdminCalls.status())

@@ -97,6 +97,7 @@ SPEC: tuple[OpSpec, ...] = (
     R(Op.LIST_SHARE_GROUPS, 2, False, NOTHING, SHARE,       "admin",    None,                      S.ListShareGroupsReply),
     R(Op.DESCRIBE_SHARE_GROUP, 2, False, GROUP, SHARE,      "share",    None,                      S.ShareGroupInfo),
     R(Op.ALTER_SHARE_GROUP, 2, False, GROUP,   SHARE,       "share",    S.AlterShareGroupRequest,  S.ShareGroupInfo),
+    R(Op.SHARE_STATE_COPY,  2, False, NOTHING, SHARE,       "admin",    S.ShareStateCopy,          S.ShareStateCopy),
     R(Op.PING,              2, False, NOTHING, INTERNAL,    INTERNAL,   None,                      P.PingReply),
     R(Op.ADOPT,             2, False, TOPIC,   INTERNAL,    INTERNAL,   None,                      P.Empty),
     R(Op.REPLICA_APPEND,    3, False, TOPIC,   INTERNAL,    INTERNAL,   P.ReplicaAppendRequest,    P.ReplicaAppendReply),

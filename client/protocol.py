@@ -78,6 +78,7 @@ class Op(enum.IntEnum):
     LIST_SHARE_GROUPS = 42
     DESCRIBE_SHARE_GROUP = 43
     ALTER_SHARE_GROUP = 44  # set or reset a share group's settings
+    SHARE_STATE_COPY = 45  # cluster, broker to broker: share-partition state copied to (or pulled from) another broker
     # internal: router <-> worker only
     PING = 30
     ADOPT = 31  # take this partition now (assign frame carries slot and epoch)

@@ -116,6 +116,33 @@ class ShareGroupInfo(msgspec.Struct):
     members: list[ShareMemberInfo]
     partitions: list[SharePartitionInfo]
     dlq_topic: str  # "" when dead records are archived
+    # a cluster: the other live brokers' endpoints. Each broker describes the partitions it leads
+    # and the members that fetch from it; Admin.describe_share_group asks them all and merges.
+    brokers: list[str] = []
+
+
+class ShareStateCopy(msgspec.Struct, omit_defaults=True):
+    """SHARE_STATE_COPY (45), between a cluster's brokers only (section 4.9): ``records``, a
+    batch of snapshot records the leader of their partitions wrote (router/share_state.py
+    ``SnapshotRecord``), for the other broker to keep; or, with ``pull``, a request for every
+    snapshot the broker holds, answered with them in ``records``."""
+    records: bytes = b""
+    pull: bool = False
+
+
+def merge_infos(infos: list[ShareGroupInfo]) -> ShareGroupInfo:
+    """A cluster's share group as one description: each broker's (the first is the one asked,
+    its settings kept) with the partitions it leads and the members that fetch from it; a member
+    seen at several brokers holds the sum of what it acquired there, idle the least."""
+    first = infos[0]
+    members: dict[str, ShareMemberInfo] = {}
+    for info in infos:
+        for m in info.members:
+            seen = members.get(m.member_id)
+            members[m.member_id] = m if seen is None else ShareMemberInfo(
+                m.member_id, sorted(set(seen.topics) | set(m.topics)), seen.acquired + m.acquired, min(seen.idle_ms, m.idle_ms))
+    parts = sorted((p for info in infos for p in info.partitions), key=lambda p: (p.topic, p.partition))
+    return ShareGroupInfo(first.group, first.config, list(members.values()), parts, first.dlq_topic, first.brokers)
 
 
 class AlterShareGroupRequest(msgspec.Struct):

@@ -63,6 +63,15 @@ class PeerLinks:
             self.waiting[(endpoint, rid)] = (on_reply, time.monotonic())
         return True
 
+    def to_leader(self, agent, topic: bytes, partition: int, frames: list[bytes], rid: int, on_reply: Callable) -> bool:
+        """Send a request for a partition another broker leads to that broker's router; its
+        reply goes to ``on_reply(code, frames)``. False when the partition has no live leader
+        (or the send could not be queued): the caller tries again later."""
+        a = agent.assignment(topic, partition)
+        endpoint = agent.endpoint_of(a.leader) if a is not None and a.leader in agent.brokers else ""
+        return bool(endpoint) and self.send(endpoint, frames, rid, lambda _ep, reply: reply and on_reply(
+            P.unpack_routing(reply[0])[2], reply))
+
     def on_reply(self, endpoint: str, frames: list[bytes]) -> None:
         """A reply from the broker at ``endpoint``: to whoever asked (a late one finds nobody)."""
         if not frames:

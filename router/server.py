@@ -254,7 +254,7 @@ class Router:
         peers = PeerLinks(self.links.ctx, self.links.poller, self.links.keys)
         self.asks.attach_cluster(agent, peers, partial(topics.mirror_topic, self.topic_ctx))
         self.groups.attach_cluster(agent, peers)
-        self.shares.ctx.cluster = agent  # share groups: one broker only for now
+        self.shares.attach_cluster(agent, peers, partial(topics.mirror_topic, self.topic_ctx))
         self.timer.attach_cluster(agent, peers, partial(topics.mirror_topic, self.topic_ctx))
         self.replicas = agent.fetcher = ReplicaFetcher(agent, peers, self.send_internal, self.next_internal_id,
                                                        partial(topics.mirror_topic, self.topic_ctx))

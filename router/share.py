@@ -22,7 +22,8 @@ acquired but not yet acknowledged when the broker stopped. At start the topic is
 keeping the last record per share partition; the window's bytes are read again from the log.
 Every share partition is written again every ``REFRESH_S`` and the topic keeps ``KEEP_S``.
 
-A single broker only for now: in a cluster the share ops answer INVALID_REQUEST.
+In a cluster (``--cluster``) each broker is the share-partition leader of the partitions it
+leads: router/share_cluster.py copies its state to the other brokers and takes theirs.
 """
 
 from __future__ import annotations
@@ -37,14 +38,13 @@ import numpy as np
 
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import SHARE_STATE_TOPIC, Catalog
-from tailrace.client import codecs
 from tailrace.client import protocol as P
-from tailrace.client import records as R
 from tailrace.client import share_protocol as S
 from tailrace.client.views import iter_batches
 
 from .readback import ReadBack
-from .share_state import ARCHIVE, DEFAULT_BACKOFF_MS, SharePartition, SnapshotRecord, check_config, ranges, split_batches
+from .share_state import (ARCHIVE, DEFAULT_BACKOFF_MS, SharePartition, SnapshotRecord, check_config, encode_snapshots, ranges,
+                          split_batches)
 
 log = logging.getLogger("tailrace.router")
 
@@ -59,6 +59,22 @@ LATEST = 1 << 62  # a read there is out of range, and the error names the log's 
 _error_reply = P.decoder(P.ErrorReply)
 _snapshot = P.decoder(SnapshotRecord)
 _DECODE = {S.ShareFetchRequest: P.decoder(S.ShareFetchRequest), S.AlterShareGroupRequest: P.decoder(S.AlterShareGroupRequest)}
+
+
+def _tid(entry) -> int:
+    """A topic's id as share state keeps it: the cluster's for a cluster topic (the same on
+    every broker), else this broker's catalog id."""
+    return entry.cluster_id or entry.topic_id
+
+
+def _same_topic(sp: SharePartition, entry) -> bool:
+    """Whether share state is of the topic as it is now, not of one deleted and made again under
+    its name. State begun under this broker's own id, before the cluster's id for the topic
+    reached the catalog (the controller makes a topic a moment before its watch brings the id),
+    takes the cluster's."""
+    if entry.cluster_id and sp.topic_id == entry.topic_id:
+        sp.topic_id = entry.cluster_id
+    return not sp.topic_id or sp.topic_id == _tid(entry)
 
 
 @dataclass
@@ -93,6 +109,7 @@ class ShareGroup:
         self.delivered = 0
         self.awaiting: list = []  # (request, reply frames) answered once the next write is durable
         self.config_written_at = 0.0
+        self.config_version = 0  # the settings' count of writes (a cluster keeps the highest)
         self.refresh_settings()
 
     def settings(self) -> dict[str, str]:
@@ -143,15 +160,33 @@ class ShareCoordinator:
         self.parked: list[Waiter] = []
         self.write_due: dict[str, ShareGroup] = {}  # groups with requests waiting for a write (``flush``)
         self.loaded = ctx.catalog.get(SHARE_STATE_TOPIC) is None
+        self.cl = None  # --cluster: router/share_cluster.py ShareCluster
         self.back = ReadBack(SHARE_STATE_TOPIC, ctx.next_internal_id, ctx.send_internal)  # at start (router/readback.py)
+
+    def attach_cluster(self, agent, peers, mirror) -> None:
+        from .share_cluster import ShareCluster  # a cluster only
+
+        self.ctx.cluster = agent
+        self.cl = ShareCluster(self, agent, peers, mirror)
+
+    def _leads(self, topic: str, partition: int) -> bool:
+        return self.cl is None or self.cl.leads(topic, partition)
+
+    def _topic(self, name: str):
+        e = self.ctx.catalog.get(name)
+        if e is None and self.cl is not None and name in self.cl.agent.topics:
+            e = self.cl.mirror(name)  # a cluster topic this broker's view has and its catalog not yet
+        return e
 
     # --- serving ---------------------------------------------------------------------------
     def serve(self, req) -> None:
-        if self.ctx.cluster is not None:
-            return req.reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply("share groups run on a single broker for now (not with --cluster)"))
-        if not self.loaded:
-            return req.reply(P.ErrorCode.NOT_READY, P.ErrorReply("the share coordinator is reading its state back"))
         op = req.op
+        if op == P.Op.SHARE_STATE_COPY:
+            if self.cl is None:
+                return req.reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply("SHARE_STATE_COPY is between a cluster's brokers"))
+            return self.cl.serve_copy(req)
+        if not self.loaded or (self.cl is not None and not self.cl.pulled):
+            return req.reply(P.ErrorCode.NOT_READY, P.ErrorReply("the share coordinator is reading its state back"))
         if op == P.Op.LIST_SHARE_GROUPS:
             return req.reply(P.ErrorCode.OK, S.ListShareGroupsReply(sorted(self.groups)))
         if op == P.Op.DESCRIBE_SHARE_GROUP:
@@ -174,7 +209,7 @@ class ShareCoordinator:
         if not body.member_id or body.max_records < 1 or body.max_bytes < 1 or body.max_wait_ms < 0:
             return req.reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply("member_id, max_records >= 1, max_bytes >= 1 and max_wait_ms >= 0 are needed"))
         for t in body.topics:
-            if self.ctx.catalog.get(t) is None or t.startswith("__"):
+            if t.startswith("__") or self._topic(t) is None:
                 return req.reply(P.ErrorCode.UNKNOWN_TOPIC, P.ErrorReply(f"topic {t!r} does not exist"))
             acls = self.ctx.acls
             if acls is not None and req.principal is not None and not acls.allows(req.principal, "consume", t):
@@ -207,6 +242,10 @@ class ShareCoordinator:
             return out(P.ErrorCode.UNKNOWN_TOPIC, f"topic {a.topic!r} does not exist")
         if not 0 <= a.partition < t.partitions:
             return out(P.ErrorCode.UNKNOWN_PARTITION, f"topic {a.topic!r} has {t.partitions} partitions")
+        if not self._leads(a.topic, a.partition):
+            ep = self.cl.leader_endpoint(a.topic, a.partition)
+            return out(P.ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{a.topic}/{a.partition} is led by {ep or 'no broker now'}: "
+                       "acknowledge there (its records were acquired from its leader)")
         if a.type not in (S.ACCEPT, S.RELEASE, S.REJECT) or a.last < a.first:
             return out(P.ErrorCode.INVALID_REQUEST, f"type {a.type} (1 accept, 2 release, 3 reject), range {a.first}..{a.last}")
         sp = g.parts.get((a.topic, a.partition))
@@ -219,15 +258,16 @@ class ShareCoordinator:
 
     def _try(self, w: Waiter, now: float) -> None:
         g, m, body = w.group, w.member, w.body
-        keys = [(t, p, e.topic_id) for t in m.topics if (e := self.ctx.catalog.get(t)) is not None for p in range(e.partitions)]
+        keys = [(t, p, e) for t in m.topics if (e := self.ctx.catalog.get(t)) is not None
+                for p in range(e.partitions) if self._leads(t, p)]
         if keys:
             g.rotor = (g.rotor + 1) % len(keys)
             keys = keys[g.rotor:] + keys[: g.rotor]
         results, n, nbytes = [], body.max_records, 0
-        for t, p, topic_id in keys:
+        for t, p, e in keys:
             sp = g.parts.get((t, p))
-            if sp is None or (sp.topic_id and sp.topic_id != topic_id):  # new, or its topic was made again
-                sp = g.parts[(t, p)] = SharePartition(t, p, -1, topic_id)
+            if sp is None or not _same_topic(sp, e):  # new, or its topic was made again
+                sp = g.parts[(t, p)] = SharePartition(t, p, -1, _tid(e))
             if sp.start < 0:
                 self._read(g, sp)
                 continue
@@ -312,7 +352,7 @@ class ShareCoordinator:
         if code == P.ErrorCode.OK:
             batches = split_batches(frames[2]) if len(frames) > 2 else []
             if sp.start < 0:
-                sp.__init__(sp.topic, sp.partition, offset, sp.topic_id)
+                sp.restart(offset)
             if batches and batches[-1][1] > sp.buf_end:
                 sp.add_batches(batches)
         elif code == P.ErrorCode.OFFSET_OUT_OF_RANGE:
@@ -322,7 +362,7 @@ class ShareCoordinator:
                     log.warning("share group %s: %s/%d ends at %d, below the %d read: started again", g.name, sp.topic,
                                 sp.partition, err.high_watermark, sp.buf_end)
                 start = err.log_start_offset if g.earliest or err.high_watermark < 0 else err.high_watermark
-                sp.__init__(sp.topic, sp.partition, max(start, 0), sp.topic_id)
+                sp.restart(max(start, 0))
                 sp.dirty = True
             elif err.log_start_offset > sp.buf_end:
                 sp.skip_to(err.log_start_offset)  # retention took records never done: archived
@@ -331,7 +371,7 @@ class ShareCoordinator:
     # --- dead letters ----------------------------------------------------------------------------
     def _dead_letters(self, g: ShareGroup) -> None:
         for sp in g.parts.values():
-            if sp.dlq_busy or sp.start < 0:
+            if sp.dlq_busy or sp.start < 0 or not self._leads(sp.topic, sp.partition):
                 continue
             offs = sp.dead(DLQ_CHUNK)
             if not len(offs):
@@ -339,65 +379,73 @@ class ShareCoordinator:
             if not g.dlq:
                 sp.archive(offs)
                 continue
-            if self.ctx.catalog.get(g.dlq) is None and self.ctx.make_internal_topic(g.dlq, 1, {}) is None:
+            if self.cl is not None:
+                if not self.cl.dlq_ready(g.dlq):
+                    return
+            elif self.ctx.catalog.get(g.dlq) is None and self.ctx.make_internal_topic(g.dlq, 1, {}) is None:
                 return
-            batch = self._dead_batch(g, sp, offs)
+            batch = sp.dead_batch(g.name, offs)
             rid = self.ctx.next_internal_id()
             sp.dlq_busy = True
             self.pending[rid] = ["dlq", time.monotonic(), g, sp, offs, batch, 1]
             self._send_produce(g.dlq, rid, batch)
 
-    @staticmethod
-    def _dead_batch(g: ShareGroup, sp: SharePartition, offs: np.ndarray) -> bytes:
-        """The dead records as one batch: their keys, values and headers, and where they came from
-        (one step per dead record: a dead letter is the exception, not the stream)."""
-        want = set(offs.tolist())
-        values, keys, headers = [], [], []
-        for v in iter_batches(b"".join(sp.body_for(offs))):
-            hs = v.headers.lists() if v.headers is not None else None
-            for i in range(v.record_count):
-                o = v.base_offset + i
-                if o not in want:
-                    continue
-                want.discard(o)
-                values.append(v.value(i))
-                keys.append(v.key(i))
-                idx = o - sp.start
-                prov = [(S.DLQ_TOPIC, sp.topic.encode()), (S.DLQ_PARTITION, str(sp.partition).encode()),
-                        (S.DLQ_OFFSET, str(o).encode()), (S.DLQ_COUNT, str(int(sp.count[idx])).encode()),
-                        (S.DLQ_GROUP, g.name.encode())]
-                if o in sp.errors:
-                    prov.append((S.DLQ_ERROR, sp.errors[o].encode()))
-                headers.append(list(hs[i] if hs else ()) + prov)
-        keyless = all(k is None for k in keys)
-        return R.encode_batch(values, None if keyless else [k or b"" for k in keys], headers=headers)
-
     def _send_produce(self, topic: str, rid: int, batch: bytes) -> bool:
         t = topic.encode()
-        header = P.encode(P.ProduceRequest(acks=P.Acks.DURABLE))
-        return self.ctx.send_internal(t, 0, [P.pack_routing(P.Op.PRODUCE, 0, rid, t), header, batch])
+        frames = [P.pack_routing(P.Op.PRODUCE, 0, rid, t), P.encode(P.ProduceRequest(acks=P.Acks.DURABLE)), batch]
+        if not self._leads(topic, 0):  # a cluster's dead-letter topic led by another broker
+            return self.cl.send(topic, 0, frames, rid)
+        return self.ctx.send_internal(t, 0, frames)
 
     # --- writing the state -----------------------------------------------------------------------
     def _write(self, g: ShareGroup, done, config: bool = False) -> None:
         """Write every changed share partition of ``g`` (and its settings with ``config``) to
         ``__share_group_state``; ``done(code, why)`` once it is durable."""
-        if self.ctx.catalog.get(SHARE_STATE_TOPIC) is None and self.ctx.make_internal_topic(
-                SHARE_STATE_TOPIC, 1, {"retention.ms": int(KEEP_S * 1000)}) is None:
-            return done(P.ErrorCode.NOT_READY, "the share state topic cannot be made (shared-memory budget or slots)")
         now = time.monotonic()
-        changed = [sp for sp in g.parts.values() if sp.dirty and sp.start >= 0]
+        changed = [sp for sp in g.parts.values() if sp.dirty and sp.start >= 0 and self._leads(sp.topic, sp.partition)]
+        for sp in changed:
+            sp.version += 1
+            sp.epoch = -1 if self.cl is None else self.cl.epoch(sp.topic, sp.partition)
         recs = [sp.snapshot(g.name) for sp in changed]
         if config or not recs:
-            recs.append(SnapshotRecord(g.name, "", -1, 0, 0, config=dict(g.config)))
+            g.config_version += 1
+            recs.append(SnapshotRecord(g.name, "", -1, 0, 0, config=dict(g.config), version=g.config_version))
             g.config_written_at = now
         for sp in changed:
             sp.dirty, sp.written_at = False, now
-        values = [P.encode(r) for r in recs]
-        keys = [f"{r.group}\0{r.topic}\0{r.partition}".encode() for r in recs]
-        batch = R.encode_batch(values, keys, compression=codecs.ZSTD)
+        batch = encode_snapshots(recs)
+        if self.cl is not None:  # answered once the other brokers have the copy too
+            local_done = done
+            done = lambda code, why: (self.cl.copy_out(batch, local_done)  # noqa: E731
+                                      if code == P.ErrorCode.OK else local_done(code, why))
+        self.store(batch, done, g, changed)
+
+    def store(self, batch: bytes, done, g: ShareGroup | None = None, changed: list = ()) -> None:
+        """Append a batch of snapshot records to ``__share_group_state``; ``done(code, why)``."""
+        if self.ctx.catalog.get(SHARE_STATE_TOPIC) is None and self.ctx.make_internal_topic(
+                SHARE_STATE_TOPIC, 1, {"retention.ms": int(KEEP_S * 1000)}) is None:
+            return done(P.ErrorCode.NOT_READY, "the share state topic cannot be made (shared-memory budget or slots)")
         rid = self.ctx.next_internal_id()
-        self.pending[rid] = ["write", now, g, changed, done, batch, 1]
+        self.pending[rid] = ["write", time.monotonic(), g, list(changed), done, batch, 1]
         self._send_produce(SHARE_STATE_TOPIC, rid, batch)
+
+    def take(self, rec: SnapshotRecord, copy: bool = False) -> bool:
+        """Hold a snapshot record (read back, or a copy) unless what is held is newer."""
+        g = self.group(rec.group)
+        if rec.config is not None:
+            if rec.version < g.config_version:
+                return False
+            g.config, g.config_version = dict(rec.config), rec.version
+            g.refresh_settings()
+            return True
+        key = (rec.topic, rec.partition)
+        sp = g.parts.get(key)
+        if copy and self.cl.leads_managed(rec.topic, rec.partition):
+            return False
+        if sp is not None and sp.topic_id == rec.topic_id and (sp.epoch, sp.version) > (rec.epoch, rec.version):
+            return False
+        g.parts[key] = SharePartition.restore(rec)
+        return True
 
     def on_reply(self, rid: int, op: int, code: int, frames: list) -> bool:
         """An owner's reply to a request of ours (False: not ours)."""
@@ -439,6 +487,8 @@ class ShareCoordinator:
             if self.back.due(now):
                 self.back.step()
             return
+        if self.cl is not None:
+            self.cl.tick(now)
         for rid, item in list(self.pending.items()):
             if now - item[1] <= RETRY_S:
                 continue
@@ -455,7 +505,7 @@ class ShareCoordinator:
         for g in self.groups.values():
             for key, sp in list(g.parts.items()):  # a topic deleted (or made again: a new id) takes its state with it
                 e = self.ctx.catalog.get(key[0])
-                if e is None or key[1] >= e.partitions or (sp.topic_id and e.topic_id != sp.topic_id):
+                if e is None or key[1] >= e.partitions or not _same_topic(sp, e):
                     del g.parts[key]
             for m in [m for m in g.members.values() if now - m.last_seen > g.session_s]:
                 log.info("share group %s: member %s left (silent for %.0f s): its records go back", g.name, m.id, g.session_s)
@@ -463,6 +513,8 @@ class ShareCoordinator:
                     woke |= bool(sp.release_member(m.index, now, g.limit))
                 del g.members[m.id]
             for sp in g.parts.values():
+                if self.cl is not None and not self.cl.leads(sp.topic, sp.partition):
+                    continue  # another broker's: a copy, kept as it was sent
                 woke |= bool(sp.expire(now, g.limit))
                 if not sp.dirty and sp.start >= 0 and now - sp.written_at > REFRESH_S:
                     sp.dirty = True
@@ -482,7 +534,7 @@ class ShareCoordinator:
             counters["share_dead_letters"][g.name] = sum(sp.dead_total for sp in g.parts.values())
             for (t, p), sp in g.parts.items():
                 e = self.ctx.catalog.get(t)
-                if e is None or p >= e.partitions or sp.start < 0:
+                if e is None or p >= e.partitions or sp.start < 0 or not self._leads(t, p):
                     continue
                 key = f"{e.slots[p]}|{g.name}"
                 c = sp.counts_by_state()
@@ -498,13 +550,13 @@ class ShareCoordinator:
                    for m in g.members.values()]
         parts = []
         for (t, p), sp in sorted(g.parts.items()):
-            if sp.start < 0:
+            if sp.start < 0 or not self._leads(t, p):
                 continue
             c = sp.counts_by_state()
             live = sp.end - sp.start - c.get(S.ACKNOWLEDGED, 0) - c.get(S.ARCHIVED, 0)
             parts.append(S.SharePartitionInfo(t, p, sp.start, sp.end, live, c.get(S.ACQUIRED, 0), c.get(S.AVAILABLE, 0),
                                               sp.histogram(), sp.dead_total))
-        return S.ShareGroupInfo(g.name, g.settings(), members, parts, g.dlq)
+        return S.ShareGroupInfo(g.name, g.settings(), members, parts, g.dlq, [] if self.cl is None else self.cl.others())
 
     def _alter(self, req, body: S.AlterShareGroupRequest) -> None:
         for k, v in body.config.items():
@@ -535,12 +587,7 @@ class ShareCoordinator:
                     except (msgspec.DecodeError, msgspec.ValidationError):
                         log.warning("%s offset %d is not a share state record: skipped", SHARE_STATE_TOPIC, v.base_offset + i)
                         continue
-                    g = self.group(rec.group)
-                    if rec.config is not None:
-                        g.config = dict(rec.config)
-                        g.refresh_settings()
-                    else:
-                        g.parts[(rec.topic, rec.partition)] = SharePartition.restore(rec)
+                    self.take(rec)
         if self.back.advance():
             self.loaded = True
             log.info("share coordinator ready: %d share groups read back up to offset %d", len(self.groups), self.back.offset)

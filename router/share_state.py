@@ -21,15 +21,21 @@ starts at ``start`` and the coordinator reads the window again before it serves 
 
 from __future__ import annotations
 
+import logging
 import time
 
 import msgspec
 import numpy as np
 
+from tailrace.client import codecs
 from tailrace.client import protocol as P
 from tailrace.client import records as R
+from tailrace.client import share_protocol as S
+from tailrace.client.views import iter_batches
 from tailrace.client.share_protocol import (ACCEPT, ACKNOWLEDGED, ACQUIRED, ARCHIVED, AVAILABLE, DEAD, RELEASE,
                                             AcquiredRange)
+
+log = logging.getLogger("tailrace.router")
 
 # RocketMQ's 18 retry levels: a RELEASE without a delay waits the level of the record's delivery count
 DEFAULT_BACKOFF_MS = "1000,5000,10000,30000,60000,120000,180000,240000,300000,360000,420000,480000,540000,600000,1200000,1800000,3600000,7200000"
@@ -95,12 +101,34 @@ class SnapshotRecord(msgspec.Struct, omit_defaults=True):
     errors: dict[int, str] = {}
     config: dict[str, str] | None = None  # a group's settings record (topic ""), in place of a partition
     deleted: bool = False
-    topic_id: int = 0  # the topic's catalog id: a topic deleted and made again under its name starts afresh
+    topic_id: int = 0  # the topic's id (a cluster's, in a cluster): a topic deleted and made again starts afresh
+    version: int = 0  # the share partition's (or the group's settings') count of writes: a cluster keeps the highest
+    epoch: int = -1  # the partition's leader epoch when written (a cluster): a newer leader's records win
+
+
+_SNAPSHOT = P.decoder(SnapshotRecord)
+
+
+def encode_snapshots(recs: list[SnapshotRecord]) -> bytes:
+    if not recs:
+        return b""
+    keys = [f"{r.group}\0{r.topic}\0{r.partition}".encode() for r in recs]
+    return R.encode_batch([P.encode(r) for r in recs], keys, compression=codecs.ZSTD)
+
+
+def snapshot_records(batch: bytes):
+    """The snapshot records of a batch of them (a copy from another broker); others skipped."""
+    for v in iter_batches(batch):
+        for i in range(v.record_count):  # a few per group and partition: one step each
+            try:
+                yield _SNAPSHOT.decode(v.value(i))
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                log.warning("a share state copy holds a record that is not a snapshot: skipped")
 
 
 class SharePartition:
     __slots__ = ("topic_id", "topic", "partition", "start", "end", "state", "count", "until", "owner", "errors", "batches",
-                 "buf_end", "fetching", "dirty", "dead_total", "redelivered", "written_at", "dlq_busy")
+                 "buf_end", "fetching", "dirty", "dead_total", "redelivered", "written_at", "dlq_busy", "version", "epoch")
 
     def __init__(self, topic: str, partition: int, start: int, topic_id: int = 0):
         self.topic, self.partition, self.topic_id = topic, partition, topic_id
@@ -117,6 +145,14 @@ class SharePartition:
         self.redelivered = 0
         self.written_at = 0.0
         self.dlq_busy = False
+        self.version, self.epoch = 0, -1  # writes of its snapshot, and the leader epoch of the last (SnapshotRecord)
+
+    def restart(self, start: int) -> None:
+        """Start the window again at ``start`` (a new share partition's first read; the log
+        behind what was read), keeping the count of writes."""
+        version, epoch = self.version, self.epoch
+        self.__init__(self.topic, self.partition, start, self.topic_id)
+        self.version, self.epoch = version, epoch
 
     # --- the bytes ---------------------------------------------------------------------------
     def add_batches(self, batches: list[tuple[int, int, bytes]]) -> None:
@@ -288,13 +324,38 @@ class SharePartition:
         live = ~_DONE[self.state]
         return np.bincount(self.count[live]).tolist() if live.any() else []
 
+    def dead_batch(self, group: str, offs: np.ndarray) -> bytes:
+        """The dead records as one batch: their keys, values and headers, and where they came from
+        (one step per dead record: a dead letter is the exception, not the stream)."""
+        want = set(offs.tolist())
+        values, keys, headers = [], [], []
+        for v in iter_batches(b"".join(self.body_for(offs))):
+            hs = v.headers.lists() if v.headers is not None else None
+            for i in range(v.record_count):
+                o = v.base_offset + i
+                if o not in want:
+                    continue
+                want.discard(o)
+                values.append(v.value(i))
+                keys.append(v.key(i))
+                idx = o - self.start
+                prov = [(S.DLQ_TOPIC, self.topic.encode()), (S.DLQ_PARTITION, str(self.partition).encode()),
+                        (S.DLQ_OFFSET, str(o).encode()), (S.DLQ_COUNT, str(int(self.count[idx])).encode()),
+                        (S.DLQ_GROUP, group.encode())]
+                if o in self.errors:
+                    prov.append((S.DLQ_ERROR, self.errors[o].encode()))
+                headers.append(list(hs[i] if hs else ()) + prov)
+        keyless = all(k is None for k in keys)
+        return R.encode_batch(values, None if keyless else [k or b"" for k in keys], headers=headers)
+
     def snapshot(self, group: str) -> SnapshotRecord:
         states = np.where(self.state == ACQUIRED, AVAILABLE, self.state).astype(np.uint8)
         wall = time.time() - time.monotonic()
         later = np.flatnonzero((self.state == AVAILABLE) & (self.until > 0))
         delayed = [(o, int((u + wall) * 1000)) for o, u in zip((later + self.start).tolist(), self.until[later].tolist())]
         return SnapshotRecord(group, self.topic, self.partition, self.start, self.end, states.tobytes(),
-                              self.count.astype("<u2").tobytes(), delayed, dict(self.errors), topic_id=self.topic_id)
+                              self.count.astype("<u2").tobytes(), delayed, dict(self.errors), topic_id=self.topic_id,
+                              version=self.version, epoch=self.epoch)
 
     @classmethod
     def restore(cls, rec: SnapshotRecord) -> "SharePartition":
@@ -310,6 +371,7 @@ class SharePartition:
             if rec.start <= offset < rec.end:
                 sp.until[offset - rec.start] = due_ms / 1000 - wall
         sp.errors = {int(o): e for o, e in rec.errors.items()}
+        sp.version, sp.epoch = rec.version, rec.epoch
         return sp
 
 

@@ -142,11 +142,7 @@ class Timer:
         if agent is None or not agent.managed(topic) or agent.leads(topic, partition):
             self.ctx.send_internal(topic, partition, frames)
             return
-        a = agent.assignment(topic, partition)
-        endpoint = agent.endpoint_of(a.leader) if a is not None and a.leader in agent.brokers else ""
-        if endpoint:
-            self.peers.send(endpoint, frames, rid, lambda _ep, reply: reply and self.on_reply(
-                rid, P.Op.PRODUCE, P.unpack_routing(reply[0])[2], reply))
+        self.peers.to_leader(agent, topic, partition, frames, rid, lambda code, reply: self.on_reply(rid, P.Op.PRODUCE, code, reply))
 
     def _index(self, due: int, offset: int) -> None:
         self.new.append((due, offset))
