@@ -19,8 +19,11 @@ from tailrace.broker.auth import generate_keys
 from tailrace.broker.quota import read_quotas
 from tailrace.client.admin import Admin
 from tailrace.client.consumer import Consumer
-from tailrace.client.errors import AuthenticationFailedError, BrokerUnavailableError, NotAuthorizedError
+from tailrace.client import protocol as P
+from tailrace.client import share_protocol as S
+from tailrace.client.errors import AuthenticationFailedError, BrokerUnavailableError, NotAuthorizedError, NotReadyError
 from tailrace.client.producer import Producer
+from tailrace.client.share import ShareConsumer
 from tailrace.cluster.errors import ClusterKeyMismatch
 
 from .conftest import wait_until
@@ -50,8 +53,9 @@ def test_one_allow_list_acls_and_quotas_for_every_broker_from_etcd(make_cluster,
     tailrace(c, "acl", "add", "admin", "--topic", "*", "--ops", "create,describe,admin,alter,delete,produce,consume,group")
     tailrace(c, "acl", "add", "alice", "--prefix", "a", "--ops", "produce,consume")
     tailrace(c, "acl", "add", "alice", "--topic", "g1", "--ops", "group")
+    tailrace(c, "acl", "add", "alice", "--topic", "s1", "--ops", "share")
     for b in c.brokers:  # each broker mirrored the cluster's rules into its own data directory
-        assert wait_until(lambda: len(read_rules(str(b.data_dir))) == 3, 10), b.data_dir
+        assert wait_until(lambda: len(read_rules(str(b.data_dir))) == 4, 10), b.data_dir
     time.sleep(1.0)  # and its router and workers re-read them within a heartbeat (0.5 s)
     with Admin(c.bootstrap(1), **admin) as a:
         a.create_topic("a1", 6)
@@ -83,11 +87,32 @@ def test_one_allow_list_acls_and_quotas_for_every_broker_from_etcd(make_cluster,
     logs = [(b.data_dir / "logs" / "router.log").read_text() for b in c.brokers]
     assert not any("was not stored by" in t or "copy not confirmed" in t for t in logs), "a group copy was refused"
 
+    # a share group across brokers: alice's member, given broker 1, takes records from all three
+    # leaders; each leader copies its share state to the other two, who take it from "broker/<id>"
+    def altered():
+        with Admin(c.bootstrap(1), **alice) as a:
+            try:
+                return a.alter_share_group("s1", {"share.auto.offset.reset": "earliest"})
+            except NotReadyError:  # a moment after a start: each broker pulls the others' share state first
+                return None
+    assert wait_until(altered, 10, 0.2)
+    with ShareConsumer(c.bootstrap(1), group="s1", topics="a1", timeout_ms=5000, **alice) as sc:
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < 600 and time.monotonic() < deadline:
+            records = sc.poll(300)
+            sc.acknowledge(records)
+            got += records
+        assert len({r.value for r in got}) == 600 and {r.partition for r in got} == set(range(6))
+        assert not sc.commit_sync() and not sc.failed
+    logs = [(b.data_dir / "logs" / "router.log").read_text() for b in c.brokers]
+    assert not any("share state copy not stored" in t for t in logs), "a share state copy was refused"
+
     # rules in etcd that cannot be read leave the last mirrored ones in force (fail static)
     good = c.etcd.get(c.keys.acls).value
     c.etcd.put(c.keys.acls, b"{not json")
     assert wait_until(lambda: all("cannot be read" in (b.data_dir / "logs" / "router.log").read_text() for b in c.brokers), 10)
-    assert all(len(read_rules(str(b.data_dir))) == 3 for b in c.brokers)
+    assert all(len(read_rules(str(b.data_dir))) == 4 for b in c.brokers)
     c.etcd.put(c.keys.acls, good)
 
     # a key the cluster does not know gets into no broker
@@ -121,7 +146,7 @@ def test_one_allow_list_acls_and_quotas_for_every_broker_from_etcd(make_cluster,
 
     # the brokers' own forms of the group ops are refused to a client: a forged copy with a high
     # version would shadow the real ones, and the copies of every group are not a client's to read
-    from tailrace.client import protocol as P
+    # (nor the share state: SHARE_STATE_COPY, even for a key that may administer)
     from tailrace.client.connection import Connection
     from tailrace.client.security import curve_keys
     conn = Connection(c.bootstrap(0), keys=curve_keys(**admin))
@@ -131,6 +156,8 @@ def test_one_allow_list_acls_and_quotas_for_every_broker_from_etcd(make_cluster,
             conn.request(P.Op.OFFSET_COMMIT, "g1", header=forged)
         with pytest.raises(NotAuthorizedError, match="brokers"):
             conn.request(P.Op.LIST_GROUPS, "", header=P.encode(P.ListGroupsRequest(replicas=True)))
+        with pytest.raises(NotAuthorizedError, match="brokers"):
+            conn.request(P.Op.SHARE_STATE_COPY, "", header=P.encode(S.ShareStateCopy(pull=True)))
     finally:
         conn.close()
     with Admin(c.bootstrap(1), **admin) as a:
