@@ -122,6 +122,11 @@ def main(argv=None) -> int:
         if time.time() * 1000 > first:
             out["warning"] = "the first records were due before the restart ended: raise --after-s"
         out.update(drain(b, args.records, first + spread))
+        time.sleep(2)  # the last done records and the floor written (a heartbeat or two)
+        b.stop()
+        b.start()  # again, everything delivered: a start reads from the floor, not the whole topic
+        out["timer_ready_after_drained_restart_s"] = round(timer_ready_s(b), 2)
+        out["drained_restart_read_back"] = (b.data_dir / "logs" / "router.log").read_text().rsplit("timer ready: ", 1)[-1].splitlines()[0]
     finally:
         b.stop()
         b.cleanup_shm()

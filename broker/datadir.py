@@ -59,6 +59,7 @@ from .lifetime import die_with_parent, holders, in_use_message, pdeathsig_preexe
 #     workers.json                     {"workers": n}: the count last set
 #     router.json                      {"generation": g}: bumped at every router start (epochs)
 #     cluster.json                     with --cluster: {"cluster", "etcd_cluster_id"} of its first join
+#     timer_floor                      where a start reads __delayed_records from (router/timer.py)
 #     journal/<20-digit position>.log  the journal segments (persistence/journal.py)
 #     journal/checkpoint               where recovery may start (persistence/recovery.py)
 #     journal/log_starts.json          each partition's log start offset (persistence/retention.py)
@@ -93,6 +94,7 @@ INSTANCE_FILE = "instance.json"
 CATALOG_FILE = "topics.json"
 WORKERS_FILE = "workers.json"
 ROUTER_FILE = "router.json"
+TIMER_FLOOR_FILE = "timer_floor"  # the router's timer: where a start reads __delayed_records from (router/timer.py)
 CLUSTER_FILE = "cluster.json"
 JOURNAL_DIR = "journal"
 SEGMENT_SUFFIX = ".log"

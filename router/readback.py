@@ -45,7 +45,10 @@ class ReadBack:
         None (nothing to apply: the step was asked again, or the tick will ask it again). After
         applying it, call ``advance``."""
         if code == P.ErrorCode.OFFSET_OUT_OF_RANGE:  # retention moved the log start: on from there
-            self.offset = max(self.offset, _error_reply.decode(frames[1]).log_start_offset)
+            err = _error_reply.decode(frames[1])
+            if 0 <= err.high_watermark < self.offset:  # a start offset past the log (its owner's note is newer): all of it
+                self.offset = 0
+            self.offset = max(self.offset, err.log_start_offset)
             self.step()
             return None
         if code != P.ErrorCode.OK:

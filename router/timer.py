@@ -14,7 +14,10 @@ Every router loop (~0.1 s) takes what is due, reads those envelopes back (runs o
 in one read), and appends each batch to its partition with ``acks=durable``; a delivered
 envelope's offset goes into a *done* record (``DONE``, values: int64 offsets), written every
 heartbeat. A restart reads the topic back (vectorised: keys and values as columns) and indexes
-every envelope that has no done record. A batch is appended at least once: a crash between its
+every envelope that has no done record. It reads from the *floor*, not the log start: the lowest
+offset of an envelope not yet noted done durably (or the topic's end when none is), which the
+timer writes to ``TIMER_FLOOR_FILE`` every heartbeat it moves (``_floor``): what was delivered
+before it is not read again. A floor file older than the topic only makes the read longer. A batch is appended at least once: a crash between its
 append and its done record appends it again. Its records keep their create times; their offsets
 are the partition's at delivery.
 
@@ -27,6 +30,7 @@ leader: its own worker, or another broker's router over the peer link (``_send``
 from __future__ import annotations
 
 import logging
+import os
 import struct
 import time
 from dataclasses import dataclass
@@ -34,6 +38,7 @@ from typing import Callable
 
 import numpy as np
 
+from tailrace.broker import datadir
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import DELAY_TOPIC, INTERNAL_TOPICS, Catalog
 from tailrace.client import protocol as P
@@ -83,6 +88,10 @@ class Timer:
         self.delivering: set[int] = set()
         self.loaded = ctx.catalog.get(DELAY_TOPIC) is None
         self.back = ReadBack(DELAY_TOPIC, ctx.next_internal_id, ctx.send_internal)  # at start (router/readback.py)
+        self.floor_path = os.path.join(ctx.s.data_dir, datadir.TIMER_FLOOR_FILE)
+        self.back.offset = self.floor_at_start = 0 if self.loaded else _read_floor(self.floor_path)
+        self.top = 0  # the topic's end as last seen (a reply's offset + 1): the floor when nothing waits
+        self.floor_written = -1
         self.seen_done: list[np.ndarray] = []  # while loading
         self.seen_env: list[tuple[np.ndarray, np.ndarray]] = []
         self.delivered = 0
@@ -239,7 +248,9 @@ class Timer:
         if kind == "wrap":
             _k, _s, _t, _batch, req, due, count = item
             if code == P.ErrorCode.OK:
-                self._index(due, _produce_reply.decode(frames[1]).base_offset)
+                base = _produce_reply.decode(frames[1]).base_offset
+                self._index(due, base)
+                self.top = max(self.top, base + 1)
                 req.reply(P.ErrorCode.OK, DelayedProduceReply(count, due))
             else:
                 req.reply(code, P.ErrorReply(f"delayed batch not stored: {why}"))
@@ -247,6 +258,11 @@ class Timer:
             if code != P.ErrorCode.OK:
                 log.error("timer: delayed batch for %s/%d dropped: %s %s", item[4], item[5], P.ErrorCode(code).name, why)
             self._delivered([item[3]])
+        elif kind == "done":
+            if code == P.ErrorCode.OK:
+                self.top = max(self.top, _produce_reply.decode(frames[1]).base_offset + 1)
+            else:
+                self.done.extend(item[3])  # noted again at the next heartbeat
         return True
 
     def tick(self, now: float) -> None:
@@ -277,6 +293,24 @@ class Timer:
             rid = self.ctx.next_internal_id()
             self.pending[rid] = ["done", time.monotonic(), 1, offs]
             self._send(DELAY_TOPIC.encode(), 0, rid, R.encode_batch([np.asarray(offs, "<i8").tobytes()], [DONE]))
+        floor = self._floor()
+        if floor != self.floor_written:
+            datadir.write_atomic(self.floor_path, b"%d" % floor, sync=False)  # old or new after a crash: both safe
+            self.floor_written = floor
+
+    def _floor(self) -> int:
+        """The lowest offset of an envelope not yet noted done durably: indexed, being delivered,
+        delivered but its done record not yet stored; the topic's end when there is none."""
+        lows = [self.top]
+        if len(self.offs):
+            lows.append(int(self.offs.min()))
+        lows.extend(o for _d, o in self.new)  # a few thousand at most (MERGE)
+        if self.delivering:
+            lows.append(min(self.delivering))
+        if self.done:
+            lows.append(min(self.done))
+        lows.extend(min(item[3]) for item in self.pending.values() if item[0] == "done")
+        return min(lows)
 
     def on_reply_timeout(self, item: list) -> None:
         if item[0] == "wrap":
@@ -310,5 +344,16 @@ class Timer:
         order = np.argsort(due[keep], kind="stable")
         self.due, self.offs = due[keep][order], offs[keep][order]
         self.seen_env, self.seen_done = [], []
+        self.top = max(self.top, self.back.offset)
         self.loaded = True
-        log.info("timer ready: %d delayed batches waiting, read back up to offset %d", len(self.due), self.back.offset)
+        log.info("timer ready: %d delayed batches waiting, read back from offset %d up to offset %d", len(self.due),
+                 self.floor_at_start, self.back.offset)
+
+
+def _read_floor(path: str) -> int:
+    """Where a start reads the timer's topic from (0: from its log start)."""
+    try:
+        with open(path, "rb") as f:
+            return max(int(f.read().strip() or 0), 0)
+    except (OSError, ValueError):
+        return 0

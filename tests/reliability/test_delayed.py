@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tailrace.broker import datadir
 from tailrace.client import Admin, Consumer, Producer
 from tailrace.client.errors import InvalidRequestError, UnknownTopicError
 
@@ -98,9 +99,21 @@ def refused_and_nothing_kept(b) -> None:
 
 
 def test_delayed_records_survive_a_broker_killed_and_still_come_on_time(make_broker):
+    """Also: a start reads the timer's topic from its floor, past what was already delivered, and
+    delivers none of that again."""
     b = make_broker()
     with Admin(b.bootstrap) as a:
         a.create_topic("t", 2)
+        a.create_topic("early", 1)
+    with Producer(b.bootstrap) as p:  # delivered and noted done before the kill
+        for i in range(50):
+            p.send("early", b"e%d" % i, deliver_after_ms=100 + (i % 5) * 100)
+    assert len(drain(b.bootstrap, "early", 50, 10)) == 50
+    floor = b.data_dir / datadir.TIMER_FLOOR_FILE
+    deadline = time.monotonic() + 5
+    while not (floor.exists() and int(floor.read_text() or 0) >= 5) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert floor.exists() and int(floor.read_text()) >= 5, "the floor did not move past them"
     due = int(time.time() * 1000) + 9000
     with Producer(b.bootstrap) as p:
         for i in range(200):
@@ -114,3 +127,6 @@ def test_delayed_records_survive_a_broker_killed_and_still_come_on_time(make_bro
         "every delayed record once (its done record may be lost only with a kill after delivery)"
     late = check_on_time(got)
     assert max(late) < 1000, f"delivered up to {max(late)} ms after due"
+    assert sorted(v for _t, v in drain(b.bootstrap, "early", 51, 2)) == sorted(b"e%d" % i for i in range(50))
+    ready = (b.data_dir / "logs" / "router.log").read_text().rsplit("timer ready: ", 1)[1].splitlines()[0]
+    assert int(ready.split("read back from offset ")[1].split()[0]) >= 5, ready
