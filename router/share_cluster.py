@@ -23,6 +23,7 @@ import time
 
 from tailrace.broker.acl import is_broker
 from tailrace.client import protocol as P
+from tailrace.client import records as R
 from tailrace.client import share_protocol as S
 
 from .share_state import SnapshotRecord, encode_snapshots, snapshot_records
@@ -119,7 +120,11 @@ class ShareCluster:
         body = _copy.decode(req.frames[2])
         if body.pull:  # what this broker holds as it is, even while it pulls others' (the puller keeps the newest)
             return req.reply(P.ErrorCode.OK, S.ShareStateCopy(self.snapshot_batch()))
-        if not self.take_copies(body.records):
+        try:
+            kept = self.take_copies(body.records)
+        except R.BatchError as exc:
+            return req.reply(P.ErrorCode.MALFORMED, P.ErrorReply(f"share state copy: not a record batch: {exc}"))
+        if not kept:
             return req.reply(P.ErrorCode.OK, S.ShareStateCopy())
         self.coord.store(body.records, lambda code, why: req.reply(
             code, S.ShareStateCopy() if code == P.ErrorCode.OK else P.ErrorReply(f"share state copy not stored: {why}")))

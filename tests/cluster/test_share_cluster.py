@@ -17,6 +17,8 @@ import time
 import pytest
 
 from tailrace.aio import AsyncShareConsumer
+from tailrace.client import protocol as P
+from tailrace.client import share_protocol as S
 from tailrace.client.admin import Admin
 from tailrace.client.consumer import Consumer
 from tailrace.client.errors import NotReadyError
@@ -148,3 +150,7 @@ def test_share_group_across_leaders_survives_a_leader_killed_and_its_return(make
         info = a.describe_share_group("w")
     assert [p.partition for p in info.partitions] == [0, 1, 2]
     assert sum(p.in_flight for p in info.partitions) == 0 and sum(p.dead for p in info.partitions) == 1, info.partitions
+    with Admin(c.bootstrap(keep)) as a:  # a copy that is not a record batch: refused, and the broker serves on
+        r = a.conn.send(P.Op.SHARE_STATE_COPY, "", -1, P.encode(S.ShareStateCopy(b"x" * 200)))
+        assert a.conn.wait_for(r, 5000).code == P.ErrorCode.MALFORMED
+        assert a.describe_share_group("w").group == "w"
