@@ -17,9 +17,9 @@ heartbeat. A restart reads the topic back (vectorised: keys and values as column
 every envelope that has no done record. It reads from the *floor*, not the log start: the lowest
 offset of an envelope not yet noted done durably (or the topic's end when none is), which the
 timer writes to ``TIMER_FLOOR_FILE`` every heartbeat it moves (``_floor``): what was delivered
-before it is not read again. A floor file older than the topic only makes the read longer. A batch is appended at least once: a crash between its
-append and its done record appends it again. Its records keep their create times; their offsets
-are the partition's at delivery.
+before it is not read again. A floor file older than the topic only makes the read longer. A
+batch is appended at least once: a crash between its append and its done record appends it
+again. Its records keep their create times; their offsets are the partition's at delivery.
 
 The topic keeps records ``delay_max_ms`` plus a day: a delivery time further out is refused.
 
