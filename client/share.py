@@ -178,6 +178,7 @@ class ShareConsumer(Fanout):
     def subscribe(self, topics: Iterable[str] | str) -> None:
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         self._meta_at = -1.0
+
     # --- acknowledging ---------------------------------------------------------------------------
     def acknowledge(self, record, type: str | int = "accept", *, delay_ms: int | None = None, error: str = "") -> None:
         """Acknowledge one record (or a list of records of any partitions): ``accept``, ``release``
@@ -263,16 +264,15 @@ class ShareConsumer(Fanout):
             self.member_id, self.topics, acks, self.max_records, self.max_bytes, wait_ms))
         leg.due, leg.carried = time.monotonic() + (wait_ms + self.timeout_ms) / 1000, acks
 
-    def _acknowledge(self, leg: Leg, acks: list, leave: bool = False) -> int:
+    def _acknowledge(self, leg: Leg, acks: list, leave: bool = False) -> None:
         leg.conn.connected()
         rid = self._send(leg, P.Op.SHARE_ACKNOWLEDGE, S.ShareFetchRequest(self.member_id, acks=acks, leave=leave))
         leg.acking[rid] = acks
-        return rid
 
     def _answer(self, leg: Leg, r, acks: list):
-        """A share reply's (ShareFetchReply, body, refused acknowledgements). A refusal of the
-        whole request that may pass (NOT_READY while a broker starts, a lost connection in a
-        cluster) puts its acknowledgements back and counts as an empty answer."""
+        """A share reply's (ShareFetchReply, body, refused acknowledgements). In a cluster, a
+        refusal of the whole request that may pass (NOT_READY while a broker starts) puts its
+        acknowledgements back and counts as an empty answer."""
         try:
             r.raise_for_code()
         except TailraceError:
@@ -349,7 +349,7 @@ class ShareConsumer(Fanout):
         single broker: its one fetch, waited for as ``Connection.wait_for`` does (its timeout or
         a lost connection raises). Several: none once ``timeout_ms`` has passed (the fetches
         still out stay for the next poll); a broker silent past its fetch's time is given up (its
-        fetch's acknowledgements go again) and the leaders are learnt again."""
+        fetch's acknowledgements reported, ``_unknown``) and the leaders are learnt again."""
         single = len(self._legs) == 1
         end = time.monotonic() + timeout_ms / 1000 + GRACE_S
         while True:

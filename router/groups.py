@@ -52,6 +52,7 @@ from tailrace.client import protocol as P
 from tailrace.client.records import encode_batch, iter_batches
 
 from .assignor import TP, assign
+from .peers import Copies, Pull, others
 
 log = logging.getLogger("tailrace.groups")
 
@@ -147,8 +148,8 @@ class Coordinator:
         self.load_rid = 0
         self.load_sent = 0.0
         self.commits = 0
-        self.pull: dict | None = None  # cluster: the copies asked of the other brokers at start (``_pull``)
-        self.replicating: list = []  # cluster: [deadline, endpoints left, done] of commits waiting for their copies
+        self.pull = None  # cluster: the copies asked of the other brokers at start (router/peers.py Pull)
+        self.copies = None  # cluster: commits waiting for their copies at the other brokers (router/peers.py Copies)
         # every group's committed offsets, for consumer lag on the metrics endpoint (ops/metrics.py)
         self.stats = StatsFile(ctx.s.ipc_path(), STATS_PROCESS)
 
@@ -162,7 +163,9 @@ class Coordinator:
     # --- a cluster: one coordinator per group, every broker a copy of every group's offsets ----
     def attach_cluster(self, agent, peers) -> None:
         self.ctx.cluster, self.ctx.peers = agent, peers
-        self.pull = {}  # asked once the local copies are read back (tick)
+        self.copies = Copies(peers, self.ctx.next_internal_id, "group offsets copy", REPLICA_WAIT_S, log)
+        self.pull = Pull(peers, self.ctx.next_internal_id, P.Op.LIST_GROUPS, P.encode(P.ListGroupsRequest(replicas=True)),
+                         self._on_pull, "group copies", PULL_WAIT_S, PULL_ASK_AGAIN_S, log)  # once read back (tick)
 
     def coordinator_of(self, name: str) -> tuple[int, str]:
         """The group's coordinator (broker id, client endpoint): the first live broker of the
@@ -234,62 +237,13 @@ class Coordinator:
     def _copy_out(self, g: Group, snapshot: dict, version: int, deleted: bool, done) -> None:
         """Send the group's offsets at ``version`` to every other live broker; ``done`` once all
         have stored them, or after REPLICA_WAIT_S (the commit is durable here either way)."""
-        agent, peers = self.ctx.cluster, self.ctx.peers
-        targets = {agent.endpoint_of(b) for b in agent.brokers if b != agent.me} - {""}
-        if not targets:
-            return done(P.ErrorCode.OK, "")
         header = P.encode(P.OffsetCommitRequest([(t, p, o) for (t, p), o in sorted(snapshot.items())], replica=version,
                                                 deleted=deleted))
-        entry = [time.monotonic() + REPLICA_WAIT_S, set(targets), done]
-
-        def answered(endpoint, frames):
-            code = P.unpack_routing(frames[0])[2] if frames else -1
-            if code != P.ErrorCode.OK:
-                log.warning("group %r: the copy of version %d was not stored by %s (code %s)", g.name, version, endpoint, code)
-            entry[1].discard(endpoint)
-            if not entry[1] and entry in self.replicating:
-                self.replicating.remove(entry)
-                done(P.ErrorCode.OK, "")
-        self.replicating.append(entry)
-        for ep in targets:
-            rid = self.ctx.next_internal_id()
-            if not peers.send(ep, [P.pack_routing(P.Op.OFFSET_COMMIT, -1, rid, g.name.encode()), header], rid, answered):
-                entry[1].discard(ep)
-        if not entry[1] and entry in self.replicating:
-            self.replicating.remove(entry)
-            done(P.ErrorCode.OK, "")
-
-    def _pull_step(self, now: float) -> None:
-        """At start, once the local copies are read back: ask every other live broker for its
-        copies, keep each group's newest (a broker that was down missed the commits meanwhile)."""
-        agent, peers, pull = self.ctx.cluster, self.ctx.peers, self.pull
-        if "waiting" not in pull:
-            targets = {agent.endpoint_of(b) for b in agent.brokers if b != agent.me} - {""}
-            pull.update(waiting=set(targets), deadline=now + PULL_WAIT_S, again=0.0)
-        if pull["waiting"] and now < pull["deadline"]:
-            if now >= pull["again"]:  # asked again each second: a peer that had not seen our registration yet
-                pull["again"] = now + PULL_ASK_AGAIN_S  # (with --auth curve: had not let our key in) missed the first
-                header = P.encode(P.ListGroupsRequest(replicas=True))
-                for ep in sorted(pull["waiting"]):
-                    rid = self.ctx.next_internal_id()
-                    peers.send(ep, [P.pack_routing(P.Op.LIST_GROUPS, -1, rid, b""), header], rid, self._on_pull)
-            return
-        if pull["waiting"]:
-            log.warning("group copies not received from %s within %.0f s", sorted(pull["waiting"]), PULL_WAIT_S)
-        pull["waiting"] = set()
-        self.pull = {"done": True}
-        log.info("group coordinator ready in cluster: %d groups", len(self.groups))
+        self.copies.send(others(self.ctx.cluster), P.Op.OFFSET_COMMIT, g.name.encode(), header, done)
 
     def _on_pull(self, endpoint: str, frames: list[bytes]) -> None:
-        if self.pull is None or endpoint not in self.pull.get("waiting", ()):
-            return
-        _v, _op, code, _p, _rid, _t = P.unpack_routing(frames[0])
-        if code == P.ErrorCode.NOT_READY:
-            return  # still reading its own back: asked again within the second
-        self.pull["waiting"].discard(endpoint)
-        if code != P.ErrorCode.OK or len(frames) < 2:
-            log.warning("group copies from %s refused: %s", endpoint, P.ErrorCode(code).name)
-            return
+        """A broker's copies, asked for at start: each group's newest kept (a broker that was
+        down missed the commits meanwhile)."""
         for info in _decoders[P.ListGroupsReply].decode(frames[1]).groups:
             g = self.groups.get(info.group)
             if g is None or info.version > g.version:
@@ -299,7 +253,7 @@ class Coordinator:
 
     @property
     def ready(self) -> bool:
-        return self.loaded and (self.pull is None or self.pull.get("done", False))
+        return self.loaded and (self.pull is None or self.pull.done)
 
     def handle(self, op: int, name: str, header: bytes, reply) -> None:
         if not self.ready:
@@ -506,12 +460,10 @@ class Coordinator:
             if now - self.load_sent > RETRY_S:
                 self._load_step()
             return
-        if self.pull is not None and not self.pull.get("done"):
-            self._pull_step(now)
-        for entry in [e for e in self.replicating if now >= e[0]]:
-            self.replicating.remove(entry)
-            log.warning("group offsets copy not confirmed by %s within %.0f s (stored here)", sorted(entry[1]), REPLICA_WAIT_S)
-            entry[2](P.ErrorCode.OK, "")
+        if self.pull is not None and not self.pull.done and self.pull.step(now, others(self.ctx.cluster)):
+            log.info("group coordinator ready in cluster: %d groups", len(self.groups))
+        if self.copies is not None:
+            self.copies.tick(now)
         for rid, item in list(self.pending.items()):
             if item[0] == "produce" and now - item[1] > RETRY_S:
                 if item[2] >= 5:

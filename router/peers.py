@@ -6,8 +6,11 @@ asks each other live leader of the topic for the rest, with ``local=True`` (that
 only, never asked onwards). ``PeerLinks`` holds one DEALER per other broker's advertised client
 endpoint, connected on first use and registered in the router's poller; replies come back as
 ordinary client replies (``[routing, body]``), matched by the router's internal request id to
-the callback its sender gave (the offsets questions, router/offsets.py; the group coordinator's
-copies of committed offsets, router/groups.py).
+the callback its sender gave (the offsets questions, router/offsets.py; the delayed batches and
+dead letters sent to another broker's partition, ``to_leader``). Two patterns built on it are
+shared by the group coordinator (router/groups.py) and the share coordinator
+(router/share_cluster.py): ``Copies``, one write sent to every other broker and waited for, and
+``Pull``, every other broker asked once at start for its copies.
 
 With ``--auth curve`` a broker that has not yet let our router key in (it had not seen our
 registration) refuses the CURVE handshake, and libzmq then ends that connection for good: each
@@ -120,3 +123,93 @@ class PeerLinks:
     def close(self) -> None:
         for endpoint in list(self.socks):
             self._close(endpoint)
+
+
+def others(agent) -> list[str]:
+    """The client endpoints of the cluster's other live brokers."""
+    return sorted({agent.endpoint_of(b) for b in agent.brokers if b != agent.me} - {""})
+
+
+class Copies:
+    """One request sent to every other live broker, its sender told once all of them answered or
+    after ``wait_s`` (what it copied is durable at the sender either way): the group coordinator's
+    copies of committed offsets (router/groups.py) and the share coordinator's of its state
+    (router/share_cluster.py). ``tick`` ends the waits that ran out."""
+
+    def __init__(self, peers: PeerLinks, next_id: Callable[[], int], what: str, wait_s: float, log):
+        self.peers, self.next_id, self.what, self.wait_s, self.log = peers, next_id, what, wait_s, log
+        self.waiting: list = []  # [deadline, endpoints left, done]
+
+    def send(self, endpoints, op: int, name: bytes, header: bytes, done: Callable) -> None:
+        """``done(OK, "")`` once every endpoint answered (a refusal is logged), or ``wait_s`` passed."""
+        entry = [time.monotonic() + self.wait_s, set(endpoints), done]
+        self.waiting.append(entry)
+
+        def answered(endpoint, frames):
+            code = P.unpack_routing(frames[0])[2] if frames else -1
+            if code != P.ErrorCode.OK:
+                self.log.warning("%s was not stored by %s (code %s)", self.what, endpoint, code)
+            entry[1].discard(endpoint)
+            self._settle(entry)
+        for ep in sorted(entry[1]):
+            rid = self.next_id()
+            if not self.peers.send(ep, [P.pack_routing(op, -1, rid, name), header], rid, answered):
+                entry[1].discard(ep)
+        self._settle(entry)
+
+    def _settle(self, entry: list) -> None:
+        if not entry[1] and entry in self.waiting:
+            self.waiting.remove(entry)
+            entry[2](P.ErrorCode.OK, "")
+
+    def tick(self, now: float) -> None:
+        for entry in [e for e in self.waiting if e[0] <= now]:
+            self.log.warning("%s not confirmed by %s within %.0f s (stored here)", self.what, sorted(entry[1]), self.wait_s)
+            entry[1].clear()
+            self._settle(entry)
+
+
+class Pull:
+    """At a start: one question to every other live broker (its copies of what this one keeps),
+    asked again every ``again_s`` of those not yet answered (one that has not seen this broker's
+    registration, or with --auth curve not let its key in, misses the first) and of those that
+    answered NOT_READY (still reading their own back), until all answered or ``wait_s`` passed.
+    Each answer's frames go to ``on_answer(endpoint, frames)``."""
+
+    def __init__(self, peers: PeerLinks, next_id: Callable[[], int], op: int, header: bytes, on_answer: Callable,
+                 what: str, wait_s: float, again_s: float, log):
+        self.peers, self.next_id, self.op, self.header, self.on_answer = peers, next_id, op, header, on_answer
+        self.what, self.wait_s, self.again_s, self.log = what, wait_s, again_s, log
+        self.waiting: set[str] | None = None  # None: not asked yet
+        self.deadline = self.again = 0.0
+        self.done = False
+
+    def step(self, now: float, endpoints) -> bool:
+        """Ask (again) where due; True once done."""
+        if self.done:
+            return True
+        if self.waiting is None:
+            self.waiting, self.deadline = set(endpoints), now + self.wait_s
+        if self.waiting and now < self.deadline:
+            if now >= self.again:
+                self.again = now + self.again_s
+                for ep in sorted(self.waiting):
+                    rid = self.next_id()
+                    self.peers.send(ep, [P.pack_routing(self.op, -1, rid, b""), self.header], rid, self._answered)
+            return False
+        if self.waiting:
+            self.log.warning("%s not received from %s within %.0f s", self.what, sorted(self.waiting), self.wait_s)
+        self.waiting, self.done = set(), True
+        return True
+
+    def _answered(self, endpoint: str, frames: list[bytes]) -> None:
+        if self.done or endpoint not in self.waiting:
+            return
+        code = P.unpack_routing(frames[0])[2]
+        if code == P.ErrorCode.NOT_READY:
+            return  # still reading its own back: asked again
+        self.waiting.discard(endpoint)
+        if code != P.ErrorCode.OK or len(frames) < 2:
+            self.log.warning("%s from %s refused: %s", self.what, endpoint, code)
+            return
+        self.on_answer(endpoint, frames)

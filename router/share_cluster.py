@@ -26,6 +26,7 @@ from tailrace.client import protocol as P
 from tailrace.client import records as R
 from tailrace.client import share_protocol as S
 
+from .peers import Copies, Pull, others
 from .share_state import SnapshotRecord, encode_snapshots, snapshot_records
 
 log = logging.getLogger("tailrace.router")
@@ -44,13 +45,15 @@ class ShareCluster:
 
     def __init__(self, coord, agent, peers, mirror):
         self.coord, self.agent, self.peers, self.mirror = coord, agent, peers, mirror
-        self.replicating: list = []  # [deadline, endpoints left, done] of writes waiting for their copies
-        self.pull: dict = {}  # at start: waiting endpoints, deadline, next ask; {"done": True} once done
+        next_id = coord.ctx.next_internal_id
+        self.copies = Copies(peers, next_id, "share state copy", REPLICA_WAIT_S, log)
+        self.pull = Pull(peers, next_id, P.Op.SHARE_STATE_COPY, P.encode(S.ShareStateCopy(pull=True)), self._on_pull,
+                         "share state", PULL_WAIT_S, PULL_ASK_AGAIN_S, log)
         self.asked_dlq: dict[str, float] = {}
 
     @property
     def pulled(self) -> bool:
-        return bool(self.pull.get("done"))
+        return self.pull.done
 
     def leads(self, topic: str, partition: int) -> bool:
         """Whether this broker is the share-partition leader (a broker's own topics: always)."""
@@ -72,43 +75,18 @@ class ShareCluster:
         return self.agent.endpoint_of(a.leader) if a is not None else ""
 
     def others(self) -> list[str]:
-        agent = self.agent
-        return sorted({agent.endpoint_of(b) for b in agent.brokers if b != agent.me} - {""})
+        return others(self.agent)
 
     # --- copies out ------------------------------------------------------------------------------
     def copy_out(self, batch: bytes, done) -> None:
         """Send a batch of snapshot records just stored here to every other live broker; ``done``
         once all have stored it, or after REPLICA_WAIT_S (it is durable here either way)."""
-        targets = set(self.others())
-        entry = [time.monotonic() + REPLICA_WAIT_S, targets, done]
-        self.replicating.append(entry)
-        header = P.encode(S.ShareStateCopy(batch))
-
-        def answered(endpoint, frames):
-            code = P.unpack_routing(frames[0])[2] if frames else -1
-            if code != P.ErrorCode.OK:
-                log.warning("share state copy not stored by %s (code %s)", endpoint, code)
-            entry[1].discard(endpoint)
-            self._settle(entry)
-        for ep in sorted(targets):
-            rid = self.coord.ctx.next_internal_id()
-            if not self.peers.send(ep, [P.pack_routing(P.Op.SHARE_STATE_COPY, -1, rid, b""), header], rid, answered):
-                entry[1].discard(ep)
-        self._settle(entry)
-
-    def _settle(self, entry: list) -> None:
-        if not entry[1] and entry in self.replicating:
-            self.replicating.remove(entry)
-            entry[2](P.ErrorCode.OK, "")
+        self.copies.send(self.others(), P.Op.SHARE_STATE_COPY, b"", P.encode(S.ShareStateCopy(batch)), done)
 
     def tick(self, now: float) -> None:
-        for entry in [e for e in self.replicating if e[0] <= now]:
-            log.warning("share state copy not stored by %s within %.0f s: answered anyway (durable here)",
-                        sorted(entry[1]), REPLICA_WAIT_S)
-            entry[1].clear()
-            self._settle(entry)
-        if not self.pulled:
-            self._pull_step(now)
+        self.copies.tick(now)
+        if not self.pull.done and self.pull.step(now, self.others()):
+            log.info("share coordinator ready in cluster: %d share groups", len(self.coord.groups))
 
     # --- copies in -------------------------------------------------------------------------------
     def serve_copy(self, req) -> None:
@@ -145,33 +123,8 @@ class ShareCluster:
             kept |= self.coord.take(rec, copy=True)
         return kept
 
-    def _pull_step(self, now: float) -> None:
-        pull = self.pull
-        if "waiting" not in pull:
-            pull.update(waiting=set(self.others()), deadline=now + PULL_WAIT_S, again=0.0)
-        if pull["waiting"] and now < pull["deadline"]:
-            if now >= pull["again"]:
-                pull["again"] = now + PULL_ASK_AGAIN_S
-                header = P.encode(S.ShareStateCopy(pull=True))
-                for ep in sorted(pull["waiting"]):
-                    rid = self.coord.ctx.next_internal_id()
-                    self.peers.send(ep, [P.pack_routing(P.Op.SHARE_STATE_COPY, -1, rid, b""), header], rid, self._on_pull)
-            return
-        if pull["waiting"]:
-            log.warning("share state not received from %s within %.0f s", sorted(pull["waiting"]), PULL_WAIT_S)
-        self.pull = {"done": True}
-        log.info("share coordinator ready in cluster: %d share groups", len(self.coord.groups))
-
     def _on_pull(self, endpoint: str, frames: list[bytes]) -> None:
-        if endpoint not in self.pull.get("waiting", ()):
-            return
-        code = P.unpack_routing(frames[0])[2]
-        if code == P.ErrorCode.NOT_READY:
-            return  # still reading its own back: asked again within the second
-        self.pull["waiting"].discard(endpoint)
-        if code != P.ErrorCode.OK or len(frames) < 2:
-            log.warning("share state from %s refused: %s", endpoint, code)
-            return
+        """A broker's share state, asked for at start: the newer kept, and stored here."""
         records = _copy.decode(frames[1]).records
         if self.take_copies(records):
             self.coord.store(records, lambda code, why: None)
