@@ -30,7 +30,7 @@ from tailrace.client.records import (
 )
 from tailrace.persistence.timesearch import batch_stamp
 from tailrace.shm import layout
-from tailrace.shm.ring import READ_WINDOW, ControlTable, Ring, RingFull, RingWriter, cut_batches
+from tailrace.shm.ring import READ_WINDOW, ControlTable, Ring, RingFull, RingWriter, cut_batches, near_head
 from tailrace.shm.rows import OwnerRow
 from tailrace.persistence.journal import JournalReader
 from tailrace.persistence.log import DiskRead, FetchResult, PartitionLog
@@ -349,24 +349,28 @@ class PartitionActor:
         tail, head = row.desc_tail, row.desc_head
         if tail >= head:
             return None
-        seq = self.ring.find_seq(tail, head, offset)
-        if seq < tail:
-            return None
-        descs = self.ring.descriptors(seq, min(head, seq + READ_WINDOW))
-        k = cut_batches(descs, offset, max_bytes, max_records, hw)
-        take = descs[:k]
-        first_pos = int(take[0]["position"]) % self.ring.ring_bytes
-        stamped = BASE_OFFSET.unpack_from(self.ring.mv, first_pos + STAMP_AT)[0]
-        if stamped != int(take[0]["base_offset"]):
+        # Copies are safe: only this process's writes reclaim ring bytes, and they cannot
+        # interleave with this call (one thread per worker).
+        near = near_head(self.ring, tail, head, offset, max_bytes, max_records, hw)
+        if near is not None:  # a few batches in: plain Python (a tail, or many small partitions)
+            seq, body, base, _count, nxt = near
+            stamped = BASE_OFFSET.unpack_from(body, STAMP_AT)[0]
+        else:
+            seq = self.ring.find_seq(tail, head, offset)
+            if seq < tail:
+                return None
+            descs = self.ring.descriptors(seq, min(head, seq + READ_WINDOW))
+            take = descs[: cut_batches(descs, offset, max_bytes, max_records, hw)]
+            base = int(take[0]["base_offset"])
+            stamped = BASE_OFFSET.unpack_from(self.ring.mv, int(take[0]["position"]) % self.ring.ring_bytes + STAMP_AT)[0]
+            body = None if stamped != base else b"".join(self.ring.copy_batches(take))
+            nxt = int(take[-1]["base_offset"]) + int(take[-1]["count"])
+        if stamped != base:
             # Never serve bytes a descriptor no longer describes; the journal has them.
             log.error("slot %d: ring descriptor seq %d says base %d, bytes say %d (row %s); reading disk",
-                      self.slot, seq, int(take[0]["base_offset"]), stamped, self.row.tolist())
+                      self.slot, seq, base, stamped, self.row.tolist())
             return None
-        parts = [b"".join(self.ring.copy_batches(take))]
-        nxt = int(take[k - 1]["base_offset"]) + int(take[k - 1]["count"])
-        # Copy done: if the writer reclaimed any of it meanwhile we would be reading our own
-        # process's writes, which cannot interleave with this call (one thread per worker).
-        return FetchResult(ErrorCode.OK, parts, nxt, "ring")
+        return FetchResult(ErrorCode.OK, [body], nxt, "ring")
 
     def close(self) -> None:
         self.log.close()

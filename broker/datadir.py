@@ -46,6 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tailrace.client.alloc import keep_large_blocks
 from tailrace.client.errors import TailraceError
 
 # a program's life (lifetime.py); stop_on_signals and pdeathsig_preexec are taken from here too
@@ -544,8 +545,10 @@ EXIT_REFUSED = 6  # a program's exit code when the data or run directory is not 
 def enter_program(settings, role: str, log) -> Claim | None:
     """The first steps of every broker program (flusher, router, worker): die with the
     supervisor, private files, join the data directory's broker lock and take the role's lock,
-    check the run directory. Returns None after logging why the program must not run."""
+    check the run directory, keep large blocks in the heap (client/alloc.py). Returns None
+    after logging why the program must not run."""
     die_with_parent()
+    keep_large_blocks()
     os.umask(umask_for(settings.data_mode_bits))
     try:
         claim = claim_program(settings.data_dir, role)

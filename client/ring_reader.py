@@ -38,11 +38,11 @@ import numpy as np
 
 from tailrace.shm.layout import C_DURABLE_OFFSET, C_NEXT_OFFSET
 from tailrace.shm.ring import READ_WINDOW, ControlTable, LayoutMismatch, Ring, cut_batches
+from tailrace.shm.ring import near_head as _near_head
 from tailrace.shm.rows import RowView
 
-from .records import STAMP, STAMP_AT, align8
+from .records import STAMP, STAMP_AT
 
-NEAR_HEAD = 16  # newest descriptors walked in plain Python before a numpy search
 ATTEMPTS = 3  # copies thrown away before a read falls back to a fetch
 WATERMARK_COLUMN = {"memory": C_NEXT_OFFSET, "durable": C_DURABLE_OFFSET}  # row column per isolation
 
@@ -103,42 +103,6 @@ class SharedRings:
         self.rings.clear()
         self.rows = None
         self.table.close()
-
-
-def _near_head(ring: Ring, tail: int, head: int, offset: int, max_bytes: int, max_records: int, hw: int):
-    """A tailing reader's read in plain Python: when ``offset`` is in one of the ``NEAR_HEAD``
-    newest batches, pick the batches from there as ``cut_batches`` would (the first always;
-    then while wholly below ``hw``, within ``max_bytes``, until ``max_records``) and copy them.
-    Returns (first seq, bytes, its base offset, its count, next offset), or None to search with
-    numpy. Unchecked: the caller's seqlock and stamp checks decide whether the copy is good."""
-    cap, desc, mv, ring_bytes = ring.desc_capacity, ring.desc, ring.mv, ring.ring_bytes
-    seq, lowest = head - 1, max(tail, head - NEAR_HEAD)
-    d = desc[seq % cap].item()  # (position, base offset, length, count)
-    if d[1] <= offset:  # in the newest batch: the common tailing read
-        at = d[0] % ring_bytes
-        return seq, bytes(mv[at : at + align8(d[2])]), d[1], d[3], d[1] + d[3]
-    while d[1] > offset:
-        seq -= 1
-        if seq < lowest:
-            return None
-        d = desc[seq % cap].item()
-    first, base, count = seq, d[1], d[3]
-    parts, size, records = [], 0, 0
-    while True:
-        pos, b, length, n = d
-        frame = align8(length)
-        if parts and (b + n > hw or size + frame > max_bytes):
-            break
-        at = pos % ring_bytes
-        parts.append(mv[at : at + frame])
-        size += frame
-        records += b + n - max(b, offset)
-        nxt = b + n
-        seq += 1
-        if records >= max_records or seq >= head:
-            break
-        d = desc[seq % cap].item()
-    return first, b"".join(parts), base, count, nxt
 
 
 class PartitionTail:
