@@ -28,7 +28,14 @@ from . import protocol as P
 from .errors import OffsetOutOfRangeError, error_for
 
 log = logging.getLogger("tailrace.consumer")
-MIN_TOTAL_BYTES = 50 << 20  # a FETCH_MULTI's max_total_bytes at least (Kafka's fetch.max.bytes)
+# What a worker's FETCH_MULTI replies may carry at once, shared by the requests a group is cut
+# into (each asks for this over their number, and at least one partition's max_bytes). Kafka's
+# fetch.max.bytes is 50 MiB for its one request a broker; here a group of 250 partitions is 4
+# requests in flight, and at 50 MiB each the worker copied 200 MB of replies into fresh memory
+# (a page fault per 4 KiB) before the reader took the first: 1,000 partitions read at 0.5x of 8.
+# 8 MiB: as much in flight as four 2 MiB fetches, and no fault on either side (16 MiB: as fast
+# here, with the reader faulting again; docs/BENCHMARKS.md "Large blocks").
+GROUP_BYTES_IN_FLIGHT = 8 << 20
 _fetch_reply = P.decoder(P.FetchReply)
 _multi_reply = P.decoder(P.FetchMultiReply)
 _error_reply = P.decoder(P.ErrorReply)
@@ -77,15 +84,17 @@ class Fetches:
                     self._fetch_one(a, via, max_wait_ms, now)
                 continue
             size = self.multi_partition_max
+            total_bytes = max(self.max_bytes, GROUP_BYTES_IN_FLIGHT // -(-len(group) // size))
             for n, i in enumerate(range(0, len(group), size)):
                 chunk = group[i:i + size]
                 if len(chunk) < self.multi_partition_min:
                     for a in chunk:
                         self._fetch_one(a, via, max_wait_ms, now)
                     continue
-                self._fetch_many(topic, via, (*key, n), chunk, max_wait_ms, now)
+                self._fetch_many(topic, via, (*key, n), chunk, max_wait_ms, now, total_bytes)
 
-    def _fetch_many(self, topic: str, via: str | None, key: tuple, chunk: list, max_wait_ms: int, now: float) -> None:
+    def _fetch_many(self, topic: str, via: str | None, key: tuple, chunk: list, max_wait_ms: int, now: float,
+                    total_bytes: int) -> None:
         """One FETCH_MULTI for ``chunk``, in the fetch session ``key`` names."""
         session = self._sessions.setdefault(key, _Session())
         if not session.sid and session.sent:
@@ -100,7 +109,7 @@ class Fetches:
                 del sent[p]
         header = P.encode(P.FetchMultiRequest(
             [a.partition for a in listed], [a.position for a in listed], self.max_bytes, self.max_records,
-            max(MIN_TOTAL_BYTES, self.max_bytes), max_wait_ms, self.isolation,
+            total_bytes, max_wait_ms, self.isolation,
             -1 if session is None else session.sid, forget))
         if session is not None:
             session.sent.update((a.partition, a.position) for a in listed)
