@@ -233,15 +233,18 @@ class OffsetAsks:
             return self.ctx.send([ident, P.pack_routing(client_op, partition, request_id, P.echo_topic(topic),
                                                         P.ErrorCode.UNKNOWN_TOPIC),
                                   P.encode(P.ErrorReply(f"unknown topic {name!r} (deleted)"))])
-        parts = []
+        parts, endpoints = [], {}  # worker -> its two endpoints, made once a worker, not once a partition
         for po in offsets.partitions:
             route = placement.routes.get((topic, po.partition))
             if route is None or po.partition >= t.partitions:
                 continue  # not placed (any more): a topic deleted and made again while the question was out
             w, assign = route
-            parts.append(P.PartitionInfo(po.partition, w, s.worker_endpoint(w), po.log_start_offset, po.high_watermark,
+            eps = endpoints.get(w)
+            if eps is None:
+                eps = endpoints[w] = (s.worker_endpoint(w), s.worker_unix_endpoint(w))
+            parts.append(P.PartitionInfo(po.partition, w, eps[0], po.log_start_offset, po.high_watermark,
                                          po.durable_watermark, adopted=placement.told.get((topic, po.partition)) == assign,
-                                         slot=t.slots[po.partition], local_endpoint=s.worker_unix_endpoint(w),
+                                         slot=t.slots[po.partition], local_endpoint=eps[1],
                                          ring_unflushed_bytes=po.ring_unflushed_bytes, appended_bytes=po.appended_bytes))
         if not self.data_id:
             self.data_id = data_dir_id(s.data_dir) or 0
