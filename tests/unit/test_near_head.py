@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tailrace.shm import layout
 from tailrace.shm.ring import NEAR_HEAD, READ_WINDOW, Ring, cut_batches, near_head
 
-RING_BYTES = 1 << 16
+RING_BYTES = 1 << 17  # holds the most the test lays out (24 frames of up to 3,000 bytes): no lap over a live batch
 
 
 def _ring(batches: list[tuple[int, int]], first_seq: int, first_base: int):
