@@ -19,17 +19,28 @@ import time
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 _UTIME_FIELD = 11  # index of utime after the ")" that closes the command name
 _STIME_FIELD = 12
+_MINFLT_FIELD = 7  # minor page faults (field 10, 1-based)
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of ``pid`` so far, or None if it is gone."""
+def _stat_fields(pid: int) -> list[bytes] | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
-    fields = raw[raw.rindex(b")") + 2 :].split()
-    return (int(fields[_UTIME_FIELD]) + int(fields[_STIME_FIELD])) / CLK_TCK
+    return raw[raw.rindex(b")") + 2 :].split()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` so far, or None if it is gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[_UTIME_FIELD]) + int(fields[_STIME_FIELD])) / CLK_TCK
+
+
+def minor_faults(pid: int) -> int | None:
+    """Minor page faults of ``pid`` so far (a page mapped in without a disk read), or None if gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[_MINFLT_FIELD])
 
 
 def self_cpu_seconds() -> float:

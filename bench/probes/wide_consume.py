@@ -9,8 +9,8 @@ Starts a broker (bench/launcher.py, 2 workers, 4 GiB budget, 512 KiB batches), m
 from the start once, and then ``--rounds`` times more, in this process, each a fresh ``Consumer``
 (direct, 4 MiB max_bytes), turning each reply into columns as the bench's consumer does. It
 prints the first read's wall time (the bench's consume-hot times a first read) and the medians
-of the others: wall time, this process's CPU, the workers' CPU (/proc/<pid>/stat utime + stime) and both sides'
-minor page faults (the workers' from /proc, this process's from getrusage), and records/s.
+of the others: wall time, this process's CPU, the workers' CPU and both sides' minor page
+faults (bench/procstat.py; this process's faults from getrusage), and records/s.
 ``--keep-large-blocks`` calls client/alloc.py ``keep_large_blocks`` in this process first (the
 broker's programs always do); ``--group-bytes`` sets client/fetches.py GROUP_BYTES_IN_FLIGHT.
 (docs/BENCHMARKS.md, "Large blocks".)
@@ -19,7 +19,6 @@ broker's programs always do); ``--group-bytes`` sets client/fetches.py GROUP_BYT
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import shutil
 import statistics
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from tailrace.bench.launcher import Broker
 from tailrace.bench.payload import batch_buffers
+from tailrace.bench.procstat import cpu_seconds, minor_faults, self_cpu_seconds
 from tailrace.client import Admin, Consumer, Producer
 from tailrace.client import fetches
 from tailrace.client.records import batches_to_columns, iter_batches
@@ -36,14 +36,8 @@ from tailrace.client.records import batches_to_columns, iter_batches
 
 def worker_stats(broker: Broker) -> tuple[float, int]:
     """The workers' CPU seconds and minor faults so far."""
-    cpu, faults, tick = 0.0, 0, os.sysconf("SC_CLK_TCK")
-    for name, pid in broker.pids().items():
-        if name.startswith("worker"):
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            cpu += (int(fields[11]) + int(fields[12])) / tick
-            faults += int(fields[7])
-    return cpu, faults
+    pids = [pid for name, pid in broker.pids().items() if name.startswith("worker")]
+    return sum(cpu_seconds(p) or 0.0 for p in pids), sum(minor_faults(p) or 0 for p in pids)
 
 
 def read_all(bootstrap: str, parts: list[int], expected: int) -> None:
@@ -91,11 +85,11 @@ def main(argv=None) -> int:
         rows = []
         for _ in range(o.rounds):
             w_cpu, w_faults = worker_stats(broker)
-            c_faults, c_cpu, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time(), time.perf_counter()
+            c_faults, c_cpu, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, self_cpu_seconds(), time.perf_counter()
             read_all(broker.bootstrap, parts, expected)
             wall = time.perf_counter() - t0
             w_cpu2, w_faults2 = worker_stats(broker)
-            rows.append((wall, time.process_time() - c_cpu, w_cpu2 - w_cpu, w_faults2 - w_faults,
+            rows.append((wall, self_cpu_seconds() - c_cpu, w_cpu2 - w_cpu, w_faults2 - w_faults,
                          resource.getrusage(resource.RUSAGE_SELF).ru_minflt - c_faults))
         med = [statistics.median(r[i] for r in rows) for i in range(5)]
         print(f"partitions {o.partitions} (reading {len(parts)}), {expected:,} records a round; first round {first:.3f} s; "

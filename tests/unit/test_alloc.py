@@ -55,3 +55,17 @@ def test_every_broker_program_keeps_large_blocks_from_its_first_step(tmp_path, m
         assert called == [True]
     finally:
         claim.release()
+
+
+def test_procstat_counts_the_faults_of_pages_touched_for_the_first_time():
+    import mmap
+    import os
+
+    from tailrace.bench.procstat import minor_faults
+
+    before = minor_faults(os.getpid())
+    with mmap.mmap(-1, 64 * 4096) as m:  # anonymous: every page faults in when first written
+        for i in range(64):
+            m[i * 4096] = 1
+    assert minor_faults(os.getpid()) - before >= 64
+    assert minor_faults(2**22 + 12345) is None  # no such process
