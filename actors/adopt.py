@@ -11,15 +11,18 @@ only if this worker already hosts it.
 from __future__ import annotations
 
 import logging
+import time
 
 from tailrace.broker import record_policy
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import Catalog
 from tailrace.client import protocol as P
 from tailrace.persistence.journal import JournalReader
+from tailrace.persistence.retention import crash_point
 from tailrace.shm.ring import ControlTable
 
 from .context import Outbox, Traffic, Turn
+from .keeper import RingKeeper
 from .partition import Fenced, PartitionActor
 
 log = logging.getLogger("tailrace.worker")
@@ -36,6 +39,9 @@ class Owned:
         self.out, self.turn, self.traffic = out, turn, traffic
         self.actors: dict[int, PartitionActor] = {}  # slot -> actor
         self.adopted_new = False  # an actor was made here: tell the flusher (kick KICK_ADOPTED) to rescan its rows
+        # what the rings hold and giving back what is cold: this worker's share of the budget (actors/keeper.py)
+        self.keeper = RingKeeper(s.shm_budget_bytes // max(1, s.workers), s.ring_idle_ms / 1000, s.ring_warm_bytes,
+                                 crash=(lambda step: crash_point(s, step)) if s.debug_crash_at.startswith("ring_") else None)
 
     def actor_for(self, assign: bytes | None, topic: bytes, partition: int, reply, write: bool = False):
         """The actor for this request, adopting the partition if the router says we own it. A
@@ -97,6 +103,7 @@ class Owned:
             reply(P.ErrorCode.NOT_OWNER, P.ErrorReply(str(exc)))
             return None
         self.actors[slot] = actor
+        self.keeper.add(slot, actor.writer, time.monotonic())
         self.adopted_new = True
         return actor
 
@@ -116,6 +123,7 @@ class Owned:
 
     def drop_actor(self, slot: int, why: str) -> None:
         actor = self.actors.pop(slot)
+        self.keeper.forget(slot)
         out, code = self.out, P.ErrorCode.UNKNOWN_TOPIC
         for _end, frames, _due in (*actor.durable_waiters, *actor.hw_waiters):
             if not isinstance(frames, list):  # one partition of a PRODUCE_MULTI (actors/produce.py MultiPart)
@@ -145,6 +153,7 @@ class Owned:
                     and not actor.parked:
                 actor.close()
                 del self.actors[slot]
+                self.keeper.forget(slot)
 
     def close(self) -> None:
         for actor in self.actors.values():

@@ -397,6 +397,10 @@ class WorkerProcess:
         if worker.out.held:
             due_ms = worker.release_held(time.monotonic_ns())
             next_ms = due_ms if next_ms < 0 else min(next_ms, due_ms) if due_ms >= 0 else next_ms
+        keeper = worker.owned.keeper
+        if turn.appended:
+            keeper.appended(worker.owned.actors, turn.appended, now)
+        keeper.tick(worker.owned.actors, now)
         turn.appended.clear()
         turn.durable_added = False
         if now - self.last_fence_check > 0.05:

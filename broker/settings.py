@@ -29,9 +29,12 @@ class Settings(msgspec.Struct, kw_only=True):
     workers: int = os.cpu_count() or 2
     ring_bytes: int = 8 * MiB  # default per-partition ring (a topic may choose its own)
     shm_budget_bytes: int = 0  # total shared memory all rings may take; 0: default_shm_budget() (half the memory)
-    max_slots: int = 4096  # partition slots in the control table
+    max_slots: int = 16384  # partition slots in the control table (192 B each; more with settings, docs/OPERATIONS.md)
+    ring_idle_ms: int = 10_000  # a ring not appended to this long gives back its flushed pages (actors/keeper.py)
+    ring_warm_bytes: int = 1 * MiB  # under memory pressure each ring keeps its newest this many bytes longest
     segment_bytes: int = 64 * MiB  # journal segment file size
     metrics_bind: str = "127.0.0.1:9420"  # the Prometheus endpoint (ops/metrics.py); "off" for none
+    metrics_partitions: int = 1000  # per-partition series for at most this many (the most bytes appended); -1: all
     max_batch_bytes: int = 1 * MiB  # largest record batch accepted
     flush_interval_ms: int = 50  # fsync at least this often when data is pending
     flush_bytes: int = 16 * MiB  # ... or once this many bytes are written but not synced
@@ -77,7 +80,7 @@ class Settings(msgspec.Struct, kw_only=True):
     auto_leader_rebalance: int = 1  # 1: leadership goes back to a partition's preferred replica once it is in sync (Kafka's auto.leader.rebalance.enable)
     debug_read_delay_ms: int = 0  # fault injection for tests: each journal read on a worker waits this long
     debug_stop_delay_ms: int = 0  # fault injection for tests: a stopping worker lingers this long before it exits
-    debug_crash_at: str = ""  # fault injection for tests: the flusher dies (once) at this step of retention
+    debug_crash_at: str = ""  # fault injection for tests: the flusher dies (once) at this step of retention (a worker: ring_*, actors/keeper.py)
 
     @property
     def instance(self) -> str:

@@ -13,6 +13,7 @@ NOT safe: two writers on one ring; a reader outside the owner relying on bytes b
 from __future__ import annotations
 
 import ctypes
+import mmap
 
 import numpy as np
 
@@ -118,7 +119,7 @@ class Ring:
     def create_or_attach(cls, instance: str, slot: int, ring_bytes: int) -> "Ring":
         name = ring_name(instance, slot)
         try:
-            region = Region.create(name, layout.ring_region_bytes(ring_bytes), populate=False)  # pages as written
+            region = Region.create(name, layout.ring_region_bytes(ring_bytes), populate=False, fdless=True)  # pages as written
         except Exception as exc:  # posix_ipc.ExistentialError: someone made it already
             if type(exc).__name__ != "ExistentialError":
                 raise
@@ -134,7 +135,7 @@ class Ring:
 
     @classmethod
     def attach(cls, instance: str, slot: int, ring_bytes: int | None = None, read_only: bool = False) -> "Ring":
-        region = Region.attach(ring_name(instance, slot), read_only, populate=False)
+        region = Region.attach(ring_name(instance, slot), read_only, populate=False, fdless=True)
         h = np.frombuffer(region.buf, dtype=layout.RING_HEADER_DTYPE, count=1)[0]
         magic, version = int(h["magic"]), int(h["version"])
         if magic != layout.RING_MAGIC or version != layout.LAYOUT_VERSION:
@@ -257,17 +258,39 @@ class RingFull(Exception):
     """Internal signal: the batch does not fit until the flusher catches up."""
 
 
+PAGE = 4096  # the unit pages are given back in (RING_ALIGN: the data area starts on one)
+
+
+class Growth:
+    """Whether a worker's rings may take pages they do not hold now (shared by its writers; the
+    worker's ``RingKeeper``, actors/keeper.py, clears it while its rings hold their share)."""
+
+    __slots__ = ("allowed",)
+
+    def __init__(self) -> None:
+        self.allowed = True
+
+
 class RingWriter:
     """The single writer of one ring: ``claim`` a position, ``copy`` the frame in, ``publish``
     it (Aeron's tryClaim/commit). Between copy and publish the caller may change the frame's
     bytes (the partition actor stamps the header there): the ring itself knows no record field.
     Holds the owner epoch it was given and the row's ``OwnerRow`` (it stores line 1 only);
-    ``fenced`` tells whether another owner has since taken over (then it must not write)."""
+    ``fenced`` tells whether another owner has since taken over (then it must not write).
 
-    def __init__(self, ring: Ring, row: OwnerRow, epoch: int):
+    A ring is a sparse tmpfs file: a page costs memory once written, and ``release`` gives the
+    pages of flushed batches back (docs/DESIGN.md "Rings that give their pages back").
+    ``released`` and ``released_seq`` are this writer's own record of how far it gave back; a
+    new owner starts from 0, which over-counts what the ring holds (``resident_bytes``), never
+    under-counts it."""
+
+    def __init__(self, ring: Ring, row: OwnerRow, epoch: int, growth: Growth | None = None):
         self.ring = ring
         self.row = row
         self.epoch = epoch
+        self.growth = growth if growth is not None else Growth()
+        self.released = 0  # data pages at absolute positions below this were given back (this lap's)
+        self.released_seq = 0  # descriptor pages of seq below this were given back
 
     @property
     def fenced(self) -> bool:
@@ -284,6 +307,8 @@ class RingWriter:
             pos += cap - idx  # skip to the next lap: batches never straddle the end
         if pos + frame_bytes - cap > row.flushed_position:
             raise RingFull
+        if pos < self.released + cap and not self.growth.allowed:
+            raise RingFull  # the bytes would land on pages given back (or never written): the worker holds its share
         if row.desc_head - row.flushed_desc >= self.ring.desc_capacity:
             raise RingFull
         return pos
@@ -343,3 +368,72 @@ class RingWriter:
             start = int(ring.desc[floor % ring.desc_capacity]["base_offset"]) if floor < head else new_base_offset
             row.ring_start_offset = start
             row.desc_tail = floor
+
+    # --- pages given back ----------------------------------------------------------------
+    def resident_bytes(self) -> int:
+        """What the ring's pages hold now, at most (written and not given back): data,
+        descriptors and the header page."""
+        row, ring = self.row, self.ring
+        data = min(ring.ring_bytes, max(0, row.write_position - self.released))
+        desc = min(ring.desc_capacity, max(0, row.desc_head - self.released_seq)) * layout.DESCRIPTOR_BYTES
+        # + the header's page, a descriptor page the last release shared with live slots, and the
+        # page the descriptor area ends in (data below ``released`` is page aligned: none)
+        return -(-data // PAGE) * PAGE + -(-desc // PAGE) * PAGE + 3 * PAGE
+
+    def release(self, keep_bytes: int, between=None) -> int:
+        """Give back the data pages of flushed batches, all but the newest ``keep_bytes`` of the
+        ring, and the descriptor pages of the batches dropped; returns how many fewer bytes
+        ``resident_bytes`` says.
+
+        Crash order, as ``copy``'s: first forget the batches (``ring_start_offset``, then
+        ``desc_tail``: a same-host reader that copied one throws the copy away), then punch the
+        pages (MADV_REMOVE: the tmpfs pages go, every mapping reads zeros, a later write takes a
+        fresh page). A writer killed between leaves pages no descriptor points to. Only flushed
+        batches go, so the flusher never looks below what is released.
+        ``between``: called after the batches are forgotten, before a page is punched (a crash
+        test's kill point)."""
+        row, ring = self.row, self.ring
+        before = self.resident_bytes()
+        cap, w = ring.ring_bytes, row.write_position
+        hi = min(row.flushed_position, w - keep_bytes) // PAGE * PAGE
+        lo = -(-max(self.released, w - cap) // PAGE) * PAGE  # below w - cap: rewritten this lap (held again)
+        if hi <= lo:
+            return 0
+        head, tail = row.desc_head, row.desc_tail
+        if head > tail:
+            descs = ring.descriptors(tail, head)
+            floor = tail + int(np.searchsorted(descs["position"], hi, side="left"))
+            if floor > tail:
+                row.ring_start_offset = int(descs[floor - tail]["base_offset"]) if floor < head else row.next_offset
+                row.desc_tail = floor
+        if between is not None:
+            between()
+        reg, start = ring.region, layout.ring_data_start(cap)
+        for a, b in _wrapped(lo, hi, cap):
+            reg.madvise(mmap.MADV_REMOVE, start + a, b - a)
+        # from a page's worth of slots before where the last release ended: the page it could not
+        # punch then (live slots shared it) is wholly dead now
+        self._release_descriptors(max(self.released_seq - PAGE // layout.DESCRIPTOR_BYTES - 1, head - ring.desc_capacity),
+                                  row.desc_tail)
+        self.released = hi
+        return before - self.resident_bytes()
+
+    def _release_descriptors(self, first: int, end: int) -> None:
+        """Punch the descriptor pages wholly inside the slots of seq [first, end) (never the
+        header's page, never a slot of a live descriptor: those are seq [end, head), and
+        ``first >= head - desc_capacity``)."""
+        dc, size = self.ring.desc_capacity, layout.DESCRIPTOR_BYTES
+        if end > first:
+            reg = self.ring.region
+            for a, b in _wrapped(first * size, end * size, dc * size):
+                a = -(-(layout.RING_HEADER_BYTES + a) // PAGE) * PAGE
+                b = (layout.RING_HEADER_BYTES + b) // PAGE * PAGE
+                if b > a:
+                    reg.madvise(mmap.MADV_REMOVE, a, b - a)
+        self.released_seq = max(self.released_seq, end)
+
+
+def _wrapped(lo: int, hi: int, size: int) -> list[tuple[int, int]]:
+    """The byte ranges of absolute positions [lo, hi) (hi - lo <= size) in an area of ``size``."""
+    a, b = lo % size, lo % size + (hi - lo)
+    return [(a, b)] if b <= size else [(a, size), (0, b - size)]
