@@ -40,6 +40,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import resource
 import shutil
 import stat
 import tempfile
@@ -549,6 +550,7 @@ def enter_program(settings, role: str, log) -> Claim | None:
     after logging why the program must not run."""
     die_with_parent()
     keep_large_blocks()
+    raise_fd_limit(FDS_PER_SLOT * settings.max_slots + 4096, log)
     os.umask(umask_for(settings.data_mode_bits))
     try:
         claim = claim_program(settings.data_dir, role)
@@ -559,6 +561,29 @@ def enter_program(settings, role: str, log) -> Claim | None:
             time.sleep(1.0)  # supervisord restarts an exited program at once: not in a tight loop
         return None
     return claim
+
+
+FDS_PER_SLOT = 2  # a partition's files a program holds open: the flusher its index, a worker its owner lock
+# and its disk reader's index (ring mappings keep none: shm/region.py ``_map``)
+
+
+def raise_fd_limit(want: int, log) -> int:
+    """Raise this process's open-files limit to ``want`` (root may raise the hard limit, up to
+    fs.nr_open), else as far as the hard limit allows; returns the soft limit now. 10,000
+    partitions take ~20,000 descriptors in the flusher (Kafka asks for 100,000 likewise)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= want:
+        return soft
+    for limits in ((want, max(hard, want)), (min(want, hard), hard)):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+            break
+        except (ValueError, OSError):
+            continue
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft < want and log is not None:
+        log.warning("open files limited to %d (ulimit -n); max_slots partitions may need %d", soft, want)
+    return soft
 
 
 def leave_program(claim: Claim, own_files: tuple[str, ...] = ()) -> None:

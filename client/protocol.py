@@ -573,7 +573,8 @@ class StatusReply(msgspec.Struct):
     rates: dict[str, float] = {}  # the same per second, over the last RATE_WINDOW_S
     unflushed_records: int = 0  # acked records not yet durable, over all partitions
     journal_bytes: int = 0  # the journal's disk use
-    shm_used_bytes: int = 0  # shared memory the topics' rings take
+    shm_used_bytes: int = 0  # the topics' rings' full sizes (the most they could hold; rings are sparse)
+    shm_resident_bytes: int = 0  # the memory this broker's shared regions hold now (at most the budget, plus the table)
     shm_budget_bytes: int = 0
     storage_full: bool = False  # produce is refused (STORAGE_FULL) until the journal's filesystem has room
     disk_used_ratio: float = -1.0  # the journal's filesystem, as the flusher last saw it (-1: not known)

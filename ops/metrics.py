@@ -42,7 +42,7 @@ from tailrace.client.ring_reader import SharedRings, TailStatus
 from tailrace.persistence.index import IndexFile
 from tailrace.persistence.journal import JournalReader
 from tailrace.persistence.timesearch import batch_stamp
-from tailrace.shm import layout
+from tailrace.shm import layout, region
 from tailrace.shm.layout import COL, ring_region_bytes
 from tailrace.shm.ring import ControlTable
 
@@ -166,7 +166,7 @@ class BrokerCollector:
         self.catalog.reload()
         topics = self.catalog.data.topics
         by_slot = self.catalog.by_slot
-        families, lag, hw_by_slot = self._partitions(by_slot)
+        families, lag, hw_by_slot, by_slot = self._partitions(by_slot)
         yield from families
         gauges: dict[str, dict[str, float]] = {}
         yield from self._processes(by_slot, lag, gauges)
@@ -178,8 +178,11 @@ class BrokerCollector:
         g = GaugeMetricFamily("tailrace_partitions", "Partitions over all topics.")
         g.add_metric([], sum(t.partitions for t in topics.values()))
         yield g
-        g = GaugeMetricFamily("tailrace_shm_used_bytes", "Shared memory the topics' rings take.")
+        g = GaugeMetricFamily("tailrace_shm_used_bytes", "The topics' rings' full sizes (the most they could hold).")
         g.add_metric([], self.catalog.shm_bytes(ring_region_bytes))
+        yield g
+        g = GaugeMetricFamily("tailrace_shm_resident_bytes", "Memory the broker's shared regions hold now.")
+        g.add_metric([], region.resident_bytes(self.s.instance))
         yield g
         g = GaugeMetricFamily("tailrace_shm_budget_bytes", "The shared-memory budget of all rings.")
         g.add_metric([], self.s.shm_budget_bytes)
@@ -189,12 +192,12 @@ class BrokerCollector:
         yield g
 
     # --- the control table ----------------------------------------------------------------
-    def _partitions(self, by_slot) -> tuple[list, tuple[int, int], dict[int, int]]:
-        """The per-partition families, the (bytes, records) appended and not yet durable, and
-        every slot's high watermark."""
+    def _partitions(self, by_slot) -> tuple[list, tuple[int, int], dict[int, int], dict]:
+        """The per-partition families, the (bytes, records) appended and not yet durable, the
+        high watermark of every slot shown, and the slots shown (``by_slot``'s, at most
+        ``metrics_partitions`` of them: the most bytes appended; per topic, every partition)."""
         out = []
         slots = np.array(sorted(s for s in by_slot), dtype=np.int64)
-        labels = [[t.name, str(p)] for t, p in (by_slot[int(s)] for s in slots)]
         try:
             table = ControlTable.attach(self.s.instance, read_only=True)
         except Exception:  # not there yet (the flusher is booting) or being replaced
@@ -212,11 +215,22 @@ class BrokerCollector:
             cols = {}
             if rows is not None:
                 rows = rows.copy()  # one consistent-enough look, then no more reads of shared memory
-                for name in ("next_offset", "durable_offset", "log_start_offset", "write_position", "flushed_position", "ring_bytes"):
-                    cols[name] = rows[:, COL[name]].tolist()
         finally:
             if table is not None:
                 table.close()
+        lag_bytes = lag_records = 0
+        if rows is not None:
+            out.extend(_topic_families(rows, slots[: len(rows)], by_slot))
+            lag_bytes = int((rows[:, COL["write_position"]] - rows[:, COL["flushed_position"]]).sum())
+            lag_records = int((rows[:, COL["next_offset"]] - rows[:, COL["durable_offset"]]).sum())
+            limit = self.s.metrics_partitions
+            if 0 <= limit < len(rows):  # the busiest only: a scrape of 10,000 partitions stays small
+                keep = np.sort(np.argsort(-rows[:, COL["write_position"]], kind="stable")[:limit])
+                rows, slots = rows[keep], slots[keep]
+                by_slot = {s: by_slot[s] for s in slots.tolist()}
+            for name in ("next_offset", "durable_offset", "log_start_offset", "write_position", "flushed_position", "ring_bytes"):
+                cols[name] = rows[:, COL[name]].tolist()
+        labels = [[t.name, str(p)] for t, p in (by_slot[int(s)] for s in slots)]
         fams = {
             "records": CounterMetricFamily("tailrace_partition_records_appended", "Records appended (the high watermark: offsets start at 0).", labels=["topic", "partition"]),
             "bytes": CounterMetricFamily("tailrace_partition_bytes_appended", "Bytes of record batches appended to the ring since the broker's last full start (each padded to 8 bytes).", labels=["topic", "partition"]),
@@ -227,7 +241,6 @@ class BrokerCollector:
             "cap": GaugeMetricFamily("tailrace_partition_ring_bytes", "Ring size.", labels=["topic", "partition"]),
             "lag": GaugeMetricFamily("tailrace_partition_durable_lag_records", "Records appended and not yet durable.", labels=["topic", "partition"]),
         }
-        lag_bytes = lag_records = 0
         hw_by_slot = dict(zip(slots.tolist(), cols.get("next_offset", [])))
         if cols:
             for i, lv in enumerate(labels[: len(cols["next_offset"])]):
@@ -241,9 +254,7 @@ class BrokerCollector:
                 fams["ring"].add_metric(lv, unflushed)
                 fams["cap"].add_metric(lv, cols["ring_bytes"][i])
                 fams["lag"].add_metric(lv, hw - dw)
-                lag_bytes += unflushed
-                lag_records += hw - dw
-        return out + list(fams.values()), (lag_bytes, lag_records), hw_by_slot
+        return out + list(fams.values()), (lag_bytes, lag_records), hw_by_slot, by_slot
 
     # --- each process's own counters -------------------------------------------------------
     def _processes(self, by_slot, lag: tuple[int, int], gauges: dict[str, dict[str, float]]):
@@ -354,6 +365,25 @@ class AppendTimes:
                 journal.close()
             if index is not None:
                 index.close()
+
+
+def _topic_families(rows: np.ndarray, slots: np.ndarray, by_slot) -> list:
+    """Per topic, summed over all its partitions (numpy, one pass): records and bytes appended,
+    records not yet durable. Shown whatever ``metrics_partitions`` leaves out."""
+    names = [by_slot[s][0].name for s in slots.tolist()]
+    uniq, idx = np.unique(np.array(names, dtype=object), return_inverse=True) if names else ([], np.zeros(0, int))
+    hw, dw, wp = (rows[:, COL[c]] for c in ("next_offset", "durable_offset", "write_position"))
+    out = []
+    for fam, values in ((CounterMetricFamily("tailrace_topic_records_appended", "Records appended, all partitions of the topic.",
+                                             labels=["topic"]), hw),
+                        (CounterMetricFamily("tailrace_topic_bytes_appended", "Bytes of record batches appended since the "
+                                             "broker's last full start, all partitions of the topic.", labels=["topic"]), wp),
+                        (GaugeMetricFamily("tailrace_topic_durable_lag_records", "Records appended and not yet durable, "
+                                           "all partitions of the topic.", labels=["topic"]), hw - dw)):
+        for name, v in zip(uniq, np.bincount(idx, weights=values, minlength=len(uniq)).tolist()):
+            fam.add_metric([name], v)
+        out.append(fam)
+    return out
 
 
 def _labels(key: str, labels: tuple[str, ...], by_slot) -> list[str] | None:

@@ -19,6 +19,7 @@ from tailrace.broker.datadir import journal_usage
 from tailrace.broker.stats import flusher_disk
 from tailrace.client import ops
 from tailrace.client import protocol as P
+from tailrace.shm import region
 from tailrace.shm.layout import ring_region_bytes
 
 from .liveness import MAX_WORKERS, WorkerLiveness
@@ -82,6 +83,7 @@ def status_reply(ctx: StatusContext) -> P.StatusReply:
         unflushed_records=ctx.traffic.unflushed(),
         journal_bytes=journal_usage(s.data_dir)[1],
         shm_used_bytes=catalog.shm_bytes(ring_region_bytes),
+        shm_resident_bytes=region.resident_bytes(s.instance),
         shm_budget_bytes=s.shm_budget_bytes,
         disk_max_used_ratio=s.disk_max_used_ratio,
         **flusher_disk(s.ipc_path()),  # storage full, as the flusher's disk guard last said

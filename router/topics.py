@@ -30,7 +30,7 @@ from .request import Request
 
 log = logging.getLogger("tailrace.router")
 
-MAX_PARTITIONS = 1024
+MAX_PARTITIONS = 16384  # per topic: as many as the default slots
 MIN_RING_BYTES = 64 * 1024
 
 _create_dec = ops.DECODERS[P.Op.CREATE_TOPIC]
@@ -224,9 +224,9 @@ def _delete_local(ctx: TopicContext, topic: bytes, t) -> None:
 def _grow_local(ctx: TopicContext, t, total: int):
     """Grow a topic in this broker's catalog to ``total`` partitions; None if they do not fit."""
     s, catalog = ctx.s, ctx.catalog
-    need = (total - t.partitions) * ring_region_bytes(t.ring_bytes)
-    if catalog.shm_bytes(ring_region_bytes) + need > s.shm_budget_bytes:
-        log.error("topic %r cannot grow to %d partitions here: over the shared-memory budget", t.name, total)
+    why = over_budget(s, t.ring_bytes)
+    if why is not None:
+        log.error("topic %r cannot grow to %d partitions here: %s", t.name, total, why)
         return None
     free = free_slots(catalog, s)
     if catalog.slots_available(s.max_slots, free) < total - t.partitions:
@@ -240,15 +240,26 @@ def _grow_local(ctx: TopicContext, t, total: int):
     return entry
 
 
+def over_budget(s: settings_mod.Settings, ring: int) -> str | None:
+    """Why a partition of this ring size cannot be made, or None. The budget bounds the pages the
+    rings hold, not their sizes (rings are sparse and give their flushed pages back: actors/
+    keeper.py), so partitions are bounded by the slots; one ring must still fit a worker's
+    share of the budget, or a full ring of it could never be written."""
+    share = s.shm_budget_bytes // max(1, s.workers)
+    if ring_region_bytes(ring) > share:
+        return (f"a ring of {ring} bytes ({ring_region_bytes(ring)} with its descriptors) is larger than a worker's "
+                f"share of the shared-memory budget ({s.shm_budget_bytes} / {s.workers} workers)")
+    return None
+
+
 def add_topic(ctx: TopicContext, name: str, partitions: int, ring: int, config: dict[str, int], cluster_id: int = 0):
     """Add a checked topic where the shared-memory budget and the slots allow: (its entry,
     None), written durably, its files made and its partitions placed; or (None, why not).
     Also how the group coordinator makes ``__consumer_offsets``."""
     s, catalog = ctx.s, ctx.catalog
-    used = catalog.shm_bytes(ring_region_bytes)
-    need = partitions * ring_region_bytes(ring)
-    if used + need > s.shm_budget_bytes:
-        return None, f"topic {name!r} needs {need} bytes of shared memory; {used} of the budget {s.shm_budget_bytes} are in use"
+    why = over_budget(s, ring)
+    if why is not None:
+        return None, f"topic {name!r}: {why}"
     free = free_slots(catalog, s)
     if catalog.slots_available(s.max_slots, free) < partitions:
         return None, f"no free partition slots (max_slots={s.max_slots}; a deleted topic's are free within a second)"
@@ -279,12 +290,9 @@ def create_partitions(ctx: TopicContext, req: Request) -> None:
     if not t.partitions < total <= MAX_PARTITIONS:
         return reply(P.ErrorCode.INVALID_REQUEST, P.ErrorReply(
             f"partitions={total}: a topic only grows; topic {name!r} has {t.partitions}, at most {MAX_PARTITIONS}"))
-    need = (total - t.partitions) * ring_region_bytes(t.ring_bytes)
-    used = catalog.shm_bytes(ring_region_bytes)
-    if used + need > s.shm_budget_bytes:
-        return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(
-            f"{total - t.partitions} more partitions of topic {name!r} need {need} bytes of shared memory; "
-            f"{used} of the budget {s.shm_budget_bytes} are in use"))
+    why = over_budget(s, t.ring_bytes)
+    if why is not None:
+        return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(f"topic {name!r}: {why}"))
     free = free_slots(catalog, s)
     if catalog.slots_available(s.max_slots, free) < total - t.partitions:
         return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(f"no free partition slots (max_slots={s.max_slots})"))

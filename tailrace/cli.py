@@ -42,7 +42,7 @@ ENV_BOOTSTRAP = "TAILRACE_BOOTSTRAP"
 CLI_CONNECT_TIMEOUT_MS = 1000
 # Limits the broker enforces, for the help texts and the range checks (test_cli.py ties each to
 # its source: router/topics.py's MAX_PARTITIONS, broker/settings.py's max_slots).
-MAX_PARTITIONS = 1024  # per topic
+MAX_PARTITIONS = 16384  # per topic
 MAX_SLOTS = _DEFAULTS.max_slots  # partitions of all topics together
 MS_MAX = (1 << 31) - 1  # a timeout in ms: ZeroMQ's and poll's are C ints
 

@@ -177,7 +177,7 @@ def test_bad_input_gets_named_errors_and_broker_keeps_serving(make_broker):
         "batch over the size limit": ([P.pack_routing(P.Op.PRODUCE, 0, 10, b"ok"), hdr, encode_batch([bytes(70_000)])], E.BATCH_TOO_LARGE),
         "negative fetch offset": ([P.pack_routing(P.Op.FETCH, 0, 11, b"ok"), P.encode(P.FetchRequest(-5))], E.INVALID_REQUEST),
         "fetch past the end": ([P.pack_routing(P.Op.FETCH, 0, 12, b"ok"), P.encode(P.FetchRequest(10**9))], E.OFFSET_OUT_OF_RANGE),
-        "topic over the memory budget": ([P.pack_routing(P.Op.CREATE_TOPIC, -1, 13, b"huge"), P.encode(P.CreateTopicRequest(100, 1 << 20))], E.SHM_BUDGET_EXCEEDED),
+        "ring over a worker's share of the memory budget": ([P.pack_routing(P.Op.CREATE_TOPIC, -1, 13, b"huge"), P.encode(P.CreateTopicRequest(1, 32 << 20))], E.SHM_BUDGET_EXCEEDED),
         "bad topic name": ([P.pack_routing(P.Op.CREATE_TOPIC, -1, 14, b"a b/c"), P.encode(P.CreateTopicRequest(1))], E.INVALID_REQUEST),
         "duplicate topic": ([P.pack_routing(P.Op.CREATE_TOPIC, -1, 15, b"ok"), P.encode(P.CreateTopicRequest(1))], E.TOPIC_EXISTS),
     }
