@@ -13,12 +13,15 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
+
 from tailrace.broker import record_policy
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import Catalog
 from tailrace.client import protocol as P
 from tailrace.persistence.journal import JournalReader
 from tailrace.persistence.retention import crash_point
+from tailrace.shm.layout import C_OWNER_EPOCH
 from tailrace.shm.ring import ControlTable
 
 from .context import Outbox, Traffic, Turn
@@ -39,6 +42,8 @@ class Owned:
         self.out, self.turn, self.traffic = out, turn, traffic
         self.actors: dict[int, PartitionActor] = {}  # slot -> actor
         self.adopted_new = False  # an actor was made here: tell the flusher (kick KICK_ADOPTED) to rescan its rows
+        self._fences = None  # (slots, epochs) of the actors as numpy arrays (check_fences); None: remake
+        self.unlocked: set[int] = set()  # slots whose actor does not hold its owner lock (yet)
         # what the rings hold and giving back what is cold: this worker's share of the budget (actors/keeper.py)
         self.keeper = RingKeeper(s.shm_budget_bytes // max(1, s.workers), s.ring_idle_ms / 1000, s.ring_warm_bytes,
                                  crash=(lambda step: crash_point(s, step)) if s.debug_crash_at.startswith("ring_") else None)
@@ -89,6 +94,7 @@ class Owned:
         try:
             if actor is not None:
                 actor.reassign(epoch)  # same process: keep the lock, the ring, the waiters
+                self._fences = None
                 return actor
             found = self.catalog.by_slot.get(slot)
             if found is None:
@@ -103,6 +109,9 @@ class Owned:
             reply(P.ErrorCode.NOT_OWNER, P.ErrorReply(str(exc)))
             return None
         self.actors[slot] = actor
+        self._fences = None
+        if not actor.lock.held:
+            self.unlocked.add(slot)
         self.keeper.add(slot, actor.writer, time.monotonic())
         self.adopted_new = True
         return actor
@@ -123,6 +132,7 @@ class Owned:
 
     def drop_actor(self, slot: int, why: str) -> None:
         actor = self.actors.pop(slot)
+        self._fences = None
         self.keeper.forget(slot)
         out, code = self.out, P.ErrorCode.UNKNOWN_TOPIC
         for _end, frames, _due in (*actor.durable_waiters, *actor.hw_waiters):
@@ -147,13 +157,32 @@ class Owned:
         log.info("slot %d let go: %s", slot, why)
 
     def check_fences(self) -> None:
-        """Let go of partitions another owner has fenced us out of (also when idle)."""
-        for slot, actor in list(self.actors.items()):
-            if not actor.check_ownership() and actor.writer.fenced and not actor.durable_waiters and not actor.hw_waiters \
-                    and not actor.parked:
+        """Let go of partitions another owner has fenced us out of (also when idle). Looks at
+        the actors whose row's owner epoch is not theirs, or that wait for their lock: one numpy
+        compare over the owned rows finds them (a Python look at each of 5,000 actors every
+        50 ms was a third of an idle worker's time)."""
+        if self._fences is None:
+            n = len(self.actors)
+            self._fences = (np.fromiter(self.actors, dtype=np.int64, count=n),
+                            np.fromiter((a.epoch for a in self.actors.values()), dtype=np.int64, count=n))
+        slots, epochs = self._fences
+        look = set(slots[self.table.rows[slots, C_OWNER_EPOCH] != epochs].tolist())
+        look.update(slot for slot in self.unlocked)
+        for slot in look:
+            actor = self.actors.get(slot)
+            if actor is None:
+                self.unlocked.discard(slot)
+                continue
+            if actor.check_ownership():
+                self.unlocked.discard(slot)
+            elif actor.writer.fenced and not actor.durable_waiters and not actor.hw_waiters and not actor.parked:
                 actor.close()
                 del self.actors[slot]
+                self._fences = None
+                self.unlocked.discard(slot)
                 self.keeper.forget(slot)
+            else:
+                self.unlocked.add(slot)
 
     def close(self) -> None:
         for actor in self.actors.values():

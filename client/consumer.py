@@ -152,13 +152,15 @@ class ConsumerCore(Fetches):
                 pos = po.durable_watermark if self.isolation == "durable" else po.high_watermark
             else:
                 pos = int(start)
-            self.assigned[(topic, p)] = _Assigned(topic, p, pos)
+            self.assigned[(topic, p)] = a = _Assigned(topic, p, pos)
+            self._mark_due(a)
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
         a = self.assigned[(topic, partition)]
         a.position = offset
         a.inflight = 0  # a reply still in flight for the old position is ignored
         a.below = False
+        self._mark_due(a)
         self._index_tails()
 
     def position(self, topic: str, partition: int) -> int:
@@ -250,6 +252,7 @@ class ConsumerCore(Fetches):
         for a in self.assigned.values():
             if a.topic == topic:
                 a.tail = None
+                self._mark_due(a)
 
     def _rings_mapped(self) -> None:
         self._tails_at = time.monotonic()
@@ -301,12 +304,14 @@ class ConsumerCore(Fetches):
             a.below = True  # a fetch reads it (the journal, or the broker's error)
         else:
             a.tail = None  # GONE: fetched until the next recheck maps it again
+        self._mark_due(a)
         return True
 
     def _drop_rings(self) -> None:
         """Unmap every ring (each partition is fetched until mapped again)."""
         for a in self.assigned.values():
             a.tail = None
+            self._mark_due(a)
         self._index_tails()
         if self._rings is not None:
             self._rings.close()
