@@ -147,8 +147,9 @@ class Worker:
         durations = {label_key(w, _op_name(op)): h.snapshot() for op, h in self.durations.items()}
         return ({"worker_requests": requests,
                  "partition_records_fetched": {str(slot): v[0] for slot, v in fetched.items()},
-                 "partition_bytes_fetched": {str(slot): v[1] for slot, v in fetched.items()}},
-                {}, {"worker_request_duration_seconds": durations})
+                 "partition_bytes_fetched": {str(slot): v[1] for slot, v in fetched.items()},
+                 "ring_pages_given_back_bytes": {str(w): self.owned.keeper.released_bytes}},
+                {"ring_held_bytes": {str(w): self.owned.keeper.total}}, {"worker_request_duration_seconds": durations})
 
     # --- envelope and dispatch -------------------------------------------------------------
     def handle(self, frames: list[bytes]) -> None:

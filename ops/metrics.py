@@ -42,7 +42,7 @@ from tailrace.client.ring_reader import SharedRings, TailStatus
 from tailrace.persistence.index import IndexFile
 from tailrace.persistence.journal import JournalReader
 from tailrace.persistence.timesearch import batch_stamp
-from tailrace.shm import layout, region
+from tailrace.shm import layout
 from tailrace.shm.layout import COL, ring_region_bytes
 from tailrace.shm.ring import ControlTable
 
@@ -73,6 +73,8 @@ PROCESS_METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "worker_restarts": ("counter", ("worker",), "Times a worker came back with a new boot id, as the router saw it."),
     "worker_heartbeat_age_seconds": ("gauge", ("worker",), "Seconds since the worker last answered the router's heartbeat."),
     "worker_partitions": ("gauge", ("worker",), "Partitions the scheduler places on the worker."),
+    "ring_held_bytes": ("gauge", ("worker",), "Shared memory the worker's rings hold, as its keeper counts it (at most; actors/keeper.py)."),
+    "ring_pages_given_back_bytes": ("counter", ("worker",), "Ring bytes the worker gave back (idle or over its share of the budget)."),
     "worker_load": ("gauge", ("worker",), "The worker's load as the scheduler sees it (held requests + MiB/s appended)."),
     "worker_up": ("gauge", ("worker",), "1 if the worker answers heartbeats."),
     "partition_owner_worker": ("gauge", ("topic", "partition"), "The worker that owns the partition."),
@@ -180,9 +182,6 @@ class BrokerCollector:
         yield g
         g = GaugeMetricFamily("tailrace_shm_used_bytes", "The topics' rings' full sizes (the most they could hold).")
         g.add_metric([], self.catalog.shm_bytes(ring_region_bytes))
-        yield g
-        g = GaugeMetricFamily("tailrace_shm_resident_bytes", "Memory the broker's shared regions hold now.")
-        g.add_metric([], region.resident_bytes(self.s.instance))
         yield g
         g = GaugeMetricFamily("tailrace_shm_budget_bytes", "The shared-memory budget of all rings.")
         g.add_metric([], self.s.shm_budget_bytes)

@@ -108,6 +108,8 @@ def test_a_scrape_reads_back_the_workload_exactly_and_counters_survive_a_worker_
     assert m[("tailrace_flusher_fsync_duration_seconds_count", ())] > 0
     assert m[("tailrace_flusher_bytes_written_total", ())] >= sum(nbytes.values())
     assert 0 < m[("tailrace_shm_used_bytes", ())] <= m[("tailrace_shm_budget_bytes", ())]
+    held = [v for (name, _lab), v in m.items() if name == "tailrace_ring_held_bytes"]  # the keepers' counts
+    assert len(held) == 2 and 0 < sum(held) <= m[("tailrace_shm_budget_bytes", ())], held
     assert m[("tailrace_journal_bytes", ())] > 0 and m[("tailrace_journal_segments", ())] >= 1
     assert m[("tailrace_worker_up", (("worker", "0"),))] == 1
 
