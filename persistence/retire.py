@@ -60,9 +60,17 @@ def cleared(settings, slot: int) -> bool:
             and not region.exists(region.ring_name(settings.instance, slot)))
 
 
-def free_slots(catalog, settings) -> list[int]:
-    """The retired slots a new partition may take (the router's question)."""
-    return [slot for slot in catalog.data.retired if cleared(settings, slot)]
+def free_slots(catalog, settings, want: int | None = None) -> list[int]:
+    """The retired slots a new partition may take (the router's question): ``want`` of them at
+    most (two stats a slot: 10,000 retired slots looked at for each of 2,000 topics made took
+    minutes)."""
+    out = []
+    for slot in catalog.data.retired:
+        if want is not None and len(out) >= want:
+            break
+        if cleared(settings, slot):
+            out.append(slot)
+    return out
 
 
 class Retirer:

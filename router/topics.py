@@ -228,7 +228,7 @@ def _grow_local(ctx: TopicContext, t, total: int):
     if why is not None:
         log.error("topic %r cannot grow to %d partitions here: %s", t.name, total, why)
         return None
-    free = free_slots(catalog, s)
+    free = free_slots(catalog, s, total - t.partitions)
     if catalog.slots_available(s.max_slots, free) < total - t.partitions:
         log.error("topic %r cannot grow to %d partitions here: no free slots (max_slots=%d)", t.name, total, s.max_slots)
         return None
@@ -260,7 +260,7 @@ def add_topic(ctx: TopicContext, name: str, partitions: int, ring: int, config: 
     why = over_budget(s, ring)
     if why is not None:
         return None, f"topic {name!r}: {why}"
-    free = free_slots(catalog, s)
+    free = free_slots(catalog, s, partitions)
     if catalog.slots_available(s.max_slots, free) < partitions:
         return None, f"no free partition slots (max_slots={s.max_slots}; a deleted topic's are free within a second)"
     entry = catalog.add_topic(name, partitions, ring, config, free, cluster_id=cluster_id)
@@ -293,7 +293,7 @@ def create_partitions(ctx: TopicContext, req: Request) -> None:
     why = over_budget(s, t.ring_bytes)
     if why is not None:
         return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(f"topic {name!r}: {why}"))
-    free = free_slots(catalog, s)
+    free = free_slots(catalog, s, total - t.partitions)
     if catalog.slots_available(s.max_slots, free) < total - t.partitions:
         return reply(P.ErrorCode.SHM_BUDGET_EXCEEDED, P.ErrorReply(f"no free partition slots (max_slots={s.max_slots})"))
     if ctx.cluster is not None:

@@ -170,7 +170,8 @@ def cmd_status(args) -> int:
                      f"not yet durable {st.get('unflushed_records', 0):,}"),
         ("bytes", f"in {human_bytes(st.get('bytes_in'))} ({human_bytes(rates.get('bytes_in'))}/s)  "
                   f"out {human_bytes(st.get('bytes_out'))} ({human_bytes(rates.get('bytes_out'))}/s)"),
-        ("shm", f"{human_bytes(st.get('shm_used_bytes'))} of the {human_bytes(st.get('shm_budget_bytes'))} budget in rings"),
+        ("shm", f"{human_bytes(st.get('shm_resident_bytes'))} held of the {human_bytes(st.get('shm_budget_bytes'))} budget "
+                f"(rings of {human_bytes(st.get('shm_used_bytes'))} made)"),
     ]
     width = max(len(k) for k, _ in lines)
     for k, v in lines:
@@ -265,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="worker processes (default: the count `workers set` left, else the number of cores)")
     sv.add_argument("--ring-bytes", type=_positive, default=None, help=f"default ring size per partition (default {human_bytes(_DEFAULTS.ring_bytes)})")
     sv.add_argument("--shm-budget-bytes", type=_positive, default=None,
-                    help=f"shared memory all rings may use together (default half the memory, here "
+                    help=f"shared memory all rings may hold together (default half the memory, here "
                          f"{human_bytes(settings_mod.default_shm_budget())})")
     sv.add_argument("--segment-bytes", type=_positive, default=None, help=f"journal segment file size (default {human_bytes(_DEFAULTS.segment_bytes)})")
     sv.add_argument("--retention-ms", type=_retention, default=None, metavar="MS",

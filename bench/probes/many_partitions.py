@@ -3,6 +3,8 @@
 
     python -m tailrace.bench.probes.many_partitions --partitions 8,100,1000,10000 --messages 2000000
 
+    python -m tailrace.bench.probes.many_partitions --topics-loop 2000 --rounds 3
+
 One broker at the defaults but for its data directory and ``ring_idle_ms`` (2 workers, 8 MiB
 rings, the default shared-memory budget and slots). For each partition count N (one topic
 each, made in turn, all alive together):
@@ -77,6 +79,42 @@ def consume_all(b: Broker, topic: str, n: int, o, passes: int) -> float:
     return took
 
 
+def topics_loop(b: Broker, topics: int, parts: int, rounds: int) -> list[tuple[int, float, float, float, int, int]]:
+    """``--topics-loop``: ``rounds`` times, ``topics`` topics of ``parts`` partitions created,
+    one batch produced to every partition, all deleted; after each round (deleted slots cleared:
+    the flusher's retirer), the broker's shared memory in use, its programs' PSS and the slots
+    the catalog has ever handed out (next_slot: a round that reuses the slots freed leaves it)."""
+    from tailrace.broker.catalog import Catalog
+    out = []
+    batch = [b"t" * 100] * 10
+    for r in range(rounds):
+        t0 = time.perf_counter()
+        with Admin(b.bootstrap, timeout_ms=600_000) as a:
+            for i in range(topics):
+                a.create_topic(f"loop{i}", parts)
+        with Producer(b.bootstrap, acks="memory", linger_ms=0) as p:
+            for i in range(topics):
+                for part in range(parts):
+                    p.send_batch(f"loop{i}", batch, partition=part)
+            p.flush(600_000)
+        with Admin(b.bootstrap, timeout_ms=600_000) as a:
+            for i in range(topics):
+                a.delete_topic(f"loop{i}")
+        took = time.perf_counter() - t0
+        cat = Catalog(str(b.settings.data_dir))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the retirer clears the deleted slots' rows, rings and index files
+            cat.reload()
+            if region.resident_bytes(b.settings.instance) < 64 << 20 and len(region.list_instance_regions(b.settings.instance)) <= 1:
+                break
+            time.sleep(0.5)
+        out.append((r, took, region.resident_bytes(b.settings.instance) / 2**20, pss_bytes(b) / 2**20,
+                    cat.data.next_slot, len(cat.data.retired)))
+        print(f"round {r}: {took:.1f} s, shm {out[-1][2]:.0f} MiB, PSS {out[-1][3]:.0f} MiB, "
+              f"next_slot {out[-1][4]}, retired {out[-1][5]}", flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tailrace.bench.probes.many_partitions", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -86,7 +124,18 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=200, help="records a batch (every partition count alike)")
     ap.add_argument("--idle-ms", type=int, default=5000, help="the broker's ring_idle_ms")
     ap.add_argument("--scrapes", type=int, default=9)
+    ap.add_argument("--topics-loop", type=int, default=0, help="only the many-topics loop: this many topics a round")
+    ap.add_argument("--loop-partitions", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
     o = ap.parse_args(argv)
+    if o.topics_loop:
+        with tempfile.TemporaryDirectory(prefix="tailrace-many-") as d:
+            with Broker(Path(d) / "broker", workers=2, shm_budget_bytes=0, ring_idle_ms=o.idle_ms) as b:
+                time.sleep(2)
+                print(f"empty broker: shm {region.resident_bytes(b.settings.instance) / 2**20:.0f} MiB, "
+                      f"PSS {pss_bytes(b) / 2**20:.0f} MiB", flush=True)
+                topics_loop(b, o.topics_loop, o.loop_partitions, o.rounds)
+        return 0
     counts = [int(x) for x in o.partitions.split(",")]
     rows = []
     with tempfile.TemporaryDirectory(prefix="tailrace-many-") as d:
