@@ -167,7 +167,7 @@ class Owned:
                             np.fromiter((a.epoch for a in self.actors.values()), dtype=np.int64, count=n))
         slots, epochs = self._fences
         look = set(slots[self.table.rows[slots, C_OWNER_EPOCH] != epochs].tolist())
-        look.update(slot for slot in self.unlocked)
+        look |= self.unlocked
         for slot in look:
             actor = self.actors.get(slot)
             if actor is None:

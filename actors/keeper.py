@@ -26,12 +26,9 @@ stalls on 10,000 punches at once).
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 
 from tailrace.shm.ring import Growth, RingWriter
-
-log = logging.getLogger("tailrace.keeper")
 
 HIGH, LOW = 0.75, 0.5  # of the worker's share: give back above HIGH, down to LOW
 TICK_S = 0.25  # how often idle rings are looked for

@@ -393,12 +393,12 @@ class RingWriter:
         ``between``: called after the batches are forgotten, before a page is punched (a crash
         test's kill point)."""
         row, ring = self.row, self.ring
-        before = self.resident_bytes()
         cap, w = ring.ring_bytes, row.write_position
         hi = min(row.flushed_position, w - keep_bytes) // PAGE * PAGE
         lo = -(-max(self.released, w - cap) // PAGE) * PAGE  # below w - cap: rewritten this lap (held again)
         if hi <= lo:
             return 0
+        before = self.resident_bytes()
         head, tail = row.desc_head, row.desc_tail
         if head > tail:
             descs = ring.descriptors(tail, head)

@@ -186,3 +186,20 @@ def partition_payload(partition: int, start: int, count: int) -> tuple[np.ndarra
     vals[:, 9:] = ((seq[:, None] * 31 + np.arange(MSG_BYTES - 9)) % 251).astype(np.uint8)
     offsets = np.arange(count + 1, dtype=np.int32) * MSG_BYTES
     return vals.reshape(-1), offsets
+
+
+def check_numbered(body: bytes, off: int, next_offset: int) -> int:
+    """``body`` (record batches whose values are their own offsets: bench/inprocess.py
+    ``append_numbered``) starts with the batch holding ``off``, runs on without a gap, and ends
+    at ``next_offset``; returns how many batches it holds."""
+    from tailrace.client.records import iter_batches
+    views = iter_batches(body)
+    first = views[0]
+    assert first.base_offset <= off < first.base_offset + first.record_count, (off, first.base_offset)
+    expect = first.base_offset
+    for v in views:
+        assert v.base_offset == expect, (off, v.base_offset, expect)
+        assert [v.value(i) for i in range(v.record_count)] == [b"%d" % (v.base_offset + i) for i in range(v.record_count)]
+        expect += v.record_count
+    assert next_offset == expect, (off, next_offset, expect)
+    return len(views)

@@ -16,19 +16,7 @@ from tailrace.client import ring_reader as tail_mod
 from tailrace.client.ring_reader import SharedRings, TailStatus
 
 from tailrace.bench.inprocess import append_numbered, make_storage
-
-
-def _check(body: bytes, off: int, next_offset: int) -> int:
-    views = iter_batches(body)
-    first = views[0]
-    assert first.base_offset <= off < first.base_offset + first.record_count
-    expect = first.base_offset
-    for v in views:
-        assert v.base_offset == expect
-        assert [v.value(i) for i in range(v.record_count)] == [b"%d" % (v.base_offset + i) for i in range(v.record_count)]
-        expect += v.record_count
-    assert next_offset == expect
-    return len(views)
+from tests.helpers import check_numbered
 
 
 @pytest.fixture
@@ -72,7 +60,7 @@ def test_reads_match_the_owner_through_many_laps_and_fall_below_where_the_ring_d
                 assert (got.status, got.body, got.next_offset) == (ref.status, ref.body, ref.next_offset)
                 seen[got.status.name] += 1
                 if got.status == TailStatus.DATA:
-                    _check(got.body, off, got.next_offset)
+                    check_numbered(got.body, off, got.next_offset)
                     assert got.high_watermark == hw
                     owner = actor.read(off, 1 << 20, 1 << 20, "memory")
                     assert owner.source == "ring" and b"".join(owner.parts).startswith(got.body[:64])

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import os
 import random
-import types
 
 import pytest
 
 from tailrace.actors.keeper import RingKeeper
-from tailrace.client.records import encode_batch, iter_batches
 from tailrace.client.ring_reader import SharedRings, TailStatus
 from tailrace.persistence.recovery import data_dir_id
 from tailrace.shm import region
@@ -21,6 +19,7 @@ from tailrace.shm.layout import COL
 from tailrace.shm.ring import PAGE, RingFull
 
 from tailrace.bench.inprocess import append_numbered, make_storage
+from tests.helpers import check_numbered
 
 RING = 256 * 1024
 
@@ -40,14 +39,7 @@ def _blocks(st, actor) -> int:
 
 def _check_read(actor, off: int) -> str:
     res = actor.read(off, 8 * 1024, 1 << 20, "memory")  # a batch or a few
-    views = iter_batches(b"".join(res.parts))
-    assert views[0].base_offset <= off < views[0].base_offset + views[0].record_count, (off, res.source)
-    expect = views[0].base_offset
-    for v in views:
-        assert v.base_offset == expect, (off, res.source)
-        assert [v.value(i) for i in range(v.record_count)] == [b"%d" % (v.base_offset + i) for i in range(v.record_count)]
-        expect += v.record_count
-    assert res.next_offset == expect
+    check_numbered(b"".join(res.parts), off, res.next_offset)
     return res.source
 
 
@@ -178,8 +170,3 @@ def test_the_keeper_counts_what_the_pages_hold_across_many_rings(tmp_path):
     finally:
         st.close()
 
-
-def test_ring_writer_defaults_to_growth_allowed():
-    from tailrace.shm.ring import Growth, RingWriter
-    w = RingWriter(types.SimpleNamespace(ring_bytes=RING), None, 1)
-    assert isinstance(w.growth, Growth) and w.growth.allowed
