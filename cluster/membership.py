@@ -11,7 +11,9 @@ etcd is what it cannot reach, so it fences itself on its own clock: ``fenced`` i
 keep-alive said the lease is gone, or once the *renewal deadline* passed, the time the lease
 would expire counted from the moment before the last successful keep-alive was sent (etcd
 counts its TTL from when it received it, later). Both are one-way until ``reregister()``, which
-takes a new lease and a new registration; the caller then reads its assignments again.
+takes a new lease and a new registration; the caller then reads its assignments again. One-way
+includes a renewal sent before the deadline and answered after it: once anyone has seen ``fenced``
+true it stays true (whoever saw it may have let go of what we led).
 
 Thread-safety: one keep-alive thread per registration writes the deadline and the fence; any
 thread may read ``fenced``. ``on_fenced(reason)`` is called once, on the keep-alive thread.
@@ -41,6 +43,8 @@ class Membership:
         self.lease = 0  # the lease our key lives under (0: not registered)
         self.fence_reason: str | None = None
         self._deadline = 0.0  # monotonic time our lease expires at the latest, by our own clock
+        self._expired = False  # a reader saw the deadline pass: latched, as the fence is
+        self._lock = threading.Lock()  # a renewal answered late never moves a deadline already passed
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -50,7 +54,14 @@ class Membership:
 
     @property
     def fenced(self) -> bool:
-        return self.fence_reason is not None or time.monotonic() >= self._deadline
+        if self.fence_reason is not None or self._expired:
+            return True
+        if time.monotonic() < self._deadline:
+            return False
+        with self._lock:  # the deadline passed: latch it unless a renewal moved it meanwhile
+            if time.monotonic() >= self._deadline:
+                self._expired = True
+            return self._expired
 
     def register(self, wait_s: float = 0.0) -> int:
         """Take a lease and create our key under it, waiting up to ``wait_s`` for a previous
@@ -77,6 +88,7 @@ class Membership:
                 lease = self.etcd.grant(self.ttl_s)
         self.lease = lease
         self.fence_reason = None
+        self._expired = False
         self._deadline = sent + self.ttl_s
         self._stop.clear()
         self._thread = threading.Thread(target=self._keepalive, name=f"lease broker {self.info.id}", daemon=True)
@@ -123,4 +135,12 @@ class Membership:
             if ttl <= 0:
                 self._fence(f"lease={self.lease} is gone (expired or revoked): our registration was deleted")
                 return
-            self._deadline = sent + ttl
+            with self._lock:
+                # sent in time but answered after the deadline: whoever looked meanwhile saw us
+                # fenced and may have let go of what we led, so the fence stays
+                late = self._expired or time.monotonic() >= self._deadline
+                if not late:
+                    self._deadline = sent + ttl
+            if late:
+                self._fence(f"no keep-alive of lease={self.lease} succeeded within its ttl={self.ttl_s} s")
+                return

@@ -93,3 +93,34 @@ def test_fenced_stays_true_until_reregistered_even_when_etcd_answers_again(own_e
         assert not m.fenced and etcd.get(m.key).lease == m.lease
     finally:
         m.close(revoke=True)
+
+
+def test_a_renewal_answered_after_the_deadline_does_not_lift_the_fence(etcd, cluster_name):
+    # the keep-alive is sent before the deadline and etcd renews the lease, but the answer comes
+    # back after the deadline (a slow link, a loaded host): whoever looked at `fenced` meanwhile
+    # saw True and may have let go of what we led, so it stays True until reregister()
+    real = etcd.keepalive
+    slow, answered = [], []
+
+    def keepalive(lease):
+        deadline = m._deadline  # our own clock's deadline when this renewal is sent
+        ttl = real(lease)
+        if slow:
+            time.sleep(max(0.0, deadline + 0.2 - time.monotonic()))  # answered just after it
+            answered.append(ttl)
+        return ttl
+
+    etcd.keepalive = keepalive
+    reasons = []
+    m = Membership(etcd, cluster_name, BrokerInfo(id=7, endpoints=[]), ttl_s=TTL_S, on_fenced=reasons.append)
+    m.register()
+    try:
+        slow.append(True)
+        assert wait_until(lambda: m.fenced, TTL_S + 1.0, interval_s=0.01)
+        assert wait_until(lambda: answered, TTL_S + 2.0)
+        assert answered[0] > 0  # etcd did renew it, until after now by the sender's clock
+        assert m.fenced and wait_until(lambda: reasons, 1.0) and "within its ttl" in reasons[0]
+        time.sleep(0.5)
+        assert m.fenced
+    finally:
+        m.close(revoke=True)
