@@ -92,6 +92,7 @@ class _Assigned:
     tail: object = None  # ring_reader.PartitionTail when read from the ring (shm=True)
     below: bool = False  # the position is below the ring: fetch it
     alone: bool = False  # answered NOT_OWNER: fetched on its own (through the router) until answered
+    lane: object = None  # fetches._Lane: fetched with others of its owner, in one session
 
 
 class ConsumerCore(Fetches):
@@ -159,6 +160,7 @@ class ConsumerCore(Fetches):
         a = self.assigned[(topic, partition)]
         a.position = offset
         a.inflight = 0  # a reply still in flight for the old position is ignored
+        self._leave_lane(a)
         a.below = False
         self._mark_due(a)
         self._index_tails()
@@ -206,6 +208,7 @@ class ConsumerCore(Fetches):
         if self._by_rid.get(a.inflight) is a:  # (a FETCH_MULTI's entry stays for its other partitions)
             del self._by_rid[a.inflight]
         a.inflight = 0
+        self._leave_lane(a)
         a.tail = None
         self.last_reply.pop((topic, partition), None)
         self._index_tails()
@@ -242,6 +245,7 @@ class ConsumerCore(Fetches):
             a = self.assigned.get((topic, pi.partition))
             if a is not None and pi.slot >= 0:
                 a.tail = self._rings.partition(pi.slot, d.topic.topic_id, pi.partition)
+                self._leave_lane(a)
 
     def _rings_failed(self, topic: str, exc: BaseException) -> None:
         """``topic``'s rings could not be mapped (or watched): its partitions are fetched."""

@@ -44,6 +44,9 @@ class Routes:
         # addressed directly, even once a request through the bootstrap router succeeded (the leader moved here
         # since: until the next DESCRIBE the endpoint known is the old leader's worker, which would take it)
         self.remote: set[tuple[str, int]] = set()
+        # bumped whenever what ``route`` or ``group_of`` answers may have changed: the consumer's
+        # lanes (client/fetches.py) made before are grouped afresh
+        self.epoch = 0
 
     def learn(self, topic: str, d: P.DescribeReply) -> int:
         """Take in a DESCRIBE_TOPIC answer; returns the topic's partition count."""
@@ -52,6 +55,7 @@ class Routes:
             self.max_batch_bytes = d.max_batch_bytes
         if d.broker_id >= 0:
             self.cluster = True
+        before = self._known(topic, d.partitions)
         for pi in d.partitions:
             if pi.leader_endpoint:
                 self.leaders[(topic, pi.partition)] = pi.leader_endpoint
@@ -66,9 +70,16 @@ class Routes:
                 self.confirmed.add((topic, pi.partition))
             local = self.same_host and pi.local_endpoint and os.path.exists(unixwire.path_of(pi.local_endpoint))
             self.endpoints[(topic, pi.partition)] = pi.local_endpoint if local else pi.endpoint
+        if self._known(topic, d.partitions) != before:
+            self.epoch += 1
         self.refresh_at.pop(topic, None)
         self.learned_at[topic] = time.monotonic()
         return d.topic.partitions
+
+    def _known(self, topic: str, partitions) -> list:
+        """What routing knows of these partitions (to tell whether a DESCRIBE changed any)."""
+        return [(self.endpoints.get(tp), self.leaders.get(tp), tp in self.confirmed, tp in self.remote)
+                for tp in ((topic, pi.partition) for pi in partitions)]
 
     def stale(self, topic: str) -> bool:
         """Whether what is known of ``topic`` is older than METADATA_MAX_AGE_S."""
@@ -112,10 +123,13 @@ class Routes:
     def answered(self, topic: str, partition: int, via: str, code: int) -> None:
         tp = (topic, partition)
         if code == P.ErrorCode.OK and via == self.router_endpoint:
-            self.confirmed.add(tp)
+            if tp not in self.confirmed:
+                self.confirmed.add(tp)
+                self.epoch += 1
         elif code == P.ErrorCode.NOT_OWNER:
             self.demote(topic, partition)
         elif code == P.ErrorCode.NOT_LEADER_OR_FOLLOWER:  # the leader moved or is gone: ask again now
+            self.epoch += 1
             self.cluster = True
             self.confirmed.discard(tp)
             self.leaders.pop(tp, None)
@@ -127,6 +141,7 @@ class Routes:
         the one gone: its endpoint is forgotten too, so requests go to the bootstrap broker, which
         answers NOT_LEADER_OR_FOLLOWER (describe again in REFRESH_S / 10) until the controller
         has elected a new leader, and then names it, instead of queueing for a dead endpoint."""
+        self.epoch += 1
         self.confirmed.discard((topic, partition))
         if self.leaders.pop((topic, partition), None) is not None:
             self.refresh_at[topic] = min(self.refresh_at.get(topic, float("inf")), time.monotonic() + REFRESH_S / 10)

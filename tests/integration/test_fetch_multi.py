@@ -217,6 +217,41 @@ def test_the_blocking_consumer_reads_many_partitions_with_one_fetch_per_worker(b
         assert P.Op.FETCH_MULTI not in counted.ops
 
 
+def test_a_caught_up_consumer_of_many_lanes_lists_nothing_and_is_answered_nothing(broker, router):
+    # more partitions than one request carries (multi_partition_max): each worker's are fetched in
+    # several lanes, whose membership must hold from poll to poll, or the sessions re-list every
+    # quiet partition and the workers answer each of them every wait (10,000 quiet partitions
+    # took a core of each worker and of the consumer)
+    from tailrace.client.consumer import Consumer
+    topic = "fm-lanes"
+    create_topic(router, topic, 300, ring_bytes=64 << 10)
+    want = _fill(broker.bootstrap, topic, 300, 2)
+    got = {p: [] for p in range(300)}
+    with Consumer(broker.bootstrap, max_wait_ms=100, multi_partition_max=40) as c:
+        c.assign(topic)
+        deadline = time.monotonic() + 30
+        while sum(map(len, got.values())) < 600 and time.monotonic() < deadline:
+            for rec in c.poll(500):
+                got[rec.partition].append(rec.value)
+        assert got == want
+        for _ in range(3):  # each lane's first request after its data lists the positions that moved
+            assert c.poll(200) == []
+        heads, answered = [], []
+        send, take = c.pool.send, c._answered
+        c.pool.send = lambda endpoint, op, topic, partition, header=P.EMPTY_MAP, body=None: (
+            heads.append(header) if op == P.Op.FETCH_MULTI else None, send(endpoint, op, topic, partition, header, body))[1]
+        c._answered = lambda a, *rest: (answered.append(a.partition), take(a, *rest))[1]
+        until = time.monotonic() + 1.5
+        while time.monotonic() < until:
+            assert c.poll(300) == []
+        lanes = list(c._lanes)
+    quiet = [P.decoder(P.FetchMultiRequest).decode(h) for h in heads]
+    assert len(lanes) >= 8 and {p for lane in lanes for p in lane.members} == set(range(300))
+    assert len(quiet) >= 2 * len(lanes), "every lane long-polls again after each wait"
+    assert all(q.session_id > 0 and q.partitions == [] and q.forget == [] for q in quiet), quiet[:3]
+    assert answered == []
+
+
 def test_the_asyncio_consumer_reads_many_partitions_with_fetch_multi(broker, router):
     import asyncio
 
