@@ -101,6 +101,7 @@ class Flusher:
         self.durable_wanted = False
         self.unsynced_bytes = 0
         self.last_sync_ns = time.monotonic_ns()
+        self.last_look_ns = 0  # when a cycle last found nothing to stage and nothing to sync (run's idle pace)
         self.last_checkpoint_ns = time.monotonic_ns()
         self.failed = False
         # Slots whose rows are active, as of the last full scan: the per-cycle work looks at
@@ -128,13 +129,18 @@ class Flusher:
         self.slots = np.flatnonzero(self.cols.rows[:, COL["active"]] == 1)
         self.rescanned_ns = time.monotonic_ns()
         self.gone.clear()  # a ring made again since is staged again (ring_gone)
-        if self.ringer is not None:
-            try:
-                names = os.listdir(self.s.ipc_path())
-            except FileNotFoundError:
-                names = []
-            self.worker_bells = [os.path.join(self.s.ipc_path(), n) for n in sorted(names)
-                                 if datadir.worker_id_of(n, datadir.WORKER_BELL) is not None]
+        if self.ringer is not None:  # worker-<i>.bell for i = 0, 1, ... (a stat each: the folder also
+            # holds a lock file per slot, 10,000 names to list at 10,000 partitions)
+            bells, i = [], 0
+            while True:
+                path = os.path.join(self.s.ipc_path(), datadir.worker_file(i, datadir.WORKER_BELL))
+                there = os.path.exists(path)
+                if there:
+                    bells.append(path)
+                elif i >= self.s.workers:
+                    break
+                i += 1
+            self.worker_bells = bells
 
     def notify(self, message: bytes) -> None:
         """Ring every worker's bell (a worker that adopts a partition kicks KICK_ADOPTED first, and the
@@ -483,11 +489,18 @@ def run(flusher: Flusher, bell: Doorbell, stop: list) -> None:
         now = time.monotonic()
         # A trickle (under STAGE_MIN_BYTES, nobody waiting to be durable) is staged once per
         # flush interval, when the sync is due, not every tick: each cycle rewrites the
-        # journal's partial tail block. Idle, a tick still runs do_work (checkpoints).
-        sync_due = time.monotonic_ns() - flusher.last_sync_ns >= interval_ns
-        if busy or flusher.durable_wanted or (sync_due and now - last_work >= idle_ms / 1000) \
-                or flusher.unflushed_bytes() >= STAGE_MIN_BYTES:
-            busy = flusher.do_work() >= STAGE_MIN_BYTES
+        # journal's partial tail block. Idle, a cycle (a look at every active row, and the
+        # checkpoint when due) runs once per flush interval too, not every tick: at 10,000
+        # partitions a look is two gathers over scattered rows. More than STAGE_MIN_BYTES
+        # waiting is always kicked (a worker kicks at KICK_MIN_BYTES, the same figure).
+        now_ns = time.monotonic_ns()
+        look_due = now_ns - max(flusher.last_sync_ns, flusher.last_look_ns) >= interval_ns
+        if busy or flusher.durable_wanted or (look_due and now - last_work >= idle_ms / 1000) \
+                or (kicked and flusher.unflushed_bytes() >= STAGE_MIN_BYTES):
+            staged = flusher.do_work()
+            busy = staged >= STAGE_MIN_BYTES
+            if not staged and not flusher.journal.dirty:
+                flusher.last_look_ns = now_ns
             last_work = now
         flusher.table.header["flusher_heartbeat_ns"] = time.monotonic_ns()
         now_ns = time.monotonic_ns()

@@ -148,7 +148,7 @@ class WorkerLiveness:
             log.info("worker %d answers again", w)
         if w not in self.retiring:
             self.scheduler.mark_alive(w)
-        traffic = self.load.beat(self.scheduler.partitions_of(w), dt, info.bytes, info.busy, info.held)
+        traffic = self.load.beat_owned(self.scheduler.owner, w, dt, info.bytes, info.busy, info.held)
         self.scheduler.set_traffic(w, traffic)
 
     def check_workers(self) -> None:
@@ -170,7 +170,7 @@ class WorkerLiveness:
     def maybe_rebalance(self) -> None:
         if not self.s.rebalance:
             return
-        load = {slot: self.load.slot_load(slot) for slot in self.scheduler.owner}
+        load = self.load.loads()  # partitions with none are absent: zero
         plan = self.rebalancer.plan(self.scheduler, load, self.load.busy, time.monotonic())
         if plan is not None:
             slot, src, dst = plan

@@ -187,9 +187,11 @@ class Rebalancer:
             self.imbalanced_since = None
             return None
         per = {w: 0.0 for w in sched.alive}
-        for slot, w in sched.owner.items():
+        owner = sched.owner
+        for slot, lo in load.items():  # (a partition absent from ``load`` carries none)
+            w = owner.get(slot)
             if w in per:
-                per[w] += load.get(slot, 0.0)
+                per[w] += lo
         src = max(per, key=lambda w: (per[w], -w))
         dst = min(per, key=lambda w: (per[w], w))
         gap = per[src] - per[dst]
@@ -201,8 +203,8 @@ class Rebalancer:
         if now - self.imbalanced_since < self.persist_s or now - self.last_move_at < self.interval_s:
             return None  # the imbalance is tracked during the interval too: a break resets it
         best = None
-        for slot in sched.partitions_of(src):
-            lo = load.get(slot, 0.0)
+        for slot in sorted(slot for slot, lo in load.items() if lo > 0 and owner.get(slot) == src):
+            lo = load[slot]
             if slot in busy or now - self.last_moved.get(slot, float("-inf")) < self.cooldown_s:
                 continue
             if 0 < lo <= gap / 2 and (best is None or lo > best[1]):
