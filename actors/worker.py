@@ -36,6 +36,7 @@ import posix_ipc
 import zmq
 
 from tailrace.broker import acl, auth, datadir, quota
+from tailrace.broker.heap import HeapTrim
 from tailrace.broker.envelope import Envelope, refusal
 from tailrace.broker.reply_port import ReplyPort
 from tailrace.broker.stats import Histogram, StatsFile, label_key
@@ -354,6 +355,8 @@ class WorkerProcess:
         self.timeout_ms = 100
         self.last_fence_check = 0.0
         self.last_catalog_check = time.monotonic()
+        self.heap = HeapTrim()  # freed heap given back once the worker goes quiet (broker/heap.py)
+        self.heap_mark = 0  # fetched bytes at the last turn
         self.last_sweep = time.monotonic()
 
     def do_work(self) -> int:
@@ -399,10 +402,13 @@ class WorkerProcess:
             due_ms = worker.release_held(time.monotonic_ns())
             next_ms = due_ms if next_ms < 0 else min(next_ms, due_ms) if due_ms >= 0 else next_ms
         keeper = worker.owned.keeper
+        moved = turn.appended or worker.traffic.totals[3] != self.heap_mark  # appended, or fetched bytes served
+        self.heap_mark = worker.traffic.totals[3]
         if turn.appended:
             keeper.appended(worker.owned.actors, turn.appended, now)
         keeper.tick(worker.owned.actors, now)
         turn.appended.clear()
+        self.heap.maybe(now, bool(moved))
         turn.durable_added = False
         if now - self.last_fence_check > 0.05:
             worker.owned.check_fences()

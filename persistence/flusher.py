@@ -41,6 +41,7 @@ import numpy as np
 from tailrace.broker import datadir
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import Catalog
+from tailrace.broker.heap import HeapTrim
 from tailrace.broker.stats import Histogram, StatsFile
 from tailrace.client.records import align8, align8_array
 from tailrace.shm import layout, region
@@ -473,6 +474,7 @@ def run(flusher: Flusher, bell: Doorbell, stop: list) -> None:
     failed_at = None
     busy = False
     last_work = 0.0
+    heap, worked = HeapTrim(), False  # freed heap given back once the flusher goes quiet (broker/heap.py)
     while not stop:
         if flusher.failed:
             failed_at = failed_at or time.monotonic()
@@ -498,6 +500,7 @@ def run(flusher: Flusher, bell: Doorbell, stop: list) -> None:
         if busy or flusher.durable_wanted or (look_due and now - last_work >= idle_ms / 1000) \
                 or (kicked and flusher.unflushed_bytes() >= STAGE_MIN_BYTES):
             staged = flusher.do_work()
+            worked = worked or staged > 0
             busy = staged >= STAGE_MIN_BYTES
             if not staged and not flusher.journal.dirty:
                 flusher.last_look_ns = now_ns
@@ -525,6 +528,8 @@ def run(flusher: Flusher, bell: Doorbell, stop: list) -> None:
             except Exception:  # noqa: BLE001 - clearing waits for the next pass; the data path goes on
                 log.exception("clearing deleted topics' slots failed")
         flusher.stats.maybe_write(flusher.stats_parts)
+        heap.maybe(now, worked)
+        worked = False
 
 
 def main() -> int:

@@ -35,6 +35,7 @@ from tailrace.broker import acl, auth, datadir
 from tailrace.broker import settings as settings_mod
 from tailrace.broker.catalog import Catalog, stored_worker_count
 from tailrace.broker.envelope import Envelope, refusal
+from tailrace.broker.heap import HeapTrim
 from tailrace.broker.reply_port import ReplyPort
 from tailrace.broker.stats import StatsFile
 from tailrace.client import ops
@@ -429,11 +430,13 @@ def main() -> int:
     log.info("router serving on %s with %d workers (generation %d, auth %s)", s.bind, router.liveness.count,
              router.placement.generation, s.auth)
     last_tick = 0.0
+    heap, worked = HeapTrim(), False  # freed heap given back once the router goes quiet (broker/heap.py)
     while not stop:
         events = dict(poller.poll(2 if router.port.backlog else 100))
         if guard is not None and guard.zap.zap_socket in events:
             guard.zap.service()
         if front in events:
+            worked = True
             if guard is None:
                 P.drain(front, router.on_client, DRAIN_MAX)
             else:
@@ -475,6 +478,8 @@ def main() -> int:
                 guard.allow.refresh()
             router.tick(now)
             last_tick = now
+            heap.maybe(now, worked)
+            worked = False
     if router.cluster is not None:
         router.cluster.stop()
         router.asks.peers.close()
