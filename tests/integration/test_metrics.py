@@ -87,7 +87,10 @@ def test_a_scrape_reads_back_the_workload_exactly_and_counters_survive_a_worker_
             got += sum(len(r) for _t, _p, r in c.poll_columns(300))
     assert got == sum(n.values())
 
+    # the workers' counters and the router's owners: each program writes its own snapshot once a
+    # second, so a scrape may have one before the other
     m = wait_for(b, lambda m: all(m.get(("tailrace_partition_records_fetched_total", part(topic, p))) == n[p]
+                                  and ("tailrace_partition_owner_worker", part(topic, p)) in m
                                   for p in range(partitions)))
     with Admin(b.bootstrap) as a:
         offsets = a.list_offsets(topic)
