@@ -118,7 +118,7 @@ class ConsumerCore(Fetches):
         self.isolation = isolation
         self.request_timeout_s = request_timeout_ms / 1000
         self.assigned: dict[tuple[str, int], _Assigned] = {}
-        self._by_rid: dict[int, _Assigned | list[_Assigned]] = {}  # request id -> partition (a list: a FETCH_MULTI's)
+        self._by_rid: dict = {}  # request id -> partition (_Assigned: a FETCH), or the lane (fetches._Lane: a FETCH_MULTI)
         self.multi_partition = multi_partition  # one FETCH_MULTI per worker for its partitions (client/fetches.py)
         self.multi_partition_min = max(2, multi_partition_min)  # ... when it has at least this many due,
         self.multi_partition_max = max(self.multi_partition_min, min(multi_partition_max, P.MAX_REQUEST_PARTITIONS))  # at most this many a request
