@@ -135,8 +135,7 @@ class Flusher:
             bells, i = [], 0
             while True:
                 path = os.path.join(self.s.ipc_path(), datadir.worker_file(i, datadir.WORKER_BELL))
-                there = os.path.exists(path)
-                if there:
+                if os.path.exists(path):
                     bells.append(path)
                 elif i >= self.s.workers:
                     break
